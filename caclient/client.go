@@ -1,0 +1,19 @@
+package caclient
+
+import (
+	"context"
+	"crypto/x509"
+	"time"
+
+	"github.com/meshagent/meshagent/pki"
+)
+
+// Client asks a CA to sign a certificate signing request.
+type Client interface {
+	// Sign sends a DER CSR for id with the requested lifetime and returns the
+	// chain the CA answered, leaf first. It parses the answer but does not
+	// judge it: the caller checks it with pki.VerifyIssued before use.
+	Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error)
+	// Close releases the connection. It is safe to call twice.
+	Close() error
+}

@@ -1,0 +1,10 @@
+// Package caclient speaks the mesh CA protocols. It owns the Client interface
+// that the secret manager calls, and the transport every protocol shares: a gRPC
+// connection whose TLS peer is verified against the current trust roots (which
+// may change at run time), optional client certificates, extra metadata, and the
+// rule that a bearer token is only ever sent to a verified CA or over loopback.
+//
+// The protocols live in sub-packages: caclient/istio (IstioCertificateService)
+// and caclient/linkerd (Identity.Certify). Clients are safe for concurrent use;
+// none of them starts goroutines of its own beyond what gRPC does.
+package caclient
