@@ -1,0 +1,317 @@
+package istio
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+	pb "istio.io/api/security/v1alpha1"
+	"k8s.io/utils/clock"
+
+	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/pki"
+)
+
+// PlaintextPortNumber is the port on which pilot-agent talks to the control
+// plane without TLS.
+const PlaintextPortNumber = "15010"
+
+// CertSignerKey is the request metadata key naming the signer
+// (ISTIO_META_CERT_SIGNER).
+const CertSignerKey = "CertSigner"
+
+// Defaults of Config.
+const (
+	DefaultMaxAttempts    = 5
+	DefaultBackoffBase    = 100 * time.Millisecond
+	DefaultBackoffJitter  = 0.1
+	DefaultAttemptTimeout = 30 * time.Second
+	// maxBackoff caps one wait however many attempts are configured.
+	maxBackoff = 30 * time.Second
+)
+
+var (
+	// ErrClosed is returned by Sign after Close.
+	ErrClosed = errors.New("istio CA client is closed")
+	// ErrBadAnswer is wrapped by errors for an answer whose chain does not parse.
+	ErrBadAnswer = errors.New("CA answered a certificate chain that does not parse")
+)
+
+// Config describes an Istio CA client. Zero values get the defaults noted.
+type Config struct {
+	// Transport says how to reach the CA: address, TLS server name (ISTIOD_SAN)
+	// and roots, plaintext (port 15010, see PlaintextPort), the PROV_CERT client
+	// certificate, the bearer token fetcher, and the extra gRPC metadata
+	// (ClusterID and the CA_HEADER_* values). Addr is required.
+	Transport caclient.TransportConfig
+	// CertSigner (ISTIO_META_CERT_SIGNER), when set, is sent as the
+	// "CertSigner" field of the request metadata.
+	CertSigner string
+	// MaxAttempts is the number of tries one Sign call makes. Default 5.
+	MaxAttempts int
+	// BackoffBase is the wait after the first failed try; it doubles after
+	// each further one. Default 100ms.
+	BackoffBase time.Duration
+	// BackoffJitter is the fraction by which a wait varies up or down.
+	// Default 0.1; a negative value means no jitter.
+	BackoffJitter float64
+	// AttemptTimeout bounds one try (the caller's context bounds the call).
+	// Default 30s; a negative value means no bound of its own.
+	AttemptTimeout time.Duration
+	// Clock times the waits between tries. Default the real clock.
+	Clock clock.Clock
+	// Rand returns a number in [0, 1) for the jitter. Default math/rand/v2.
+	Rand func() float64
+	// Logger receives the client's logs. Nil means no logs.
+	Logger *zap.Logger
+	// Registerer receives the metrics. Nil means they are not registered.
+	Registerer prometheus.Registerer
+}
+
+// Client signs CSRs with an Istio CA. Create it with New.
+type Client struct {
+	cfg     Config
+	log     *zap.Logger
+	metrics *metrics
+
+	mu     sync.Mutex
+	conn   *grpc.ClientConn // nil until needed and after a failed attempt
+	closed bool
+}
+
+var _ caclient.Client = (*Client)(nil)
+
+// New checks cfg and returns a client. It does not connect: the connection is
+// made on the first Sign.
+func New(cfg Config) (*Client, error) {
+	tc := cfg.Transport
+	if tc.Addr == "" {
+		return nil, errors.New("istio CA client: no CA address")
+	}
+	if tc.Plaintext && tc.Token != nil && !caclient.IsLoopback(tc.Addr) {
+		return nil, fmt.Errorf("istio CA client: plaintext connection to %s: %w", tc.Addr, caclient.ErrUnverifiedPeer)
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = DefaultBackoffBase
+	}
+	switch {
+	case cfg.BackoffJitter == 0:
+		cfg.BackoffJitter = DefaultBackoffJitter
+	case cfg.BackoffJitter < 0:
+		cfg.BackoffJitter = 0
+	case cfg.BackoffJitter > 1:
+		cfg.BackoffJitter = 1
+	}
+	switch {
+	case cfg.AttemptTimeout == 0:
+		cfg.AttemptTimeout = DefaultAttemptTimeout
+	case cfg.AttemptTimeout < 0:
+		cfg.AttemptTimeout = 0
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Float64
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("istio CA client: %w", err)
+	}
+	return &Client{
+		cfg:     cfg,
+		log:     cfg.Logger.Named("caclient.istio").With(zap.String(keyAddr, tc.Addr)),
+		metrics: m,
+	}, nil
+}
+
+// PlaintextPort reports whether addr (host:port) uses the port on which
+// pilot-agent talks without TLS (15010). The caller decides what to do with it.
+func PlaintextPort(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	return err == nil && port == PlaintextPortNumber
+}
+
+// Sign sends the DER csr to the CA asking for ttl and returns the parsed
+// chain, leaf first. Transient gRPC failures are retried within the call; an
+// error wraps the last gRPC status (status.Code works on it) or ErrBadAnswer.
+// The chain is not judged here: check it with pki.VerifyIssued.
+func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
+	req := &pb.IstioCertificateRequest{
+		Csr:              string(pki.EncodeCSRPEM(csr)),
+		ValidityDuration: int64(ttl / time.Second),
+	}
+	if c.cfg.CertSigner != "" {
+		req.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{
+			CertSignerKey: structpb.NewStringValue(c.cfg.CertSigner),
+		}}
+	}
+	log := c.log.With(zap.String(keyIdentity, id.String()))
+	for attempt := 1; ; attempt++ {
+		chain, err := c.attempt(ctx, req)
+		if err == nil {
+			log.Debug("certificate signed", zap.Int(keyAttempt, attempt), zap.Int(keyCerts, len(chain)), zap.Duration(keyTTL, ttl))
+			return chain, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("signing certificate for %s: %w: %w", id, ctx.Err(), err)
+		}
+		if !retryable(err) {
+			log.Warn("CA refused the certificate request", zap.Int(keyAttempt, attempt), zap.Stringer(keyCode, status.Code(err)), zap.Error(err))
+			return nil, fmt.Errorf("signing certificate for %s: %w", id, err)
+		}
+		if attempt >= c.cfg.MaxAttempts {
+			log.Warn("CA request failed, giving up", zap.Int(keyAttempt, attempt), zap.Stringer(keyCode, status.Code(err)), zap.Error(err))
+			return nil, fmt.Errorf("signing certificate for %s after %d attempts: %w", id, attempt, err)
+		}
+		wait := c.backoff(attempt)
+		log.Info("CA request failed, retrying", zap.Int(keyAttempt, attempt), zap.Stringer(keyCode, status.Code(err)), zap.Duration(keyBackoff, wait), zap.Error(err))
+		if werr := c.sleep(ctx, wait); werr != nil {
+			return nil, fmt.Errorf("signing certificate for %s: %w: %w", id, werr, err)
+		}
+	}
+}
+
+// attempt makes one CreateCertificate call.
+func (c *Client) attempt(ctx context.Context, req *pb.IstioCertificateRequest) ([]*x509.Certificate, error) {
+	conn, err := c.connection()
+	if err != nil {
+		return nil, err
+	}
+	if c.cfg.AttemptTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+		defer cancel()
+	}
+	start := time.Now()
+	resp, err := pb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, req)
+	c.metrics.latency.Observe(time.Since(start).Seconds())
+	if err != nil {
+		c.retire(conn)
+		c.metrics.requests.WithLabelValues(codeLabel(status.Code(err))).Inc()
+		return nil, fmt.Errorf("CreateCertificate: %w", err)
+	}
+	chain, err := ParseCertChain(resp.GetCertChain())
+	if err != nil {
+		c.metrics.requests.WithLabelValues(resultBadAnswer).Inc()
+		return nil, err
+	}
+	c.metrics.requests.WithLabelValues(resultOK).Inc()
+	return chain, nil
+}
+
+// retryable reports whether a failed try is worth another within the same
+// call, as pilot-agent decides (the caller's context is checked before).
+func retryable(err error) bool {
+	if errors.Is(err, ErrBadAnswer) || errors.Is(err, ErrClosed) {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Internal, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Canceled:
+		return true
+	}
+	return false
+}
+
+// backoff is the wait after the n-th failed try: base * 2^(n-1), varied by
+// the jitter fraction up or down.
+func (c *Client) backoff(n int) time.Duration {
+	d := c.cfg.BackoffBase
+	for i := 1; i < n && d < maxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, maxBackoff)
+	f := 1 + c.cfg.BackoffJitter*(2*c.cfg.Rand()-1)
+	return time.Duration(float64(d) * f)
+}
+
+func (c *Client) sleep(ctx context.Context, d time.Duration) error {
+	t := c.cfg.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C():
+		return nil
+	}
+}
+
+// connection returns the current connection, making one when there is none.
+func (c *Client) connection() (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.conn == nil {
+		conn, err := caclient.Dial(c.cfg.Transport)
+		if err != nil {
+			return nil, err
+		}
+		c.conn = conn
+	}
+	return c.conn, nil
+}
+
+// retire drops conn after a failed try so the next try dials afresh, as
+// pilot-agent rebuilds its channel. A try still running on conn elsewhere
+// ends with Canceled and is retried.
+func (c *Client) retire(conn *grpc.ClientConn) {
+	c.mu.Lock()
+	current := c.conn == conn
+	if current {
+		c.conn = nil
+	}
+	c.mu.Unlock()
+	if current {
+		_ = conn.Close()
+	}
+}
+
+// Close releases the connection. It is safe to call twice.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	conn := c.conn
+	c.conn, c.closed = nil, true
+	c.mu.Unlock()
+	if conn != nil {
+		return conn.Close()
+	}
+	return nil
+}
+
+// ParseCertChain parses the cert_chain of an answer: PEM strings, leaf first.
+// A string may hold several certificates (some CAs answer the whole chain in
+// one string); they are taken in order. Anything that is not a clean PEM
+// certificate bundle, or an empty chain, is an error wrapping ErrBadAnswer.
+func ParseCertChain(chain []string) ([]*x509.Certificate, error) {
+	if len(chain) == 0 {
+		return nil, fmt.Errorf("%w: %w", ErrBadAnswer, pki.ErrNoCertificates)
+	}
+	var out []*x509.Certificate
+	for i, s := range chain {
+		certs, err := pki.ParseCertificates([]byte(s))
+		if err != nil {
+			return nil, fmt.Errorf("%w: cert_chain[%d]: %w", ErrBadAnswer, i, err)
+		}
+		out = append(out, certs...)
+	}
+	return out, nil
+}

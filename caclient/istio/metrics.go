@@ -1,0 +1,84 @@
+package istio
+
+import (
+	"errors"
+	"strings"
+	"unicode"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+)
+
+// Result labels besides the gRPC codes.
+const (
+	resultOK        = "ok"
+	resultBadAnswer = "bad_answer"
+)
+
+// metrics counts CreateCertificate calls. Every try of a Sign call is one
+// request.
+type metrics struct {
+	requests *prometheus.CounterVec
+	latency  prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	labels := prometheus.Labels{"provider": "istio"}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        "meshagent_ca_requests_total",
+			Help:        "Certificate signing requests sent to the CA, by result: ok, bad_answer, or the gRPC code in snake case.",
+			ConstLabels: labels,
+		}, []string{"result"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:        "meshagent_ca_request_duration_seconds",
+			Help:        "Time from sending a certificate signing request to the CA's answer or failure.",
+			ConstLabels: labels,
+			Buckets:     prometheus.ExponentialBuckets(0.005, 2.5, 10),
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.requests, err = register(reg, m.requests); err != nil {
+		return nil, err
+	}
+	if m.latency, err = register(reg, m.latency); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under the
+// same description (a client made again, e.g. after a configuration change).
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing, nil
+		}
+	}
+	return c, err
+}
+
+// codeLabel turns a gRPC code into a metric label: DeadlineExceeded becomes
+// deadline_exceeded.
+func codeLabel(c codes.Code) string {
+	name := c.String()
+	var b strings.Builder
+	for i, r := range name {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

@@ -1,0 +1,549 @@
+package istioca
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	pb "istio.io/api/security/v1alpha1"
+
+	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/pki"
+)
+
+// DefaultServerName is the DNS name of the default serving certificate, the
+// name istiod presents inside a cluster.
+const DefaultServerName = "istiod.istio-system.svc"
+
+// DefaultTTL is the validity given when a request asks for none.
+const DefaultTTL = 24 * time.Hour
+
+// ServiceAccount is the Kubernetes identity a token stands for.
+type ServiceAccount struct {
+	Namespace string
+	Name      string
+}
+
+// Mode says how the CA answers a request it accepted.
+type Mode int
+
+// The answer modes. Every mode except ModeError authenticates the caller and
+// checks the CSR first; the bad answers are what a broken or hostile CA could
+// return to an authenticated caller.
+const (
+	// ModeOK issues a correct certificate.
+	ModeOK Mode = iota
+	// ModeWrongSAN issues a certificate for another identity.
+	ModeWrongSAN
+	// ModeForeignChain issues from a CA whose root the client does not trust.
+	ModeForeignChain
+	// ModeExpired issues a certificate that has already expired.
+	ModeExpired
+	// ModeWrongKey issues a certificate for a key other than the CSR's.
+	ModeWrongKey
+	// ModeGarbage answers a chain that does not parse.
+	ModeGarbage
+	// ModeError fails every request with the code set by SetError.
+	ModeError
+)
+
+var modeNames = [...]string{"ok", "wrong-san", "foreign-chain", "expired", "wrong-key", "garbage", "error"}
+
+// String names the mode.
+func (m Mode) String() string {
+	if m >= 0 && int(m) < len(modeNames) {
+		return modeNames[m]
+	}
+	return fmt.Sprintf("mode(%d)", int(m))
+}
+
+// Config describes a test CA. Zero values get the defaults noted.
+type Config struct {
+	// TrustDomain of the issued SPIFFE IDs. Default "cluster.local".
+	TrustDomain string
+	// Tokens maps a bearer token to the caller's namespace and service account.
+	Tokens map[string]ServiceAccount
+	// CA signs everything. Nil means a fresh localca with an intermediate.
+	CA *localca.CA
+	// ServerNames are the DNS SANs of the serving certificate (which also
+	// carries 127.0.0.1 and ::1). Default [DefaultServerName].
+	ServerNames []string
+	// Addr to listen on. Default "127.0.0.1:0".
+	Addr string
+	// Now is the clock for the validity of issued certificates. Default
+	// time.Now. The serving certificate always uses the real time, since TLS
+	// peers check it against the real time.
+	Now func() time.Time
+	// MaxTTL caps the validity of issued certificates, as istio-csr does.
+	// Zero means no cap.
+	MaxTTL time.Duration
+	// BundleChain answers the whole chain as one PEM string instead of one
+	// string per certificate, as some CAs do.
+	BundleChain bool
+}
+
+// Server is a running test CA.
+type Server struct {
+	cfg  Config
+	ca   *localca.CA
+	addr string
+
+	mu       sync.Mutex
+	srv      *grpc.Server
+	done     chan struct{} // closed when the current Serve returns
+	tokens   map[string]ServiceAccount
+	serving  tls.Certificate
+	mode     Mode
+	errCode  codes.Code
+	failN    int
+	failCode codes.Code
+	delay    time.Duration
+	requests int
+	lastMD   metadata.MD
+	lastReq  *pb.IstioCertificateRequest
+	seen     []string // every bearer token received, in order
+	foreign  *localca.CA
+}
+
+// Start serves a new test CA over TLS and stops it when the test ends.
+func Start(t testing.TB, cfg Config) *Server {
+	t.Helper()
+	s, err := newServer(cfg)
+	if err != nil {
+		t.Fatalf("istioca: %v", err)
+	}
+	lis, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		t.Fatalf("istioca: listening on %s: %v", s.cfg.Addr, err)
+	}
+	s.addr = lis.Addr().String()
+	s.serve(lis)
+	t.Cleanup(s.Stop)
+	return s
+}
+
+func newServer(cfg Config) (*Server, error) {
+	if cfg.TrustDomain == "" {
+		cfg.TrustDomain = "cluster.local"
+	}
+	if len(cfg.ServerNames) == 0 {
+		cfg.ServerNames = []string{DefaultServerName}
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ca := cfg.CA
+	if ca == nil {
+		var err error
+		ca, err = localca.New(localca.Config{Name: "istioca test root", Intermediate: true})
+		if err != nil {
+			return nil, fmt.Errorf("creating CA: %w", err)
+		}
+	}
+	s := &Server{cfg: cfg, ca: ca, errCode: codes.Unavailable, tokens: make(map[string]ServiceAccount, len(cfg.Tokens))}
+	for tok, sa := range cfg.Tokens {
+		s.tokens[tok] = sa
+	}
+	now := time.Now()
+	serving, err := ca.TLSCertificate(localca.Leaf{
+		DNSNames:  cfg.ServerNames,
+		IPs:       []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		NotBefore: now.Add(-time.Hour),
+		NotAfter:  now.Add(365 * 24 * time.Hour),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("issuing serving certificate: %w", err)
+	}
+	s.serving = serving
+	return s, nil
+}
+
+func (s *Server) serve(lis net.Listener) {
+	tc := &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			c := s.serving
+			return &c, nil
+		},
+		ClientAuth: tls.VerifyClientCertIfGiven,
+		ClientCAs:  s.ca.Pool(),
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tc)))
+	pb.RegisterIstioCertificateServiceServer(srv, &handler{s: s})
+	done := make(chan struct{})
+	s.mu.Lock()
+	s.srv, s.done = srv, done
+	s.mu.Unlock()
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+}
+
+// Addr is the host:port the CA listens on; it stays the same across Restart.
+func (s *Server) Addr() string { return s.addr }
+
+// ServerName is the first DNS name of the default serving certificate.
+func (s *Server) ServerName() string { return s.cfg.ServerNames[0] }
+
+// TrustDomain of the issued identities.
+func (s *Server) TrustDomain() string { return s.cfg.TrustDomain }
+
+// RootPEM is the CA root in PEM.
+func (s *Server) RootPEM() []byte { return s.ca.RootPEM() }
+
+// Roots is a pool holding the CA root.
+func (s *Server) Roots() *x509.CertPool { return s.ca.Pool() }
+
+// CA is the signing CA.
+func (s *Server) CA() *localca.CA { return s.ca }
+
+// Stop closes the listener and every connection; new connections are refused
+// until Restart. It is safe to call more than once.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	srv, done := s.srv, s.done
+	s.srv, s.done = nil, nil
+	s.mu.Unlock()
+	if srv == nil {
+		return
+	}
+	srv.Stop()
+	<-done
+}
+
+// Restart listens again on the same address. A running server is stopped first.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Stop()
+	var (
+		lis net.Listener
+		err error
+	)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		lis, err = net.Listen("tcp", s.addr)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("istioca: listening again on %s: %v", s.addr, err)
+	}
+	s.serve(lis)
+}
+
+// SetMode changes how accepted requests are answered.
+func (s *Server) SetMode(m Mode) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mode = m
+}
+
+// SetError sets the code ModeError fails with. Default Unavailable.
+func (s *Server) SetError(code codes.Code) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.errCode = code
+}
+
+// FailNext fails the next n requests with code, whatever the mode, then goes
+// back to the mode.
+func (s *Server) FailNext(n int, code codes.Code) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failN, s.failCode = n, code
+}
+
+// SetDelay makes every answer wait d first (or until the caller gives up).
+func (s *Server) SetDelay(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delay = d
+}
+
+// SetServingCert replaces the certificate presented from the next handshake on.
+func (s *Server) SetServingCert(c tls.Certificate) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.serving = c
+}
+
+// AddToken makes tok authenticate as sa.
+func (s *Server) AddToken(tok string, sa ServiceAccount) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tokens[tok] = sa
+}
+
+// Requests is the number of CreateCertificate calls received, accepted or not.
+func (s *Server) Requests() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests
+}
+
+// LastMetadata is a copy of the gRPC metadata of the last call received.
+func (s *Server) LastMetadata() metadata.MD {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastMD.Copy()
+}
+
+// LastRequest is a copy of the last request received, or nil.
+func (s *Server) LastRequest() *pb.IstioCertificateRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastReq == nil {
+		return nil
+	}
+	return proto.Clone(s.lastReq).(*pb.IstioCertificateRequest)
+}
+
+// Tokens lists every bearer token received, in order, valid or not.
+func (s *Server) Tokens() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.seen...)
+}
+
+// Identity is the SPIFFE identity of a service account in this trust domain.
+func (s *Server) Identity(sa ServiceAccount) pki.Identity {
+	return pki.SPIFFEIdentity(s.cfg.TrustDomain, sa.Namespace, sa.Name)
+}
+
+type handler struct {
+	pb.UnimplementedIstioCertificateServiceServer
+	s *Server
+}
+
+// snapshot is the part of the server state one request acts on.
+type snapshot struct {
+	mode    Mode
+	errCode codes.Code
+	fail    bool
+	delay   time.Duration
+	token   string
+	hasTok  bool
+	sa      ServiceAccount
+	knownSA bool
+}
+
+func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+	snap := h.s.record(ctx, req)
+	if snap.delay > 0 {
+		t := time.NewTimer(snap.delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, status.FromContextError(ctx.Err()).Err()
+		case <-t.C:
+		}
+	}
+	if snap.fail {
+		return nil, status.Errorf(snap.errCode, "istioca: told to fail with %s", snap.errCode)
+	}
+	if snap.mode == ModeError {
+		return nil, status.Errorf(snap.errCode, "istioca: told to fail with %s", snap.errCode)
+	}
+	id, err := h.s.authenticate(ctx, snap)
+	if err != nil {
+		return nil, err
+	}
+	csr, err := parseCSR(req.GetCsr())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "istioca: %v", err)
+	}
+	if err := checkCSR(csr, id); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "istioca: %v", err)
+	}
+	chain, err := h.s.issue(snap.mode, csr, id, h.s.ttl(req.GetValidityDuration()))
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "istioca: %v", err)
+	}
+	return &pb.IstioCertificateResponse{CertChain: chain}, nil
+}
+
+// record counts the request, keeps what arrived, and takes the state the
+// request will be answered with.
+func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) snapshot {
+	md, _ := metadata.FromIncomingContext(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests++
+	s.lastMD = md.Copy()
+	s.lastReq = proto.Clone(req).(*pb.IstioCertificateRequest)
+	snap := snapshot{mode: s.mode, errCode: s.errCode, delay: s.delay}
+	if s.failN > 0 {
+		s.failN--
+		snap.fail, snap.errCode = true, s.failCode
+	}
+	if v := md.Get("authorization"); len(v) > 0 {
+		s.seen = append(s.seen, v[0])
+		if tok, ok := strings.CutPrefix(v[0], "Bearer "); ok {
+			snap.token, snap.hasTok = tok, true
+			snap.sa, snap.knownSA = s.tokens[tok]
+		}
+	}
+	return snap
+}
+
+// authenticate returns the caller's identity: from a verified client
+// certificate of this trust domain, else from the bearer token.
+func (s *Server) authenticate(ctx context.Context, snap snapshot) (pki.Identity, error) {
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
+			if id, ok := s.spiffeID(ti.State.VerifiedChains[0][0]); ok {
+				return id, nil
+			}
+		}
+	}
+	switch {
+	case !snap.hasTok:
+		return pki.Identity{}, status.Error(codes.Unauthenticated, "istioca: no bearer token and no client certificate of this trust domain")
+	case !snap.knownSA:
+		return pki.Identity{}, status.Error(codes.Unauthenticated, "istioca: unknown bearer token")
+	}
+	return s.Identity(snap.sa), nil
+}
+
+// spiffeID returns the identity of a client certificate when it carries
+// exactly one URI SAN, a SPIFFE ID of this trust domain.
+func (s *Server) spiffeID(leaf *x509.Certificate) (pki.Identity, bool) {
+	if len(leaf.URIs) != 1 {
+		return pki.Identity{}, false
+	}
+	u := leaf.URIs[0]
+	if u.Scheme != "spiffe" || u.Host != s.cfg.TrustDomain {
+		return pki.Identity{}, false
+	}
+	id := pki.Identity{SPIFFEID: u.String()}
+	if id.Validate() != nil {
+		return pki.Identity{}, false
+	}
+	return id, true
+}
+
+func parseCSR(s string) (*x509.CertificateRequest, error) {
+	if block, _ := pem.Decode([]byte(s)); block == nil {
+		return nil, errors.New("CSR is not PEM")
+	}
+	return pki.ParseCSR([]byte(s))
+}
+
+// checkCSR applies istio-csr's rules: no DNS names, IPs, emails or common
+// name, and the URI SANs are exactly the caller's identity.
+func checkCSR(csr *x509.CertificateRequest, id pki.Identity) error {
+	switch {
+	case len(csr.DNSNames) > 0:
+		return fmt.Errorf("CSR carries DNS names %v", csr.DNSNames)
+	case len(csr.IPAddresses) > 0:
+		return fmt.Errorf("CSR carries IP addresses %v", csr.IPAddresses)
+	case len(csr.EmailAddresses) > 0:
+		return fmt.Errorf("CSR carries email addresses %v", csr.EmailAddresses)
+	case csr.Subject.CommonName != "":
+		return fmt.Errorf("CSR carries common name %q", csr.Subject.CommonName)
+	case len(csr.URIs) != 1 || csr.URIs[0].String() != id.SPIFFEID:
+		got := make([]string, len(csr.URIs))
+		for i, u := range csr.URIs {
+			got[i] = u.String()
+		}
+		return fmt.Errorf("CSR asks for URI SANs %v, caller is %s", got, id)
+	}
+	return nil
+}
+
+// ttl is the validity to grant for a request asking for secs seconds.
+func (s *Server) ttl(secs int64) time.Duration {
+	d := DefaultTTL
+	if secs > 0 {
+		if secs > int64(math.MaxInt64/int64(time.Second)) {
+			d = time.Duration(math.MaxInt64)
+		} else {
+			d = time.Duration(secs) * time.Second
+		}
+	}
+	if s.cfg.MaxTTL > 0 && d > s.cfg.MaxTTL {
+		d = s.cfg.MaxTTL
+	}
+	return d
+}
+
+// issue builds the answer for mode.
+func (s *Server) issue(mode Mode, csr *x509.CertificateRequest, id pki.Identity, ttl time.Duration) ([]string, error) {
+	if mode == ModeGarbage {
+		return []string{"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n", "garbage"}, nil
+	}
+	now := s.cfg.Now()
+	notAfter := now.Add(ttl)
+	if notAfter.Before(now) { // overflow
+		notAfter = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
+	}
+	leaf := localca.Leaf{PublicKey: csr.PublicKey, Identity: id, NotBefore: now.Add(-time.Minute), NotAfter: notAfter}
+	ca := s.ca
+	switch mode {
+	case ModeWrongSAN:
+		leaf.Identity = pki.SPIFFEIdentity(s.cfg.TrustDomain, "wrong-namespace", "wrong-sa")
+	case ModeForeignChain:
+		f, err := s.foreignCA()
+		if err != nil {
+			return nil, err
+		}
+		ca = f
+	case ModeExpired:
+		leaf.NotBefore, leaf.NotAfter = now.Add(-ttl-time.Hour), now.Add(-time.Minute)
+	case ModeWrongKey:
+		k, err := pki.GenerateKey(pki.ECP256)
+		if err != nil {
+			return nil, err
+		}
+		leaf.PublicKey = k.Public()
+	}
+	chain, err := ca.Issue(leaf)
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.BundleChain {
+		return []string{string(pki.EncodeCertificates(chain))}, nil
+	}
+	out := make([]string, len(chain))
+	for i, c := range chain {
+		out[i] = string(pki.EncodeCertificates([]*x509.Certificate{c}))
+	}
+	return out, nil
+}
+
+func (s *Server) foreignCA() (*localca.CA, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.foreign == nil {
+		f, err := localca.New(localca.Config{Name: "istioca foreign root", Intermediate: true})
+		if err != nil {
+			return nil, fmt.Errorf("creating foreign CA: %w", err)
+		}
+		s.foreign = f
+	}
+	return s.foreign, nil
+}
