@@ -1,0 +1,8 @@
+package filewatch
+
+// Log field keys.
+const (
+	keyDir   = "dir"
+	keyEvent = "event"
+	keyPaths = "paths"
+)
