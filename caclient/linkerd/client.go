@@ -1,0 +1,263 @@
+package linkerd
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
+	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/pki"
+)
+
+// Defaults applied by New.
+const (
+	DefaultControlPlaneNamespace = "linkerd"
+	DefaultTrustDomain           = "cluster.local"
+	DefaultTimeout               = 30 * time.Second
+)
+
+// DefaultServerName returns the TLS name Linkerd's identity service presents:
+// linkerd-identity.<ns>.serviceaccount.identity.<ns>.<trustDomain>, where ns
+// is the control-plane namespace.
+func DefaultServerName(controlPlaneNamespace, trustDomain string) string {
+	ns := controlPlaneNamespace
+	return "linkerd-identity." + ns + ".serviceaccount.identity." + ns + "." + trustDomain
+}
+
+// Config describes a Linkerd identity client. Zero values get the defaults
+// noted on each field.
+type Config struct {
+	// Transport says how to reach the identity service: Addr (CA_ADDR), Roots
+	// (the trust anchors), extra Metadata and DialOptions.
+	// Transport.ServerName is the name the service must present
+	// (MESHAGENT_LINKERD_IDENTITY_SERVICE_NAME); empty means
+	// DefaultServerName(ControlPlaneNamespace, TrustDomain). Transport.Token
+	// is never sent as metadata: the token goes in the request body, so
+	// Transport.Token is used as Token when Token is nil and then cleared.
+	// Plaintext is accepted only for a loopback Addr.
+	Transport caclient.TransportConfig
+	// ControlPlaneNamespace is Linkerd's namespace (MESHAGENT_LINKERD_NAMESPACE),
+	// used only for the default server name. Default "linkerd".
+	ControlPlaneNamespace string
+	// TrustDomain is used only for the default server name. Default
+	// "cluster.local".
+	TrustDomain string
+	// Token gives the proof of identity (the projected service-account token,
+	// audience identity.l5d.io), read afresh for every call. Required.
+	Token credfetcher.Fetcher
+	// Timeout bounds one Certify call when the caller's context allows more.
+	// Default 30s.
+	Timeout time.Duration
+	// Logger; nil means no logging.
+	Logger *zap.Logger
+	// Registerer receives the client's metrics; nil registers them nowhere.
+	Registerer prometheus.Registerer
+}
+
+// Client is a caclient.Client for Identity.Certify.
+type Client struct {
+	transport  caclient.TransportConfig
+	serverName string
+	// plaintextLoopback: a plaintext transport to a loopback address, where
+	// the token may go without a TLS peer.
+	plaintextLoopback bool
+	token             credfetcher.Fetcher
+	timeout           time.Duration
+	log               *zap.Logger
+	metrics           *metrics
+
+	mu     sync.Mutex
+	conn   *grpc.ClientConn
+	closed bool
+}
+
+var _ caclient.Client = (*Client)(nil)
+
+// New checks cfg and returns a client. It does not connect.
+func New(cfg Config) (*Client, error) {
+	if cfg.Transport.Addr == "" {
+		return nil, errors.New("linkerd identity client: no address")
+	}
+	if cfg.Token == nil {
+		cfg.Token = cfg.Transport.Token
+	}
+	cfg.Transport.Token = nil
+	if cfg.Token == nil {
+		return nil, errors.New("linkerd identity client: no token source")
+	}
+	loopback := caclient.IsLoopback(cfg.Transport.Addr)
+	if cfg.Transport.Plaintext && !loopback {
+		return nil, fmt.Errorf("linkerd identity client: plaintext to %s would never carry the token: only loopback addresses may be plaintext", cfg.Transport.Addr)
+	}
+	if cfg.ControlPlaneNamespace == "" {
+		cfg.ControlPlaneNamespace = DefaultControlPlaneNamespace
+	}
+	if cfg.TrustDomain == "" {
+		cfg.TrustDomain = DefaultTrustDomain
+	}
+	if cfg.Transport.ServerName == "" {
+		cfg.Transport.ServerName = DefaultServerName(cfg.ControlPlaneNamespace, cfg.TrustDomain)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("linkerd identity client: %w", err)
+	}
+	return &Client{
+		transport:         cfg.Transport,
+		serverName:        cfg.Transport.ServerName,
+		plaintextLoopback: cfg.Transport.Plaintext && loopback,
+		token:             cfg.Token,
+		timeout:           cfg.Timeout,
+		log: cfg.Logger.Named("linkerd").With(
+			zap.String(keyAddr, cfg.Transport.Addr),
+			zap.String(keyServerName, cfg.Transport.ServerName)),
+		metrics: m,
+	}, nil
+}
+
+// ServerName returns the TLS name the identity service must present.
+func (c *Client) ServerName() string { return c.serverName }
+
+// Sign asks the identity service to certify csr (DER; PEM is converted) for
+// id, which must be a DNS-like identity. ttl is ignored: the protocol has no
+// lifetime field. The token is read from the token source and sent only to a
+// verified peer (see the package doc). The answer is parsed but not judged:
+// the caller checks it with pki.VerifyIssued.
+//
+// Errors keep the gRPC status in their chain (status.Code works on them);
+// Retryable tells which are worth retrying soon. A refusal to send the token
+// wraps caclient.ErrUnverifiedPeer; a bad answer wraps ErrMalformedAnswer.
+func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.Duration) ([]*x509.Certificate, error) {
+	if id.DNSName == "" {
+		return nil, fmt.Errorf("%w: got %q", ErrNotDNSIdentity, id.String())
+	}
+	if err := id.Validate(); err != nil {
+		return nil, fmt.Errorf("certifying %s: %w", id, err)
+	}
+	log := c.log.With(zap.String(keyIdentity, id.DNSName))
+
+	tok, err := c.token.Token(ctx)
+	if err != nil {
+		c.metrics.requests.WithLabelValues(outcomeTokenError).Inc()
+		return nil, fmt.Errorf("certifying %s: fetching token: %w", id, err)
+	}
+	conn, err := c.connection()
+	if err != nil {
+		if errors.Is(err, ErrClosed) {
+			c.metrics.requests.WithLabelValues(outcomeClosed).Inc()
+		} else {
+			c.metrics.requests.WithLabelValues(outcomeDialError).Inc()
+		}
+		return nil, fmt.Errorf("certifying %s: %w", id, err)
+	}
+
+	req := &identitypb.CertifyRequest{Identity: id.DNSName, CertificateSigningRequest: csrDER(csr)}
+	gate := &tokenGate{serverName: c.serverName, plaintextLoopback: c.plaintextLoopback, token: []byte(tok), req: req}
+	callCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	start := time.Now()
+	resp, err := identitypb.NewIdentityClient(conn).Certify(callCtx, req, grpc.PerRPCCredentials(gate))
+	latency := time.Since(start)
+	if err != nil {
+		c.dropConnection(conn)
+		if refusal := gate.refused(); refusal != nil {
+			c.metrics.requests.WithLabelValues(outcomeUnverifiedPeer).Inc()
+			log.Error("token withheld from unverified identity service", zap.Error(refusal))
+			return nil, fmt.Errorf("certifying %s at %s: %w", id, c.transport.Addr, refusal)
+		}
+		code := status.Code(err)
+		c.metrics.requests.WithLabelValues(code.String()).Inc()
+		c.metrics.latency.Observe(latency.Seconds())
+		log.Warn("certify call failed", zap.Stringer(keyCode, code), zap.Duration(keyLatency, latency), zap.Error(err))
+		return nil, fmt.Errorf("certifying %s at %s: %w", id, c.transport.Addr, err)
+	}
+	c.metrics.latency.Observe(latency.Seconds())
+
+	chain, err := parseAnswer(resp)
+	if err != nil {
+		c.metrics.requests.WithLabelValues(outcomeMalformed).Inc()
+		log.Warn("identity service answered a malformed chain", zap.Error(err))
+		return nil, fmt.Errorf("certifying %s at %s: %w", id, c.transport.Addr, err)
+	}
+	c.metrics.requests.WithLabelValues("OK").Inc()
+	leaf := chain[0]
+	if reason, vu := checkValidUntil(resp, leaf); reason != "" {
+		c.metrics.warnings.WithLabelValues(reason).Inc()
+		log.Warn("answer's valid_until disagrees with the leaf certificate; using the leaf's expiry",
+			zap.String("reason", reason), zap.Time(keyValidUntil, vu), zap.Time(keyNotAfter, leaf.NotAfter))
+	}
+	log.Debug("identity service certified identity",
+		zap.Time(keyNotAfter, leaf.NotAfter), zap.Int(keyCerts, len(chain)), zap.Duration(keyLatency, latency))
+	return chain, nil
+}
+
+// Close drops the connection. It is safe to call twice.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.conn == nil {
+		return nil
+	}
+	err := c.conn.Close()
+	c.conn = nil
+	if err != nil {
+		return fmt.Errorf("closing connection to %s: %w", c.transport.Addr, err)
+	}
+	return nil
+}
+
+// connection returns the current connection, making one if there is none.
+func (c *Client) connection() (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.conn == nil {
+		conn, err := caclient.Dial(c.transport)
+		if err != nil {
+			return nil, err
+		}
+		c.conn = conn
+	}
+	return c.conn, nil
+}
+
+// dropConnection closes conn if it is still the current connection, so the
+// next call dials afresh.
+func (c *Client) dropConnection(conn *grpc.ClientConn) {
+	c.mu.Lock()
+	if c.conn != conn {
+		c.mu.Unlock()
+		return
+	}
+	c.conn = nil
+	c.mu.Unlock()
+	_ = conn.Close()
+}
+
+// csrDER returns the DER form of a CSR given in DER or PEM.
+func csrDER(csr []byte) []byte {
+	if block, _ := pem.Decode(csr); block != nil {
+		return block.Bytes
+	}
+	return csr
+}

@@ -1,0 +1,588 @@
+package linkerdca
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
+	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/pki"
+)
+
+// Defaults.
+const (
+	// DefaultControlPlaneNamespace is the namespace in the default names.
+	DefaultControlPlaneNamespace = "linkerd"
+	// DefaultTrustDomain is the trust domain in the default names.
+	DefaultTrustDomain = "cluster.local"
+	// DefaultServerName is the DNS SAN of the default serving certificate,
+	// the name Linkerd's identity service presents.
+	DefaultServerName = "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local"
+	// DefaultLifetime of issued certificates, as Linkerd's.
+	DefaultLifetime = 24 * time.Hour
+	// ClockSkew is subtracted from NotBefore, as Linkerd does.
+	ClockSkew = 20 * time.Second
+)
+
+// Mode says how the server answers a request it accepted. The bad answers are
+// what a broken or hostile identity service could return to an authenticated
+// caller.
+type Mode int
+
+// The answer modes.
+const (
+	// ModeOK issues a correct certificate.
+	ModeOK Mode = iota
+	// ModeWrongIdentity issues a certificate for another identity.
+	ModeWrongIdentity
+	// ModeExpired issues a certificate that has already expired.
+	ModeExpired
+	// ModeWrongKey issues a certificate for a key other than the CSR's.
+	ModeWrongKey
+	// ModeForeignChain issues from a CA whose root the client does not trust.
+	ModeForeignChain
+	// ModeGarbage answers a leaf that is not DER.
+	ModeGarbage
+	// ModeNoValidUntil leaves valid_until out of a correct answer.
+	ModeNoValidUntil
+	// ModeValidUntilMismatch sets valid_until an hour after the leaf's NotAfter.
+	ModeValidUntilMismatch
+	// ModePEM answers the chain in PEM instead of DER, as a mistaken server
+	// might, following the proto's comments.
+	ModePEM
+)
+
+var modeNames = [...]string{"ok", "wrong-identity", "expired", "wrong-key", "foreign-chain", "garbage", "no-valid-until", "valid-until-mismatch", "pem"}
+
+// String names the mode.
+func (m Mode) String() string {
+	if m >= 0 && int(m) < len(modeNames) {
+		return modeNames[m]
+	}
+	return fmt.Sprintf("mode(%d)", int(m))
+}
+
+// Config describes a test identity service. Zero values get the defaults noted.
+type Config struct {
+	// Tokens maps a token to the identity it proves (a DNS-like name, see
+	// Identity).
+	Tokens map[string]string
+	// CA is the trust anchor and issuer. Nil means a fresh localca with an
+	// intermediate (the issuer) under the root (the trust anchor).
+	CA *localca.CA
+	// ServerNames are the DNS SANs of the serving certificate. Default
+	// [DefaultServerName].
+	ServerNames []string
+	// Addr to listen on. Default "127.0.0.1:0".
+	Addr string
+	// Now is the clock for issued certificates. Default time.Now. The serving
+	// certificate always uses the real time, since TLS peers check it so.
+	Now func() time.Time
+	// Lifetime of issued certificates. Default DefaultLifetime.
+	Lifetime time.Duration
+	// NotReady starts with the issuer not ready (Unavailable) until SetReady.
+	NotReady bool
+	// Plaintext serves without TLS.
+	Plaintext bool
+}
+
+// Request is what one Certify call carried, and how it was answered.
+type Request struct {
+	Identity string
+	Token    string
+	CSR      []byte
+	// Code is the status the call was answered with (OK when a certificate
+	// was issued); Unknown while the call is still being handled.
+	Code codes.Code
+}
+
+// Server is a running test identity service.
+type Server struct {
+	cfg  Config
+	ca   *localca.CA
+	addr string
+
+	mu       sync.Mutex
+	srv      *grpc.Server
+	done     chan struct{} // closed when the current Serve returns
+	tokens   map[string]string
+	rejected map[string]bool
+	serving  tls.Certificate
+	ready    bool
+	mode     Mode
+	delay    time.Duration
+	lifetime time.Duration
+	requests []Request
+	foreign  *localca.CA
+}
+
+// Start serves a new test identity service and stops it when the test ends.
+func Start(t testing.TB, cfg Config) *Server {
+	t.Helper()
+	s, err := newServer(cfg)
+	if err != nil {
+		t.Fatalf("linkerdca: %v", err)
+	}
+	lis, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		t.Fatalf("linkerdca: listening on %s: %v", s.cfg.Addr, err)
+	}
+	s.addr = lis.Addr().String()
+	s.serve(lis)
+	t.Cleanup(s.Stop)
+	return s
+}
+
+func newServer(cfg Config) (*Server, error) {
+	if len(cfg.ServerNames) == 0 {
+		cfg.ServerNames = []string{DefaultServerName}
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Lifetime <= 0 {
+		cfg.Lifetime = DefaultLifetime
+	}
+	ca := cfg.CA
+	if ca == nil {
+		var err error
+		// The trust anchor must cover both the injected clock (issued leaves)
+		// and the real one (the serving certificate): start it at the earlier.
+		start := cfg.Now()
+		if real := time.Now(); real.Before(start) {
+			start = real
+		}
+		ca, err = localca.New(localca.Config{
+			Name:         "linkerdca test trust anchor",
+			Intermediate: true,
+			Now:          func() time.Time { return start },
+		})
+		if err != nil {
+			return nil, fmt.Errorf("creating CA: %w", err)
+		}
+	}
+	s := &Server{
+		cfg:      cfg,
+		ca:       ca,
+		tokens:   make(map[string]string, len(cfg.Tokens)),
+		rejected: map[string]bool{},
+		ready:    !cfg.NotReady,
+		lifetime: cfg.Lifetime,
+	}
+	for tok, id := range cfg.Tokens {
+		s.tokens[tok] = id
+	}
+	serving, err := s.ServingCert(cfg.ServerNames...)
+	if err != nil {
+		return nil, err
+	}
+	s.serving = serving
+	return s, nil
+}
+
+func (s *Server) serve(lis net.Listener) {
+	var opts []grpc.ServerOption
+	if !s.cfg.Plaintext {
+		tc := &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				c := s.serving
+				return &c, nil
+			},
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	srv := grpc.NewServer(opts...)
+	identitypb.RegisterIdentityServer(srv, &handler{s: s})
+	done := make(chan struct{})
+	s.mu.Lock()
+	s.srv, s.done = srv, done
+	s.mu.Unlock()
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+}
+
+// Addr is the host:port the server listens on; it stays the same across Restart.
+func (s *Server) Addr() string { return s.addr }
+
+// ServerName is the first DNS name of the configured serving certificate.
+func (s *Server) ServerName() string { return s.cfg.ServerNames[0] }
+
+// RootPEM is the trust anchor in PEM.
+func (s *Server) RootPEM() []byte { return s.ca.RootPEM() }
+
+// Roots is a pool holding the trust anchor.
+func (s *Server) Roots() *x509.CertPool { return s.ca.Pool() }
+
+// CA is the signing CA.
+func (s *Server) CA() *localca.CA { return s.ca }
+
+// Identity is the Linkerd identity of a service account under the default
+// control-plane namespace and trust domain.
+func Identity(namespace, serviceAccount string) pki.Identity {
+	return pki.LinkerdIdentity(DefaultTrustDomain, namespace, serviceAccount, DefaultControlPlaneNamespace)
+}
+
+// ServingCert issues a serving certificate from the server's CA for the given
+// DNS names (plus 127.0.0.1 and ::1), valid in real time, for SetServingCert.
+func (s *Server) ServingCert(dnsNames ...string) (tls.Certificate, error) {
+	now := time.Now()
+	c, err := s.ca.TLSCertificate(localca.Leaf{
+		DNSNames:  dnsNames,
+		IPs:       []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		NotBefore: now.Add(-time.Hour),
+		NotAfter:  now.Add(365 * 24 * time.Hour),
+	})
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("issuing serving certificate: %w", err)
+	}
+	return c, nil
+}
+
+// Stop closes the listener and every connection; new connections are refused
+// until Restart. It is safe to call more than once.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	srv, done := s.srv, s.done
+	s.srv = nil
+	s.mu.Unlock()
+	if srv == nil {
+		return
+	}
+	srv.Stop()
+	<-done
+}
+
+// Restart stops the server if it runs and serves again on the same address.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Stop()
+	var (
+		lis net.Listener
+		err error
+	)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		lis, err = net.Listen("tcp", s.addr)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("linkerdca: listening again on %s: %v", s.addr, err)
+	}
+	s.serve(lis)
+}
+
+// SetMode changes how accepted requests are answered.
+func (s *Server) SetMode(m Mode) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mode = m
+}
+
+// SetReady says whether the issuer is ready; when it is not, every request
+// fails with Unavailable, as Linkerd's identity service before it has loaded
+// its issuer.
+func (s *Server) SetReady(ready bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ready = ready
+}
+
+// SetDelay makes every answer wait d first (or until the caller gives up).
+func (s *Server) SetDelay(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delay = d
+}
+
+// SetLifetime changes the lifetime of certificates issued from now on.
+func (s *Server) SetLifetime(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lifetime = d
+}
+
+// SetServingCert replaces the certificate presented from the next handshake on.
+func (s *Server) SetServingCert(c tls.Certificate) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.serving = c
+}
+
+// AddToken makes tok prove identity.
+func (s *Server) AddToken(tok, identity string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tokens[tok] = identity
+	delete(s.rejected, tok)
+}
+
+// RejectToken makes tok well formed but not authenticated (a revoked or
+// expired service-account token): FailedPrecondition.
+func (s *Server) RejectToken(tok string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rejected[tok] = true
+}
+
+// Requests returns a copy of every Certify call received, in order.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Request, len(s.requests))
+	for i, r := range s.requests {
+		r.CSR = append([]byte(nil), r.CSR...)
+		out[i] = r
+	}
+	return out
+}
+
+// Tokens lists every token received, in order, valid or not (empty ones
+// included).
+func (s *Server) Tokens() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, len(s.requests))
+	for i, r := range s.requests {
+		out[i] = r.Token
+	}
+	return out
+}
+
+// Issued is the number of certificates issued.
+func (s *Server) Issued() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.requests {
+		if r.Code == codes.OK {
+			n++
+		}
+	}
+	return n
+}
+
+type handler struct {
+	identitypb.UnimplementedIdentityServer
+	s *Server
+}
+
+// snapshot is the part of the server state one request acts on.
+type snapshot struct {
+	index    int
+	ready    bool
+	mode     Mode
+	delay    time.Duration
+	lifetime time.Duration
+	tokenID  string
+	known    bool
+	rejected bool
+}
+
+func (h *handler) Certify(ctx context.Context, req *identitypb.CertifyRequest) (*identitypb.CertifyResponse, error) {
+	snap := h.s.record(req)
+	resp, err := h.certify(ctx, req, snap)
+	h.s.finish(snap.index, status.Code(err))
+	return resp, err
+}
+
+func (h *handler) certify(ctx context.Context, req *identitypb.CertifyRequest, snap snapshot) (*identitypb.CertifyResponse, error) {
+	if snap.delay > 0 {
+		t := time.NewTimer(snap.delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, status.FromContextError(ctx.Err()).Err()
+		case <-t.C:
+		}
+	}
+	if !snap.ready {
+		return nil, status.Error(codes.Unavailable, "linkerdca: cert issuer not ready yet")
+	}
+	csr, err := checkRequest(req)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "linkerdca: %v", err)
+	}
+	if err := checkCSR(csr, req.GetIdentity()); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "linkerdca: %v", err)
+	}
+	switch {
+	case snap.rejected:
+		return nil, status.Error(codes.FailedPrecondition, "linkerdca: authentication token could not be authenticated")
+	case !snap.known:
+		return nil, status.Error(codes.InvalidArgument, "linkerdca: invalid token")
+	case snap.tokenID != req.GetIdentity():
+		return nil, status.Errorf(codes.FailedPrecondition, "linkerdca: requested identity did not match provided token: requested=%s; found=%s", req.GetIdentity(), snap.tokenID)
+	}
+	resp, err := h.s.issue(snap, csr, req.GetIdentity())
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "linkerdca: %v", err)
+	}
+	return resp, nil
+}
+
+// record keeps what arrived and takes the state the request is answered with.
+func (s *Server) record(req *identitypb.CertifyRequest) snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tok := string(req.GetToken())
+	s.requests = append(s.requests, Request{
+		Identity: req.GetIdentity(),
+		Token:    tok,
+		CSR:      append([]byte(nil), req.GetCertificateSigningRequest()...),
+		Code:     codes.Unknown,
+	})
+	snap := snapshot{
+		index:    len(s.requests) - 1,
+		ready:    s.ready,
+		mode:     s.mode,
+		delay:    s.delay,
+		lifetime: s.lifetime,
+		rejected: s.rejected[tok],
+	}
+	snap.tokenID, snap.known = s.tokens[tok]
+	return snap
+}
+
+func (s *Server) finish(i int, code codes.Code) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests[i].Code = code
+}
+
+// checkRequest checks that every field is there and parses the CSR.
+func checkRequest(req *identitypb.CertifyRequest) (*x509.CertificateRequest, error) {
+	switch {
+	case req.GetIdentity() == "":
+		return nil, errors.New("missing identity")
+	case len(req.GetToken()) == 0:
+		return nil, errors.New("missing token")
+	case len(req.GetCertificateSigningRequest()) == 0:
+		return nil, errors.New("missing certificate signing request")
+	}
+	csr, err := x509.ParseCertificateRequest(req.GetCertificateSigningRequest())
+	if err != nil {
+		return nil, fmt.Errorf("certificate signing request is not DER: %w", err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("certificate signing request signature: %w", err)
+	}
+	return csr, nil
+}
+
+// checkCSR applies Linkerd's rules: exactly one DNS SAN, equal to the
+// identity; common name empty or equal; no email, IP or URI SANs.
+func checkCSR(csr *x509.CertificateRequest, identity string) error {
+	switch {
+	case len(csr.DNSNames) != 1:
+		return fmt.Errorf("CSR must have exactly one DNS name, has %d", len(csr.DNSNames))
+	case csr.DNSNames[0] != identity:
+		return fmt.Errorf("CSR name does not match requested identity: csr=%s; req=%s", csr.DNSNames[0], identity)
+	case csr.Subject.CommonName != "" && csr.Subject.CommonName != identity:
+		return fmt.Errorf("invalid common name %q", csr.Subject.CommonName)
+	case len(csr.EmailAddresses) > 0:
+		return errors.New("CSR carries email addresses")
+	case len(csr.IPAddresses) > 0:
+		return errors.New("CSR carries IP addresses")
+	case len(csr.URIs) > 0:
+		return errors.New("CSR carries URIs")
+	}
+	return nil
+}
+
+// issue builds the answer for an accepted request.
+func (s *Server) issue(snap snapshot, csr *x509.CertificateRequest, identity string) (*identitypb.CertifyResponse, error) {
+	if snap.mode == ModeGarbage {
+		return &identitypb.CertifyResponse{
+			LeafCertificate: []byte("not a certificate"),
+			ValidUntil:      timestamppb.New(s.cfg.Now().Add(snap.lifetime)),
+		}, nil
+	}
+	now := s.cfg.Now()
+	leaf := localca.Leaf{
+		PublicKey: csr.PublicKey,
+		Identity:  pki.Identity{DNSName: identity},
+		NotBefore: now.Add(-ClockSkew),
+		NotAfter:  now.Add(snap.lifetime),
+	}
+	ca := s.ca
+	switch snap.mode {
+	case ModeWrongIdentity:
+		leaf.Identity = Identity("wrong-namespace", "wrong-sa")
+	case ModeExpired:
+		leaf.NotBefore, leaf.NotAfter = now.Add(-snap.lifetime-time.Hour), now.Add(-time.Minute)
+	case ModeWrongKey:
+		k, err := pki.GenerateKey(pki.ECP256)
+		if err != nil {
+			return nil, err
+		}
+		leaf.PublicKey = k.Public()
+	case ModeForeignChain:
+		f, err := s.foreignCA()
+		if err != nil {
+			return nil, err
+		}
+		ca = f
+	}
+	chain, err := ca.Issue(leaf)
+	if err != nil {
+		return nil, err
+	}
+	// Leaf and intermediates; the trust anchor (last) is not sent.
+	chain = chain[:len(chain)-1]
+	resp := &identitypb.CertifyResponse{ValidUntil: timestamppb.New(chain[0].NotAfter)}
+	for i, c := range chain {
+		der := c.Raw
+		if snap.mode == ModePEM {
+			der = pki.EncodeCertificates([]*x509.Certificate{c})
+		}
+		if i == 0 {
+			resp.LeafCertificate = der
+		} else {
+			resp.IntermediateCertificates = append(resp.IntermediateCertificates, der)
+		}
+	}
+	switch snap.mode {
+	case ModeNoValidUntil:
+		resp.ValidUntil = nil
+	case ModeValidUntilMismatch:
+		resp.ValidUntil = timestamppb.New(chain[0].NotAfter.Add(time.Hour))
+	}
+	return resp, nil
+}
+
+func (s *Server) foreignCA() (*localca.CA, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.foreign == nil {
+		f, err := localca.New(localca.Config{Name: "linkerdca foreign trust anchor", Intermediate: true, Now: s.cfg.Now})
+		if err != nil {
+			return nil, fmt.Errorf("creating foreign CA: %w", err)
+		}
+		s.foreign = f
+	}
+	return s.foreign, nil
+}
