@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -104,6 +105,9 @@ type Request struct {
 	Identity string
 	Token    string
 	CSR      []byte
+	// Authorization is the "authorization" gRPC metadata, if any: Linkerd
+	// reads the token from the body, so a client should send none.
+	Authorization string
 	// Code is the status the call was answered with (OK when a certificate
 	// was issued); Unknown while the call is still being handled.
 	Code codes.Code
@@ -403,7 +407,7 @@ type snapshot struct {
 }
 
 func (h *handler) Certify(ctx context.Context, req *identitypb.CertifyRequest) (*identitypb.CertifyResponse, error) {
-	snap := h.s.record(req)
+	snap := h.s.record(ctx, req)
 	resp, err := h.certify(ctx, req, snap)
 	h.s.finish(snap.index, status.Code(err))
 	return resp, err
@@ -445,15 +449,22 @@ func (h *handler) certify(ctx context.Context, req *identitypb.CertifyRequest, s
 }
 
 // record keeps what arrived and takes the state the request is answered with.
-func (s *Server) record(req *identitypb.CertifyRequest) snapshot {
+func (s *Server) record(ctx context.Context, req *identitypb.CertifyRequest) snapshot {
+	var authz string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("authorization"); len(v) > 0 {
+			authz = v[0]
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	tok := string(req.GetToken())
 	s.requests = append(s.requests, Request{
-		Identity: req.GetIdentity(),
-		Token:    tok,
-		CSR:      append([]byte(nil), req.GetCertificateSigningRequest()...),
-		Code:     codes.Unknown,
+		Identity:      req.GetIdentity(),
+		Token:         tok,
+		CSR:           append([]byte(nil), req.GetCertificateSigningRequest()...),
+		Authorization: authz,
+		Code:          codes.Unknown,
 	})
 	snap := snapshot{
 		index:    len(s.requests) - 1,
