@@ -1,0 +1,19 @@
+// Package certfile loads certificates from files: a workload certificate
+// chain with its private key, and root bundles (including the system roots,
+// for `file-root:system`). Loading validates: both files parse, the key
+// matches the leaf and the leaf has not expired. A half-written, truncated or
+// mismatched pair is an error, never a value.
+//
+// Source adds watching: it holds the last good value, re-loads when
+// filewatch reports a change, and publishes a new value only when the load
+// succeeds and differs from the one it holds. A failed load is logged with
+// its reason and counted; the last good value stays.
+//
+// It does not decide which files to load (cmd/agent and secretmanager do),
+// and it does not check a chain against trust roots or a requested identity:
+// mounted certificates are served as the operator gave them.
+//
+// Ownership and locking: Pair and Bundle are immutable once returned. A
+// Source is safe for concurrent use: Current, Wait and Reload may be called
+// from any goroutine; Run may be called once and owns the watcher.
+package certfile

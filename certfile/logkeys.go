@@ -1,0 +1,8 @@
+package certfile
+
+// Log field keys.
+const (
+	keySource   = "source"
+	keyReason   = "reason"
+	keyNotAfter = "not_after"
+)
