@@ -29,8 +29,8 @@ func newCA(t testing.TB) *localca.CA {
 
 // issued is a chain and key in the PEM forms a file holds.
 type issued struct {
-	chain []*x509.Certificate
-	key   crypto.Signer
+	chain            []*x509.Certificate
+	key              crypto.Signer
 	chainPEM, keyPEM []byte
 }
 
