@@ -1,0 +1,126 @@
+package settings
+
+import (
+	"path/filepath"
+	"strconv"
+
+	"github.com/meshagent/meshagent/pki"
+)
+
+// Default paths of SPEC 2 that other defaults are built from.
+const (
+	sdsSocketDir        = "./var/run/secrets/workload-spiffe-uds"
+	thirdPartyTokenPath = "./var/run/secrets/tokens/istio-token"
+	firstPartyTokenPath = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+	istioRootPath       = "./var/run/secrets/istio/root-cert.pem"
+	linkerdIdentityPort = "8080"
+	linkerdGraceRatio   = 0.3
+	devName             = "default"
+)
+
+// derive fills the defaults that depend on other settings. Each rule applies
+// only when the user did not set the setting itself; a note in the table says
+// where the value came from.
+func (r *resolution) derive(in Input) error {
+	c := r.c
+
+	// STATUS_PORT: PROXY_CONFIG statusPort, else 15020.
+	if !r.isSet("STATUS_PORT") {
+		c.StatusPort = DefaultStatusPort
+		if c.proxyStatusPort != 0 {
+			c.StatusPort = c.proxyStatusPort
+			r.from("STATUS_PORT", r.sources["PROXY_CONFIG"], "from PROXY_CONFIG statusPort")
+		}
+	}
+
+	// Dev mode names a workload when nothing else does.
+	if c.Dev {
+		if c.PodNamespace == "" {
+			c.PodNamespace = devName
+			r.notes["POD_NAMESPACE"] = "dev mode default"
+		}
+		if c.ServiceAccount == "" {
+			c.ServiceAccount = devName
+			r.notes["SERVICE_ACCOUNT"] = "dev mode default"
+		}
+	}
+
+	// CA_ADDR: the discovery address; Linkerd's identity service for Linkerd.
+	if !r.isSet("CA_ADDR") {
+		if c.CAProvider == ProviderLinkerd {
+			c.CAAddr = "linkerd-identity." + c.LinkerdNamespace + ".svc." + c.TrustDomain + ":" + linkerdIdentityPort
+			r.notes["CA_ADDR"] = "Linkerd identity service of MESHAGENT_LINKERD_NAMESPACE"
+		} else {
+			c.CAAddr = c.DiscoveryAddress
+			r.notes["CA_ADDR"] = "from PROXY_CONFIG discoveryAddress"
+		}
+	}
+
+	// SECRET_GRACE_PERIOD_RATIO: 0.3 for Linkerd (refresh at 70 %).
+	if !r.isSet("SECRET_GRACE_PERIOD_RATIO") && c.CAProvider == ProviderLinkerd {
+		c.GraceRatio = linkerdGraceRatio
+		r.notes["SECRET_GRACE_PERIOD_RATIO"] = "Linkerd default"
+	}
+
+	// MESHAGENT_KEY_TYPE: pilot-agent's variables, when set, choose the key.
+	if !r.isSet("MESHAGENT_KEY_TYPE") {
+		switch {
+		case c.ECCSignatureAlgorithm == "ECDSA":
+			c.KeyType = pki.ECP256
+			if c.ECCCurve == "P384" {
+				c.KeyType = pki.ECP384
+			}
+			r.from("MESHAGENT_KEY_TYPE", r.sources["ECC_SIGNATURE_ALGORITHM"], "from ECC_SIGNATURE_ALGORITHM=ECDSA and ECC_CURVE="+c.ECCCurve)
+		case c.ECCSignatureAlgorithm == "RSA" || r.isSet("WORKLOAD_RSA_KEY_SIZE"):
+			c.KeyType = pki.KeyType("rsa-" + strconv.Itoa(c.WorkloadRSAKeySize))
+			src := r.sources["WORKLOAD_RSA_KEY_SIZE"]
+			if !r.isSet("WORKLOAD_RSA_KEY_SIZE") {
+				src = r.sources["ECC_SIGNATURE_ALGORITHM"]
+			}
+			r.from("MESHAGENT_KEY_TYPE", src, "from WORKLOAD_RSA_KEY_SIZE="+strconv.Itoa(c.WorkloadRSAKeySize))
+		}
+	}
+
+	// MESHAGENT_LINKERD_IDENTITY_SERVICE_NAME.
+	if c.LinkerdIdentityServiceName == "" {
+		ns := c.LinkerdNamespace
+		c.LinkerdIdentityServiceName = "linkerd-identity." + ns + ".serviceaccount.identity." + ns + "." + c.TrustDomain
+	}
+
+	// Paths.
+	if c.SDSSocket == "" {
+		c.SDSSocket = sdsSocketDir + "/" + c.WorkloadIdentitySocketFile
+	}
+	if c.TokenPath == "" {
+		c.TokenPath = thirdPartyTokenPath
+		if c.JWTPolicy == "first-party-jwt" {
+			c.TokenPath = firstPartyTokenPath
+			r.notes["MESHAGENT_TOKEN_PATH"] = "JWT_POLICY=first-party-jwt"
+		}
+	}
+	if c.CARoot == "" {
+		c.CARoot = istioRootPath
+		if c.ProvCert != "" {
+			c.CARoot = filepath.Join(c.ProvCert, "root-cert.pem")
+			r.notes["CA_ROOT_CA"] = "from PROV_CERT"
+		}
+	}
+	if c.XDSRoot == "" {
+		mounted := filepath.Join(c.FileMountedCertsDir, "root-cert.pem")
+		if in.FileExists(mounted) {
+			c.XDSRoot = mounted
+			r.notes["XDS_ROOT_CA"] = mounted + " exists"
+		} else {
+			c.XDSRoot = c.CARoot
+			r.notes["XDS_ROOT_CA"] = "the CA root"
+		}
+	}
+	return nil
+}
+
+// from records that a setting's value was derived from another setting with
+// source src.
+func (r *resolution) from(name string, src Source, note string) {
+	r.sources[name] = src
+	r.notes[name] = note
+}

@@ -1,0 +1,19 @@
+// Package settings is meshagent's single registry of configuration settings
+// and the resolver that turns defaults, environment variables and flags into
+// one typed Config.
+//
+// Every setting is declared once in Registry (name, flag, default, doc,
+// accepted values). The CLI flags of cmd/agent, `meshagent config` (via
+// Config.Table) and docs/configuration.md (via Markdown) are all derived from
+// that declaration, so they cannot drift apart; a golden test fails when the
+// committed doc is stale.
+//
+// It owns parsing and validation of configuration text, including the
+// PROXY_CONFIG JSON and the CA_HEADER_/XDS_HEADER_ prefix variables. It does
+// not own deciding which certificate source runs (cmd/agent does that) and it
+// reads no files except to check whether the file-mounted xDS root exists.
+//
+// Resolve does not read the process environment itself: the caller passes it
+// in, so tests and `meshagent config` see exactly what `meshagent run` would.
+// A Config is immutable after Resolve and safe to share.
+package settings

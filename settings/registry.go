@@ -1,0 +1,247 @@
+package settings
+
+import (
+	"time"
+
+	"github.com/meshagent/meshagent/pki"
+)
+
+// Registry declares every setting, once. To add one: add a field to Config
+// and an entry here; the CLI flag, `meshagent config` and
+// docs/configuration.md follow (run `make docs`). A default computed from
+// other settings also needs a line in derive.go.
+var Registry = []Setting{
+	// Istio-compatible: pilot-agent's names and defaults.
+	{
+		Name: "CA_ADDR", Flag: "ca-addr", Group: GroupIstio,
+		DerivedDefault: "the discovery address (PROXY_CONFIG discoveryAddress); for CA_PROVIDER=Linkerd, linkerd-identity.<MESHAGENT_LINKERD_NAMESPACE>.svc.<TRUST_DOMAIN>:8080",
+		Doc:            "Address (host:port) of the CA that signs workload certificates.",
+		Value:          HostPort(func(c *Config) *string { return &c.CAAddr }),
+	},
+	{
+		Name: "CA_PROVIDER", Flag: "ca-provider", Default: ProviderIstio, Group: GroupIstio,
+		Doc:   "CA protocol: Citadel is Istio's IstioCertificateService (istiod, istio-csr); Linkerd is Linkerd's identity service.",
+		Value: Enum(func(c *Config) *string { return &c.CAProvider }, ProviderIstio, ProviderLinkerd),
+	},
+	{
+		Name: "CA_ROOT_CA", Flag: "ca-root", Group: GroupIstio,
+		DerivedDefault: "PROV_CERT/root-cert.pem when PROV_CERT is set, else ./var/run/secrets/istio/root-cert.pem",
+		Doc:            "Root bundle that verifies the CA's TLS certificate and the certificates it issues; SYSTEM means the system trust store. Watched for changes.",
+		Value:          CARoot(func(c *Config) *string { return &c.CARoot }),
+	},
+	{
+		Name: "XDS_ROOT_CA", Flag: "xds-root", Group: GroupIstio,
+		DerivedDefault: "<MESHAGENT_FILE_MOUNTED_CERTS_DIR>/root-cert.pem when that file exists at start-up, else the CA root",
+		Doc:            "Root bundle that verifies the control plane's TLS certificate; SYSTEM means the system trust store.",
+		Value:          CARoot(func(c *Config) *string { return &c.XDSRoot }),
+	},
+	{
+		Name: "PILOT_CERT_PROVIDER", Default: "istiod", Group: GroupIstio,
+		Doc:   "Who signs the control plane's serving certificate, as in pilot-agent.",
+		Value: Enum(func(c *Config) *string { return &c.PilotCertProvider }, "istiod", "kubernetes", "custom", "none"),
+	},
+	{
+		Name: "ISTIOD_SAN", Group: GroupIstio,
+		DerivedDefault: "the host part of the address dialled",
+		Doc:            "Name the CA's and control plane's TLS certificates must carry.",
+		Value:          String(func(c *Config) *string { return &c.IstiodSAN }),
+	},
+	{
+		Name: "CA_HEADER_<NAME>", Group: GroupIstio,
+		Doc:   "Each variable `CA_HEADER_<NAME>=<value>` adds gRPC metadata `<NAME>: <value>` to every CA request. Values are redacted in `meshagent config`.",
+		Value: Headers(func(c *Config) *map[string]string { return &c.CAHeaders }),
+	},
+	{
+		Name: "XDS_HEADER_<NAME>", Group: GroupIstio,
+		Doc:   "Each variable `XDS_HEADER_<NAME>=<value>` adds gRPC metadata `<NAME>: <value>` to the control-plane stream. Values are redacted in `meshagent config`.",
+		Value: Headers(func(c *Config) *map[string]string { return &c.XDSHeaders }),
+	},
+	{
+		Name: "TRUST_DOMAIN", Flag: "trust-domain", Default: "cluster.local", Group: GroupIstio,
+		Doc:   "Trust domain of the workload's SPIFFE ID.",
+		Value: TrustDomain(func(c *Config) *string { return &c.TrustDomain }),
+	},
+	{
+		Name: "POD_NAME", Group: GroupIstio,
+		Doc:   "Name of the pod (or VM) the agent runs beside.",
+		Value: String(func(c *Config) *string { return &c.PodName }),
+	},
+	{
+		Name: "POD_NAMESPACE", Group: GroupIstio,
+		DerivedDefault: "default in --dev mode; required otherwise",
+		Doc:            "Namespace of the workload; part of its identity.",
+		Value:          Label(func(c *Config) *string { return &c.PodNamespace }),
+	},
+	{
+		Name: "SERVICE_ACCOUNT", Group: GroupIstio,
+		DerivedDefault: "default in --dev mode; required otherwise",
+		Doc:            "Service account of the workload; part of its identity.",
+		Value:          Label(func(c *Config) *string { return &c.ServiceAccount }),
+	},
+	{
+		Name: "ISTIO_META_CLUSTER_ID", Group: GroupIstio,
+		Doc:   "Cluster ID, sent to the CA and the control plane as ClusterID gRPC metadata.",
+		Value: String(func(c *Config) *string { return &c.ClusterID }),
+	},
+	{
+		Name: "ISTIO_META_CERT_SIGNER", Group: GroupIstio,
+		Doc:   "Signer name sent as CertSigner in the Istio CSR request's metadata.",
+		Value: String(func(c *Config) *string { return &c.CertSigner }),
+	},
+	{
+		Name: "JWT_POLICY", Default: "third-party-jwt", Group: GroupIstio,
+		Doc:   "Which service-account token authenticates to the CA: third-party-jwt (projected token, audience istio-ca) or first-party-jwt (the default service-account token).",
+		Value: Enum(func(c *Config) *string { return &c.JWTPolicy }, "third-party-jwt", "first-party-jwt"),
+	},
+	{
+		Name: "CREDENTIAL_FETCHER_TYPE", Default: "JWT", Group: GroupIstio,
+		Doc:   "Where the bearer token comes from; JWT reads the token file.",
+		Value: Enum(func(c *Config) *string { return &c.CredentialFetcherType }, "JWT"),
+	},
+	{
+		Name: "CREDENTIAL_IDENTITY_PROVIDER", Group: GroupIstio,
+		Doc:   "Identity provider of the credential fetcher, as in pilot-agent.",
+		Value: String(func(c *Config) *string { return &c.CredentialIdentityProvider }),
+	},
+	{
+		Name: "PROV_CERT", Flag: "prov-cert", Group: GroupIstio,
+		Doc:   "Directory holding a provisioning certificate (cert-chain.pem, key.pem, root-cert.pem) presented to the CA as client certificate, e.g. on VMs.",
+		Value: Path(func(c *Config) *string { return &c.ProvCert }),
+	},
+	{
+		Name: "OUTPUT_CERTS", Flag: "output-certs", Group: GroupIstio,
+		Doc:   "Directory to write cert-chain.pem, key.pem (0600) and root-cert.pem to on every rotation; empty writes nothing.",
+		Value: Path(func(c *Config) *string { return &c.OutputCerts }),
+	},
+	{
+		Name: "FILE_MOUNTED_CERTS", Default: "false", Group: GroupIstio,
+		Doc:   "Serve the certificates in MESHAGENT_FILE_MOUNTED_CERTS_DIR (./etc/certs) instead of asking a CA.",
+		Value: Bool(func(c *Config) *bool { return &c.FileMountedCerts }),
+	},
+	{
+		Name: "SECRET_TTL", Default: "24h", Group: GroupIstio,
+		Doc:   "Certificate lifetime asked of the CA.",
+		Value: Duration(func(c *Config) *time.Duration { return &c.SecretTTL }, time.Second),
+	},
+	{
+		Name: "SECRET_GRACE_PERIOD_RATIO", Default: "0.5", Group: GroupIstio,
+		DerivedDefault: "0.5; 0.3 for CA_PROVIDER=Linkerd",
+		Doc:            "Share of a certificate's life left when it is renewed (0.5 renews at half-life).",
+		Value:          Float(func(c *Config) *float64 { return &c.GraceRatio }, 0, 1),
+	},
+	{
+		Name: "SECRET_GRACE_PERIOD_RATIO_JITTER", Default: "0.01", Group: GroupIstio,
+		Doc:   "Random ± jitter added to the grace period ratio so renewals do not stampede.",
+		Value: Float(func(c *Config) *float64 { return &c.GraceJitter }, 0, 1),
+	},
+	{
+		Name: "FILE_DEBOUNCE_DURATION", Default: "100ms", Group: GroupIstio,
+		Doc:   "How long watched files must stay unchanged before they are reloaded.",
+		Value: Duration(func(c *Config) *time.Duration { return &c.FileDebounce }, 0),
+	},
+	{
+		Name: "WORKLOAD_RSA_KEY_SIZE", Default: "2048", Group: GroupIstio,
+		Doc:   "RSA key size. When set (and ECC_SIGNATURE_ALGORITHM is not ECDSA) the workload key is RSA of this size, as in pilot-agent.",
+		Value: IntChoice(func(c *Config) *int { return &c.WorkloadRSAKeySize }, 2048, 3072, 4096),
+	},
+	{
+		Name: "ECC_SIGNATURE_ALGORITHM", Group: GroupIstio,
+		Doc:   "ECDSA selects an EC workload key on ECC_CURVE, as in pilot-agent; RSA selects an RSA key of WORKLOAD_RSA_KEY_SIZE.",
+		Value: Enum(func(c *Config) *string { return &c.ECCSignatureAlgorithm }, "ECDSA", "RSA"),
+	},
+	{
+		Name: "ECC_CURVE", Default: "P256", Group: GroupIstio,
+		Doc:   "Curve of an EC workload key.",
+		Value: Enum(func(c *Config) *string { return &c.ECCCurve }, "P256", "P384"),
+	},
+	{
+		Name: "GRPC_XDS_BOOTSTRAP", Flag: "grpc-bootstrap", Default: "etc/istio/proxy/grpc-bootstrap.json", Group: GroupIstio,
+		Doc:   "Where the gRPC xDS bootstrap for proxyless gRPC is written.",
+		Value: Path(func(c *Config) *string { return &c.GRPCXDSBootstrap }),
+	},
+	{
+		Name: "DISABLE_ENVOY", Default: "false", Group: GroupIstio,
+		Doc:   "No Envoy runs beside the agent (proxyless gRPC or VM).",
+		Value: Bool(func(c *Config) *bool { return &c.DisableEnvoy }),
+	},
+	{
+		Name: "PROXY_CONFIG", Group: GroupIstio,
+		Default: `{"discoveryAddress":"istiod.istio-system.svc:15012","statusPort":15020}`,
+		Doc:     "Istio ProxyConfig as JSON. meshagent reads discoveryAddress (the control plane, host:port) and statusPort; other fields are ignored.",
+		Value:   JSON(setProxyConfig, showProxyConfig),
+	},
+	{
+		Name: "STATUS_PORT", Flag: "status-port", Group: GroupIstio,
+		DerivedDefault: "PROXY_CONFIG statusPort, else 15020",
+		Doc:            "Port of the status server (/healthz/ready, /healthz/live, /metrics, /debug/certs); 0 picks a free port.",
+		Value:          Int(func(c *Config) *int { return &c.StatusPort }, 0, 65535),
+	},
+	{
+		Name: "WORKLOAD_IDENTITY_SOCKET_FILE", Default: "socket", Group: GroupIstio,
+		Doc:   "File name of the SDS socket in ./var/run/secrets/workload-spiffe-uds/.",
+		Value: FileName(func(c *Config) *string { return &c.WorkloadIdentitySocketFile }),
+	},
+
+	// meshagent's own settings.
+	{
+		Name: "MESHAGENT_KEY_TYPE", Flag: "key-type", Default: string(pki.ECP256), Group: GroupMeshagent,
+		DerivedDefault: "ec-p256; ec-p256/ec-p384 when ECC_SIGNATURE_ALGORITHM=ECDSA (by ECC_CURVE); rsa-<WORKLOAD_RSA_KEY_SIZE> when WORKLOAD_RSA_KEY_SIZE is set or ECC_SIGNATURE_ALGORITHM=RSA",
+		Doc:            "Workload key type. When set it wins over ECC_SIGNATURE_ALGORITHM and WORKLOAD_RSA_KEY_SIZE.",
+		Value:          KeyType(func(c *Config) *pki.KeyType { return &c.KeyType }),
+	},
+	{
+		Name: "MESHAGENT_LINKERD_NAMESPACE", Default: "linkerd", Group: GroupMeshagent,
+		Doc:   "Namespace of the Linkerd control plane (CA_PROVIDER=Linkerd); part of the Linkerd identity.",
+		Value: Label(func(c *Config) *string { return &c.LinkerdNamespace }),
+	},
+	{
+		Name: "MESHAGENT_LINKERD_IDENTITY_SERVICE_NAME", Group: GroupMeshagent,
+		DerivedDefault: "linkerd-identity.<ns>.serviceaccount.identity.<ns>.<TRUST_DOMAIN> with <ns> = MESHAGENT_LINKERD_NAMESPACE",
+		Doc:            "TLS name the Linkerd identity service must present.",
+		Value:          String(func(c *Config) *string { return &c.LinkerdIdentityServiceName }),
+	},
+	{
+		Name: "MESHAGENT_STATUS_HOST", Flag: "status-host", Group: GroupMeshagent,
+		Doc:   "Host or IP the status server listens on; empty means every interface (as pilot-agent).",
+		Value: String(func(c *Config) *string { return &c.StatusHost }),
+	},
+	{
+		Name: "MESHAGENT_LOG_LEVEL", Flag: "log-level", Default: "info", Group: GroupMeshagent,
+		Doc:   "Log level. Logs are JSON, or human-readable when stderr is a terminal.",
+		Value: Enum(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error"),
+	},
+	{
+		Name: "MESHAGENT_DEV", Flag: "dev", Default: "false", Group: GroupMeshagent,
+		Doc:   "Development mode: an in-process CA with a fresh in-memory root issues the workload certificate. Not for production.",
+		Value: Bool(func(c *Config) *bool { return &c.Dev }),
+	},
+
+	// Paths (SPEC 2), relative to the working directory as in pilot-agent.
+	{
+		Name: "MESHAGENT_SDS_SOCKET", Flag: "sds-socket", Group: GroupPaths,
+		DerivedDefault: "./var/run/secrets/workload-spiffe-uds/<WORKLOAD_IDENTITY_SOCKET_FILE>",
+		Doc:            "Unix socket the SDS server listens on (and where an existing agent is looked for).",
+		Value:          Path(func(c *Config) *string { return &c.SDSSocket }),
+	},
+	{
+		Name: "MESHAGENT_XDS_SOCKET", Flag: "xds-socket", Default: "./etc/istio/proxy/XDS", Group: GroupPaths,
+		Doc:   "Unix socket the xDS proxy listens on.",
+		Value: Path(func(c *Config) *string { return &c.XDSSocket }),
+	},
+	{
+		Name: "MESHAGENT_WORKLOAD_CREDENTIALS_DIR", Flag: "workload-credentials-dir", Default: "./var/run/secrets/workload-spiffe-credentials", Group: GroupPaths,
+		Doc:   "Directory of pre-provisioned credentials; served when it holds cert-chain.pem, key.pem and root-cert.pem.",
+		Value: Path(func(c *Config) *string { return &c.WorkloadCredentialsDir }),
+	},
+	{
+		Name: "MESHAGENT_FILE_MOUNTED_CERTS_DIR", Flag: "file-mounted-certs-dir", Default: "./etc/certs", Group: GroupPaths,
+		Doc:   "Directory of file-mounted certificates (cert-chain.pem, key.pem, root-cert.pem) served when FILE_MOUNTED_CERTS=true.",
+		Value: Path(func(c *Config) *string { return &c.FileMountedCertsDir }),
+	},
+	{
+		Name: "MESHAGENT_TOKEN_PATH", Flag: "token-path", Group: GroupPaths,
+		DerivedDefault: "./var/run/secrets/tokens/istio-token; /var/run/secrets/kubernetes.io/serviceaccount/token for JWT_POLICY=first-party-jwt",
+		Doc:            "Service-account token file, read afresh for every CA request.",
+		Value:          Path(func(c *Config) *string { return &c.TokenPath }),
+	},
+}
