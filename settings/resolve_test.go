@@ -80,7 +80,7 @@ func TestDefaults(t *testing.T) {
 		GRPCXDSBootstrap: "etc/istio/proxy/grpc-bootstrap.json", DiscoveryAddress: DefaultDiscoveryAddress,
 		StatusPort: 15020, WorkloadIdentitySocketFile: "socket", KeyType: pki.ECP256, LinkerdNamespace: "linkerd",
 		LinkerdIdentityServiceName: "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local",
-		SDSSocket: "./var/run/secrets/workload-spiffe-uds/socket", XDSSocket: "./etc/istio/proxy/XDS",
+		SDSSocket:                  "./var/run/secrets/workload-spiffe-uds/socket", XDSSocket: "./etc/istio/proxy/XDS",
 		WorkloadCredentialsDir: "./var/run/secrets/workload-spiffe-credentials", FileMountedCertsDir: "./etc/certs",
 		TokenPath: "./var/run/secrets/tokens/istio-token", LogLevel: "info",
 	}
