@@ -71,12 +71,16 @@ func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error)
 func codeLabel(c codes.Code) string {
 	name := c.String()
 	var b strings.Builder
-	for i, r := range name {
+	prevLower := false
+	for _, r := range name {
 		if unicode.IsUpper(r) {
-			if i > 0 {
+			if prevLower {
 				b.WriteByte('_')
 			}
 			r = unicode.ToLower(r)
+			prevLower = false
+		} else {
+			prevLower = unicode.IsLower(r)
 		}
 		b.WriteRune(r)
 	}

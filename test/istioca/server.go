@@ -96,6 +96,9 @@ type Config struct {
 	// BundleChain answers the whole chain as one PEM string instead of one
 	// string per certificate, as some CAs do.
 	BundleChain bool
+	// Plaintext serves without TLS, like a control plane on port 15010. Only
+	// bearer tokens authenticate then.
+	Plaintext bool
 }
 
 // Server is a running test CA.
@@ -189,7 +192,11 @@ func (s *Server) serve(lis net.Listener) {
 		ClientAuth: tls.VerifyClientCertIfGiven,
 		ClientCAs:  s.ca.Pool(),
 	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tc)))
+	var opts []grpc.ServerOption
+	if !s.cfg.Plaintext {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	srv := grpc.NewServer(opts...)
 	pb.RegisterIstioCertificateServiceServer(srv, &handler{s: s})
 	done := make(chan struct{})
 	s.mu.Lock()
