@@ -1,0 +1,281 @@
+package status
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+)
+
+// DefaultAddr listens on every interface at pilot-agent's status port.
+const DefaultAddr = ":15020"
+
+// Check reports a problem, or nil when all is well. It must return quickly.
+type Check func() error
+
+// CertInfo describes one certificate the agent holds.
+type CertInfo struct {
+	// ResourceName is the SDS resource name ("default", "file-cert:...").
+	ResourceName string `json:"resource_name"`
+	// Identity is the SPIFFE ID or DNS name the certificate is for.
+	Identity string `json:"identity"`
+	// Serial is the certificate's serial number in hexadecimal.
+	Serial    string    `json:"serial"`
+	NotBefore time.Time `json:"not_before"`
+	NotAfter  time.Time `json:"not_after"`
+	// RenewAt is when it will be replaced; zero when the agent does not renew it.
+	RenewAt time.Time `json:"renew_at,omitzero"`
+	// Source says where it came from: "ca", "dev-ca", "file", "output-certs".
+	Source string `json:"source"`
+}
+
+// CertLister lists held certificates.
+type CertLister interface {
+	Certs() []CertInfo
+}
+
+// Config configures a Server. Zero values get the defaults noted.
+type Config struct {
+	// Addr is the listen address. Default DefaultAddr.
+	Addr string
+	// Gatherer is what /metrics serves. Nil serves an empty registry.
+	Gatherer prometheus.Gatherer
+	// Logger; nil means no logging.
+	Logger *zap.Logger
+	// OnListen, when set, is called with the bound address once the server
+	// listens (useful with port 0).
+	OnListen func(net.Addr)
+	// ShutdownTimeout bounds the graceful shutdown. Default 5s.
+	ShutdownTimeout time.Duration
+}
+
+type namedCheck struct {
+	name  string
+	check Check
+}
+
+// Server is the status HTTP server.
+type Server struct {
+	cfg     Config
+	log     *zap.Logger
+	handler http.Handler
+
+	mu      sync.Mutex
+	ready   []namedCheck
+	live    []namedCheck
+	listers []CertLister
+
+	quit     chan struct{}
+	quitOnce sync.Once
+}
+
+// New makes a Server; it starts nothing.
+func New(cfg Config) *Server {
+	if cfg.Addr == "" {
+		cfg.Addr = DefaultAddr
+	}
+	if cfg.Gatherer == nil {
+		cfg.Gatherer = prometheus.NewRegistry()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 5 * time.Second
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger.Named("status"), quit: make(chan struct{})}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz/ready", s.serveReady)
+	mux.HandleFunc("GET /healthz/live", s.serveLive)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /debug/certs", s.serveCerts)
+	mux.Handle("/debug/pprof/", s.loopbackOnly(http.HandlerFunc(pprof.Index)))
+	mux.Handle("/debug/pprof/cmdline", s.loopbackOnly(http.HandlerFunc(pprof.Cmdline)))
+	mux.Handle("/debug/pprof/profile", s.loopbackOnly(http.HandlerFunc(pprof.Profile)))
+	mux.Handle("/debug/pprof/symbol", s.loopbackOnly(http.HandlerFunc(pprof.Symbol)))
+	mux.Handle("/debug/pprof/trace", s.loopbackOnly(http.HandlerFunc(pprof.Trace)))
+	mux.Handle("/quitquitquit", s.loopbackOnly(http.HandlerFunc(s.serveQuit)))
+	s.handler = mux
+	return s
+}
+
+// AddReadiness registers a check that must pass before /healthz/ready answers 200.
+func (s *Server) AddReadiness(name string, c Check) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ready = append(s.ready, namedCheck{name, c})
+}
+
+// AddLiveness registers a check whose failure makes /healthz/live answer 503.
+func (s *Server) AddLiveness(name string, c Check) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.live = append(s.live, namedCheck{name, c})
+}
+
+// AddCertLister adds certificates to /debug/certs.
+func (s *Server) AddCertLister(l CertLister) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.listers = append(s.listers, l)
+}
+
+// Handler returns the HTTP handler (for tests and for embedding).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Run listens on Config.Addr and serves until ctx ends or a loopback caller
+// POSTs /quitquitquit; both return nil after a graceful shutdown. It returns
+// an error when it cannot listen or serving fails.
+func (s *Server) Run(ctx context.Context) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("status server: %w", err)
+	}
+	s.log.Info("status server listening", zap.String(keyAddr, ln.Addr().String()))
+	if s.cfg.OnListen != nil {
+		s.cfg.OnListen(ln.Addr())
+	}
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          zap.NewStdLog(s.log),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("status server: %w", err)
+	case <-ctx.Done():
+	case <-s.quit:
+		s.log.Info("quit requested")
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("status server: %w", err)
+	}
+	s.log.Info("status server stopped")
+	return nil
+}
+
+// Quit makes Run return nil, as a POST to /quitquitquit does.
+func (s *Server) Quit() { s.quitOnce.Do(func() { close(s.quit) }) }
+
+// Quitting is closed once a quit was requested.
+func (s *Server) Quitting() <-chan struct{} { return s.quit }
+
+func (s *Server) checks(live bool) []namedCheck {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if live {
+		return slices.Clone(s.live)
+	}
+	return slices.Clone(s.ready)
+}
+
+// failures runs checks and returns one line per failing check.
+func failures(checks []namedCheck) []string {
+	var out []string
+	for _, c := range checks {
+		if err := c.check(); err != nil {
+			out = append(out, c.name+": "+strings.Join(strings.Fields(err.Error()), " "))
+		}
+	}
+	return out
+}
+
+func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
+	checks := s.checks(false)
+	if len(checks) == 0 {
+		writeText(w, http.StatusServiceUnavailable, "not ready\nno readiness checks registered\n")
+		return
+	}
+	if f := failures(checks); len(f) > 0 {
+		writeText(w, http.StatusServiceUnavailable, "not ready\n"+strings.Join(f, "\n")+"\n")
+		return
+	}
+	writeText(w, http.StatusOK, "ready\n")
+}
+
+func (s *Server) serveLive(w http.ResponseWriter, _ *http.Request) {
+	if f := failures(s.checks(true)); len(f) > 0 {
+		writeText(w, http.StatusServiceUnavailable, "not live\n"+strings.Join(f, "\n")+"\n")
+		return
+	}
+	writeText(w, http.StatusOK, "live\n")
+}
+
+func (s *Server) serveCerts(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	listers := slices.Clone(s.listers)
+	s.mu.Unlock()
+	certs := []CertInfo{}
+	for _, l := range listers {
+		certs = append(certs, l.Certs()...)
+	}
+	slices.SortStableFunc(certs, func(a, b CertInfo) int {
+		if c := strings.Compare(a.ResourceName, b.ResourceName); c != 0 {
+			return c
+		}
+		return a.NotAfter.Compare(b.NotAfter)
+	})
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(certs)
+}
+
+func (s *Server) serveQuit(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeText(w, http.StatusMethodNotAllowed, "use POST\n")
+		return
+	}
+	s.log.Info("quit requested over HTTP", zap.String(keyRemote, r.RemoteAddr))
+	writeText(w, http.StatusOK, "OK\n")
+	s.Quit()
+}
+
+// loopbackOnly answers 403 to callers whose address is not a loopback address.
+func (s *Server) loopbackOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !isLoopback(r.RemoteAddr) {
+			s.log.Warn("refused non-loopback caller", zap.String(keyRemote, r.RemoteAddr), zap.String(keyPath, r.URL.Path))
+			writeText(w, http.StatusForbidden, "forbidden: loopback callers only\n")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func isLoopback(remoteAddr string) bool {
+	ap, err := netip.ParseAddrPort(remoteAddr)
+	if err != nil {
+		return false
+	}
+	return ap.Addr().Unmap().IsLoopback()
+}
+
+func writeText(w http.ResponseWriter, code int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(body))
+}
