@@ -3,6 +3,10 @@
 // temporary file in the same directory, is synced, and is renamed over the
 // target; then the directory is synced so the rename survives a crash.
 //
+// Prepare and Commit split the two steps, so that several files can be
+// written and synced first and then renamed back to back, keeping the moment
+// in which a reader sees some files new and others old as short as possible.
+//
 // It holds no state; concurrent writers of the same path each leave a
 // complete file, the last rename winning.
 package atomicfile
@@ -15,15 +19,22 @@ import (
 	"path/filepath"
 )
 
-// Write replaces path with data, with permissions perm.
-func Write(path string, data []byte, perm fs.FileMode) (err error) {
+// Pending is a temporary file, written and synced, waiting to replace its
+// target.
+type Pending struct {
+	path, tmp string
+}
+
+// Prepare writes data with permissions perm to a synced temporary file next
+// to path. Call Commit to put it in place or Abort to remove it.
+func Prepare(path string, data []byte, perm fs.FileMode) (_ *Pending, err error) {
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
 	}
 	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("creating temporary file for %s: %w", path, err)
+		return nil, fmt.Errorf("creating temporary file for %s: %w", path, err)
 	}
 	tmp := f.Name()
 	defer func() {
@@ -34,45 +45,82 @@ func Write(path string, data []byte, perm fs.FileMode) (err error) {
 	}()
 	// Chmod is not subject to the umask, so perm is exact.
 	if err := f.Chmod(perm); err != nil {
-		return fmt.Errorf("setting mode of %s: %w", tmp, err)
+		return nil, fmt.Errorf("setting mode of %s: %w", tmp, err)
 	}
 	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("writing %s: %w", tmp, err)
+		return nil, fmt.Errorf("writing %s: %w", tmp, err)
 	}
 	if err := f.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", tmp, err)
+		return nil, fmt.Errorf("syncing %s: %w", tmp, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("closing %s: %w", tmp, err)
+		return nil, fmt.Errorf("closing %s: %w", tmp, err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("replacing %s: %w", path, err)
-	}
-	if d, derr := os.Open(dir); derr == nil {
-		_ = d.Sync() // best effort: not every file system syncs directories
-		_ = d.Close()
+	return &Pending{path: path, tmp: tmp}, nil
+}
+
+// Commit renames the temporary file over the target. The caller syncs the
+// directory (SyncDir) once after its last Commit.
+func (p *Pending) Commit() error {
+	if err := os.Rename(p.tmp, p.path); err != nil {
+		_ = os.Remove(p.tmp)
+		return fmt.Errorf("replacing %s: %w", p.path, err)
 	}
 	return nil
 }
 
-// WriteIfChanged replaces path with data unless it already holds exactly
-// data; if only its mode differs from perm, the mode is corrected in place.
-// It reports whether the content was written.
-func WriteIfChanged(path string, data []byte, perm fs.FileMode) (bool, error) {
-	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
-		fi, err := os.Stat(path)
-		if err != nil {
-			return false, fmt.Errorf("checking %s: %w", path, err)
-		}
-		if fi.Mode().Perm() != perm {
-			if err := os.Chmod(path, perm); err != nil {
-				return false, fmt.Errorf("setting mode of %s: %w", path, err)
-			}
-		}
+// Abort removes the temporary file.
+func (p *Pending) Abort() { _ = os.Remove(p.tmp) }
+
+// SyncDir makes renames in dir durable. Best effort: not every file system
+// can sync a directory.
+func SyncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+}
+
+// Write replaces path with data, with permissions perm.
+func Write(path string, data []byte, perm fs.FileMode) error {
+	p, err := Prepare(path, data, perm)
+	if err != nil {
+		return err
+	}
+	if err := p.Commit(); err != nil {
+		return err
+	}
+	SyncDir(filepath.Dir(path))
+	return nil
+}
+
+// Unchanged reports whether path already holds exactly data. If it does but
+// its mode is not perm, the mode is corrected in place.
+func Unchanged(path string, data []byte, perm fs.FileMode) (bool, error) {
+	old, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(old, data) {
+		// Missing, different or unreadable: to be replaced.
 		return false, nil
 	}
-	// Missing, different or unreadable: replace it (Write says why if it
-	// cannot).
+	fi, err := os.Stat(path)
+	if err != nil {
+		return false, fmt.Errorf("checking %s: %w", path, err)
+	}
+	if fi.Mode().Perm() != perm {
+		if err := os.Chmod(path, perm); err != nil {
+			return false, fmt.Errorf("setting mode of %s: %w", path, err)
+		}
+	}
+	return true, nil
+}
+
+// WriteIfChanged replaces path with data unless it already holds exactly
+// data (see Unchanged). It reports whether the content was written.
+func WriteIfChanged(path string, data []byte, perm fs.FileMode) (bool, error) {
+	same, err := Unchanged(path, data, perm)
+	if err != nil || same {
+		return false, err
+	}
 	if err := Write(path, data, perm); err != nil {
 		return false, err
 	}

@@ -101,3 +101,31 @@ func TestReadersSeeWholeFiles(t *testing.T) {
 	default:
 	}
 }
+
+func TestPrepareCommitAbort(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	pa, err := Prepare(a, []byte("A"), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb, err := Prepare(b, []byte("B"), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(a); !os.IsNotExist(err) {
+		t.Fatal("target exists before Commit")
+	}
+	if err := pa.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	pb.Abort()
+	SyncDir(dir)
+	if got, _ := os.ReadFile(a); string(got) != "A" {
+		t.Fatalf("a holds %q", got)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("entries %v, want only a", entries)
+	}
+}

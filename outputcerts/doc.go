@@ -1,0 +1,22 @@
+// Package outputcerts writes the workload certificate, its key and the trust
+// roots into the OUTPUT_CERTS directory (SPEC 11), for VMs and proxyless
+// gRPC, and reads them back when the agent restarts.
+//
+// Every file is replaced atomically (temporary file in the same directory,
+// fsync, rename), only when its content changed, and all changed files are
+// written and synced before the first rename; the renames follow back to
+// back, key first. Skipping unchanged files means watchers of the directory (gRPC's file_watcher, reload hooks)
+// are not woken for nothing. key.pem is 0600; a directory the writer creates
+// is 0700 (or 0750). Two files cannot be replaced in one step: a reader that
+// opens key.pem and cert-chain.pem separately can, for the moment between the
+// two renames, see a new key with the old chain. Readers must check that the
+// pair matches and read again if not (Load does; gRPC's file_watcher keeps
+// its old material and retries).
+//
+// It does not decide when to write (the secret manager calls Write on each
+// rotation and root change) and does not watch the directory.
+//
+// Ownership and locking: a Writer owns the three files in its directory and
+// is safe for concurrent use (writes are serialised). It starts no
+// goroutines.
+package outputcerts

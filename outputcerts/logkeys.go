@@ -1,0 +1,7 @@
+package outputcerts
+
+// Log field keys.
+const (
+	keyDir   = "dir"
+	keyFiles = "files"
+)
