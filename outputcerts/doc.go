@@ -5,9 +5,9 @@
 // Every file is replaced atomically (temporary file in the same directory,
 // fsync, rename), only when its content changed, and all changed files are
 // written and synced before the first rename; the renames follow back to
-// back, key first. Skipping unchanged files means watchers of the directory (gRPC's file_watcher, reload hooks)
-// are not woken for nothing. key.pem is 0600; a directory the writer creates
-// is 0700 (or 0750). Two files cannot be replaced in one step: a reader that
+// back, key first. Skipping unchanged files means watchers of the directory
+// (gRPC's file_watcher, reload hooks) are not woken for nothing. key.pem is
+// 0600; a directory the writer creates is 0700 (or 0750). Two files cannot be replaced in one step: a reader that
 // opens key.pem and cert-chain.pem separately can, for the moment between the
 // two renames, see a new key with the old chain. Readers must check that the
 // pair matches and read again if not (Load does; gRPC's file_watcher keeps
