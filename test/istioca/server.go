@@ -312,10 +312,14 @@ func (s *Server) Requests() int {
 	return s.requests
 }
 
-// LastMetadata is a copy of the gRPC metadata of the last call received.
+// LastMetadata is a copy of the gRPC metadata of the last call received, or
+// nil before the first.
 func (s *Server) LastMetadata() metadata.MD {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.lastMD == nil {
+		return nil
+	}
 	return s.lastMD.Copy()
 }
 
@@ -401,6 +405,9 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 	defer s.mu.Unlock()
 	s.requests++
 	s.lastMD = md.Copy()
+	if s.lastMD == nil {
+		s.lastMD = metadata.MD{}
+	}
 	s.lastReq = proto.Clone(req).(*pb.IstioCertificateRequest)
 	snap := snapshot{mode: s.mode, errCode: s.errCode, delay: s.delay}
 	if s.failN > 0 {
