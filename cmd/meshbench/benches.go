@@ -1,0 +1,341 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc"
+)
+
+// bench holds what every measurement needs.
+type bench struct {
+	opts    options
+	fx      *fixture
+	baseDir string
+	runs    int // agent directories made so far
+	log     func(format string, args ...any)
+}
+
+// newAgent starts an agent in a fresh directory under baseDir.
+func (b *bench) newAgent(keyType string, ttl time.Duration) (*agentProc, error) {
+	b.runs++
+	dir := filepath.Join(b.baseDir, fmt.Sprintf("agent-%03d", b.runs))
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("creating agent directory: %w", err)
+	}
+	return startAgent(dir, b.fx.agentConfig(b.opts.agent, b.opts.agentArgs, keyType, ttl))
+}
+
+// agentErr adds the agent's fate and the end of its log to err.
+func agentErr(a *agentProc, err error) error {
+	select {
+	case <-a.Exited():
+		err = fmt.Errorf("%w; %v", err, a.ExitErr())
+	default:
+	}
+	if tail := a.LogTail(); tail != "" {
+		err = fmt.Errorf("%w\n--- end of %s log ---\n%s", err, a, tail)
+	}
+	return err
+}
+
+// untilExit derives a context that ends when the agent exits.
+func untilExit(ctx context.Context, a *agentProc) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-a.Exited():
+			cancel(errors.New("agent exited"))
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
+}
+
+// coldStart starts one agent and measures the time from just before the
+// process starts to the first "default" secret on an SDS stream: the client
+// polls for the socket every millisecond, then streams.
+func (b *bench) coldStart(ctx context.Context, keyType string) (time.Duration, error) {
+	a, err := b.newAgent(keyType, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer a.Stop(2 * time.Second)
+	ctx, cancel := context.WithTimeout(ctx, b.opts.startTimeout)
+	defer cancel()
+	ctx, stop := untilExit(ctx, a)
+	defer stop()
+	conn, err := dialUnix(a.SDSSocket(), 4<<20)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	at, err := firstSecret(ctx, conn)
+	if err != nil {
+		return 0, agentErr(a, fmt.Errorf("waiting for the first secret: %w", err))
+	}
+	return at.Sub(a.Started), nil
+}
+
+// coldStarts measures runs cold starts with keyType.
+func (b *bench) coldStarts(ctx context.Context, name, keyType string) (Figure, error) {
+	f := Figure{Name: name, Unit: "ms"}
+	for i := range b.opts.coldRuns {
+		d, err := b.coldStart(ctx, keyType)
+		if err != nil {
+			return f, fmt.Errorf("run %d: %w", i+1, err)
+		}
+		f.Samples = append(f.Samples, ms(d))
+	}
+	return f, nil
+}
+
+// steadyResult holds the figures measured on one long-running agent.
+type steadyResult struct {
+	idleRSSMB      float64
+	perStreamKB    float64
+	cpuMsPerMinute []float64
+}
+
+// steady starts an agent with the default TTL, holds one SDS stream, and
+// measures its idle RSS after the first certificate, then (when cpuWindows
+// is set) its idle CPU, then the RSS growth from 1,000 SDS streams. The
+// agent is returned running for the xDS measurements; the caller stops it.
+func (b *bench) steady(ctx context.Context, cpuWindows int) (steadyResult, *agentProc, error) {
+	var res steadyResult
+	a, err := b.newAgent("ec-p256", 0)
+	if err != nil {
+		return res, nil, err
+	}
+	fail := func(err error) (steadyResult, *agentProc, error) {
+		a.Stop(2 * time.Second)
+		return res, nil, agentErr(a, err)
+	}
+	ctx, stop := untilExit(ctx, a)
+	defer stop()
+
+	// One stream, as Envoy holds, for the whole measurement.
+	startCtx, cancel := context.WithTimeout(ctx, b.opts.startTimeout)
+	defer cancel()
+	held, err := openStreams(ctx, a.SDSSocket(), 1, 1)
+	if err != nil {
+		return fail(err)
+	}
+	defer held.Close()
+	if _, err := held.waitComplete(startCtx, 0); err != nil {
+		return fail(fmt.Errorf("waiting for the first secret: %w", err))
+	}
+	if err := sleepCtx(ctx, b.opts.settle); err != nil {
+		return fail(err)
+	}
+	idle, err := rssKB(a.Pid())
+	if err != nil {
+		return fail(err)
+	}
+	res.idleRSSMB = float64(idle) / 1024
+	b.log("idle RSS %d kB", idle)
+
+	for i := range cpuWindows {
+		d, err := idleCPU(ctx, a.Pid(), b.opts.cpuWindow)
+		if err != nil {
+			return fail(err)
+		}
+		perMin := ms(d) * float64(time.Minute) / float64(b.opts.cpuWindow)
+		b.log("idle CPU window %d: %v in %v (%.2f ms/min)", i+1, d, b.opts.cpuWindow, perMin)
+		res.cpuMsPerMinute = append(res.cpuMsPerMinute, perMin)
+	}
+
+	before, err := rssKB(a.Pid())
+	if err != nil {
+		return fail(err)
+	}
+	streamCtx, cancelStreams := context.WithTimeout(ctx, b.opts.streamTimeout)
+	defer cancelStreams()
+	set, err := openStreams(ctx, a.SDSSocket(), b.opts.conns, b.opts.perConn)
+	if err != nil {
+		return fail(err)
+	}
+	defer set.Close()
+	if _, err := set.waitComplete(streamCtx, 0); err != nil {
+		return fail(fmt.Errorf("waiting for the secret on every stream: %w", err))
+	}
+	if err := sleepCtx(ctx, b.opts.settle); err != nil {
+		return fail(err)
+	}
+	after, err := rssKB(a.Pid())
+	if err != nil {
+		return fail(err)
+	}
+	n := b.opts.conns * b.opts.perConn
+	res.perStreamKB = float64(after-before) / float64(n)
+	b.log("RSS %d kB before and %d kB with %d streams", before, after, n)
+	set.Close()
+	return res, a, nil
+}
+
+// idleCPU is the CPU time pid uses over window: per-thread schedstat
+// (nanoseconds) where available, else utime+stime.
+func idleCPU(ctx context.Context, pid int, window time.Duration) (time.Duration, error) {
+	read := schedCPU
+	if _, err := schedCPU(pid); err != nil {
+		read = statCPU
+	}
+	t0, err := read(pid)
+	if err != nil {
+		return 0, err
+	}
+	if err := sleepCtx(ctx, window); err != nil {
+		return 0, err
+	}
+	t1, err := read(pid)
+	if err != nil {
+		return 0, err
+	}
+	return max(t1-t0, 0), nil
+}
+
+// xdsResult holds the samples of the large ADS response measurement.
+type xdsResult struct {
+	directMs, proxyMs, ratio, peakRSSMB []float64
+	size                                int
+}
+
+// xdsForward reads the large response alternately straight from the control
+// plane and through the agent's xDS proxy, each on a fresh connection, and
+// records the proxy's peak RSS (VmHWM, reset before each proxied read).
+func (b *bench) xdsForward(ctx context.Context, a *agentProc) (xdsResult, error) {
+	var res xdsResult
+	ctx, stop := untilExit(ctx, a)
+	defer stop()
+	if err := b.fx.publishBig("1", b.opts.xdsBytes, 1<<20); err != nil {
+		return res, err
+	}
+	direct := func() (time.Duration, error) {
+		conn, err := b.fx.dialControlPlane()
+		if err != nil {
+			return 0, err
+		}
+		defer conn.Close()
+		return b.fetchBig(ctx, conn, &res)
+	}
+	proxied := func() (time.Duration, float64, error) {
+		conn, err := dialUnix(a.XDSSocket(), maxADSMessage)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer conn.Close()
+		if err := resetHWM(a.Pid()); err != nil {
+			b.log("%v; the peak covers the agent's whole life", err)
+		}
+		d, err := b.fetchBig(ctx, conn, &res)
+		if err != nil {
+			return 0, 0, agentErr(a, fmt.Errorf("through the proxy: %w", err))
+		}
+		hwm, err := hwmKB(a.Pid())
+		if err != nil {
+			return 0, 0, err
+		}
+		return d, float64(hwm) / 1024, nil
+	}
+	// A first read each way warms both paths (TLS session set-up, the
+	// control plane's first marshalling) and is not counted.
+	if _, err := direct(); err != nil {
+		return res, fmt.Errorf("warm-up, direct: %w", err)
+	}
+	if _, _, err := proxied(); err != nil {
+		return res, fmt.Errorf("warm-up: %w", err)
+	}
+	for i := range b.opts.xdsRuns {
+		dd, err := direct()
+		if err != nil {
+			return res, fmt.Errorf("run %d, direct: %w", i+1, err)
+		}
+		pd, peak, err := proxied()
+		if err != nil {
+			return res, fmt.Errorf("run %d: %w", i+1, err)
+		}
+		b.log("100 MB response: direct %v, through the proxy %v, proxy peak RSS %.1f MB", dd, pd, peak)
+		res.directMs = append(res.directMs, ms(dd))
+		res.proxyMs = append(res.proxyMs, ms(pd))
+		res.ratio = append(res.ratio, float64(pd)/float64(dd))
+		res.peakRSSMB = append(res.peakRSSMB, peak)
+	}
+	return res, nil
+}
+
+// fetchBig reads the large response on conn once and checks its size.
+func (b *bench) fetchBig(ctx context.Context, conn *grpc.ClientConn, res *xdsResult) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.opts.xdsTimeout)
+	defer cancel()
+	if err := waitReady(ctx, conn); err != nil {
+		return 0, err
+	}
+	size, d, err := fetchADS(ctx, conn, bigRequest())
+	if err != nil {
+		return 0, err
+	}
+	if size < b.opts.xdsBytes {
+		return 0, fmt.Errorf("response of %d bytes, want at least %d", size, b.opts.xdsBytes)
+	}
+	res.size = size
+	return d, nil
+}
+
+// rotation runs an agent with a short SECRET_TTL and 1,000 SDS streams and
+// measures, for each rotation, the time from the CA signing the new
+// certificate to its arrival on the last stream, and from its arrival on the
+// first stream to the last.
+func (b *bench) rotation(ctx context.Context) (fromCA, spread []float64, err error) {
+	a, err := b.newAgent("ec-p256", b.opts.secretTTL)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer a.Stop(2 * time.Second)
+	ctx, stop := untilExit(ctx, a)
+	defer stop()
+	set, err := openStreams(ctx, a.SDSSocket(), b.opts.conns, b.opts.perConn)
+	if err != nil {
+		return nil, nil, agentErr(a, err)
+	}
+	defer set.Close()
+	wait := func(i int, d time.Duration) (certArrivals, error) {
+		ctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		return set.waitComplete(ctx, i)
+	}
+	if _, err := wait(0, b.opts.startTimeout+b.opts.streamTimeout); err != nil {
+		return nil, nil, agentErr(a, fmt.Errorf("waiting for the first secret on every stream: %w", err))
+	}
+	for i := 1; i <= b.opts.rotations; i++ {
+		c, err := wait(i, 2*b.opts.secretTTL)
+		if err != nil {
+			return fromCA, spread, agentErr(a, fmt.Errorf("rotation %d: %w", i, err))
+		}
+		signed, ok := b.fx.issued.latestBefore(c.First)
+		if !ok {
+			return fromCA, spread, fmt.Errorf("rotation %d: no issuance recorded before its arrival", i)
+		}
+		b.log("rotation %d: CA signed, first stream +%v, last stream +%v", i, c.First.Sub(signed), c.Last.Sub(signed))
+		fromCA = append(fromCA, ms(c.Last.Sub(signed)))
+		spread = append(spread, ms(c.Last.Sub(c.First)))
+	}
+	return fromCA, spread, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// sleepCtx waits for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// options are the command's flags.
+type options struct {
+	agent        string
+	agentArgs    []string
+	build        bool
+	only         map[string]bool
+	keep         bool
+	timeout      time.Duration
+	startTimeout time.Duration
+
+	coldRuns      int
+	steadyRuns    int
+	settle        time.Duration
+	cpuWindow     time.Duration
+	cpuWindows    int
+	conns         int
+	perConn       int
+	streamTimeout time.Duration
+	secretTTL     time.Duration
+	rotations     int
+	xdsBytes      int
+	xdsRuns       int
+	xdsTimeout    time.Duration
+}
+
+// groups are the measurement groups -only can select.
+var groups = []string{"cold", "steady", "xds", "rotation"}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("meshbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.agent, "agent", "bin/meshagent", "meshagent binary; built from ./cmd/agent when missing")
+	agentArgs := fs.String("agent-args", "run", "arguments of the agent, space-separated")
+	fs.BoolVar(&o.build, "build", false, "rebuild the agent binary even when it exists")
+	only := fs.String("only", strings.Join(groups, ","), "comma-separated measurement groups to run: "+strings.Join(groups, ", "))
+	fs.BoolVar(&o.keep, "keep", false, "keep the agents' working directories and logs")
+	fs.DurationVar(&o.timeout, "timeout", 290*time.Second, "give up on everything after this long")
+	fs.DurationVar(&o.startTimeout, "start-timeout", 15*time.Second, "longest wait for an agent's first secret")
+	fs.IntVar(&o.coldRuns, "cold-runs", 20, "cold starts per key type")
+	fs.IntVar(&o.steadyRuns, "steady-runs", 3, "agents measured for idle RSS and SDS stream RSS")
+	fs.DurationVar(&o.settle, "settle", time.Second, "idle wait before reading RSS")
+	fs.DurationVar(&o.cpuWindow, "cpu-window", 5*time.Second, "length of one idle CPU window")
+	fs.IntVar(&o.cpuWindows, "cpu-windows", 4, "idle CPU windows (on the first steady agent)")
+	fs.IntVar(&o.conns, "conns", 10, "SDS connections for the stream figures")
+	fs.IntVar(&o.perConn, "streams-per-conn", 100, "SDS streams per connection")
+	fs.DurationVar(&o.streamTimeout, "stream-timeout", 30*time.Second, "longest wait for a secret to reach every stream")
+	fs.DurationVar(&o.secretTTL, "secret-ttl", 10*time.Second, "SECRET_TTL of the rotation agent")
+	fs.IntVar(&o.rotations, "rotations", 4, "rotations measured")
+	fs.IntVar(&o.xdsBytes, "xds-bytes", 100_000_000, "payload bytes of the large ADS response")
+	fs.IntVar(&o.xdsRuns, "xds-runs", 3, "large ADS reads each way, after one warm-up each way")
+	fs.DurationVar(&o.xdsTimeout, "xds-timeout", 60*time.Second, "longest wait for one large ADS response")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o.agentArgs = strings.Fields(*agentArgs)
+	o.only = map[string]bool{}
+	for _, g := range strings.Split(*only, ",") {
+		g = strings.TrimSpace(g)
+		if g == "" {
+			continue
+		}
+		known := false
+		for _, k := range groups {
+			known = known || k == g
+		}
+		if !known {
+			return o, fmt.Errorf("-only: unknown group %q (known: %s)", g, strings.Join(groups, ", "))
+		}
+		o.only[g] = true
+	}
+	switch {
+	case o.coldRuns < 1, o.steadyRuns < 1, o.conns < 1, o.perConn < 1, o.rotations < 1, o.xdsRuns < 1, o.cpuWindows < 0:
+		return o, errors.New("run, window and stream counts must be positive")
+	case o.secretTTL < 2*time.Second:
+		return o, errors.New("-secret-ttl must be at least 2s")
+	case o.xdsBytes < 1 || o.xdsBytes > maxADSMessage/2:
+		return o, fmt.Errorf("-xds-bytes must be between 1 and %d", maxADSMessage/2)
+	}
+	return o, nil
+}
+
+func main() {
+	opts, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "meshbench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, opts, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run measures every selected figure and prints its line on stdout; progress
+// goes to stderr. It returns the exit code: 1 when a figure failed.
+func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
+	defer killAll()
+	ctx, cancel := context.WithTimeout(ctx, opts.timeout)
+	defer cancel()
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(stderr, "meshbench: "+format+"\n", args...)
+	}
+	if err := raiseFileLimit(); err != nil {
+		logf("%v", err)
+	}
+	if err := ensureAgent(ctx, opts, stderr); err != nil {
+		logf("%v", err)
+		return 1
+	}
+	fx, err := startFixture()
+	if err != nil {
+		logf("%v", err)
+		return 1
+	}
+	defer fx.Close()
+	base, err := os.MkdirTemp("", "meshbench-")
+	if err != nil {
+		logf("%v", err)
+		return 1
+	}
+	if opts.keep {
+		logf("agent directories and logs in %s", base)
+	} else {
+		defer os.RemoveAll(base)
+	}
+	b := &bench{opts: opts, fx: fx, baseDir: base, log: logf}
+	rep := &Reporter{out: stdout}
+	started := time.Now()
+
+	if opts.only["cold"] {
+		for _, kt := range []struct{ name, key string }{{"cold_start_ms", "ec-p256"}, {"cold_start_rsa2048_ms", "rsa-2048"}} {
+			logf("%d cold starts with %s keys", opts.coldRuns, kt.key)
+			f, err := b.coldStarts(ctx, kt.name, kt.key)
+			if err != nil {
+				rep.Fail(kt.name, err)
+				continue
+			}
+			rep.Report(f)
+		}
+	}
+
+	var steadyAgent *agentProc
+	defer func() {
+		if steadyAgent != nil {
+			steadyAgent.Stop(2 * time.Second)
+		}
+	}()
+	if opts.only["steady"] || opts.only["xds"] {
+		idle := Figure{Name: "idle_rss_mb", Unit: "MB"}
+		perStream := Figure{Name: "sds_streams_rss_kb_per_stream", Unit: "KB"}
+		cpu := Figure{Name: "cpu_idle_ms_per_min", Unit: "ms"}
+		runs := opts.steadyRuns
+		if !opts.only["steady"] {
+			runs = 1
+		}
+		var serr error
+		for i := range runs {
+			windows := 0
+			if i == 0 && opts.only["steady"] {
+				windows = opts.cpuWindows
+			}
+			logf("steady agent %d of %d: idle RSS, %d s idle CPU, %d SDS streams", i+1, runs, int(opts.cpuWindow.Seconds())*windows, opts.conns*opts.perConn)
+			res, a, err := b.steady(ctx, windows)
+			if err != nil {
+				serr = fmt.Errorf("steady agent %d: %w", i+1, err)
+				break
+			}
+			idle.Samples = append(idle.Samples, res.idleRSSMB)
+			perStream.Samples = append(perStream.Samples, res.perStreamKB)
+			cpu.Samples = append(cpu.Samples, res.cpuMsPerMinute...)
+			if i == 0 {
+				steadyAgent = a // kept for the xDS figures
+			} else {
+				a.Stop(2 * time.Second)
+			}
+		}
+		if opts.only["steady"] {
+			for _, f := range []Figure{idle, perStream, cpu} {
+				if serr != nil && len(f.Samples) == 0 {
+					rep.Fail(f.Name, serr)
+					continue
+				}
+				rep.Report(f)
+			}
+			if serr != nil && len(idle.Samples) > 0 {
+				logf("%v", serr)
+			}
+		}
+		if opts.only["xds"] {
+			names := []string{"xds_forward_overhead_ratio", "xds_forward_peak_rss_mb"}
+			if steadyAgent == nil {
+				for _, n := range names {
+					rep.Fail(n, fmt.Errorf("no agent: %w", serr))
+				}
+			} else {
+				logf("%d MB ADS response, %d reads each way", opts.xdsBytes/1_000_000, opts.xdsRuns+1)
+				res, err := b.xdsForward(ctx, steadyAgent)
+				if err != nil {
+					for _, n := range names {
+						rep.Fail(n, err)
+					}
+				} else {
+					logf("xDS direct read median %.1f ms, through the proxy %.1f ms (%d bytes)",
+						Summarize(res.directMs).Median, Summarize(res.proxyMs).Median, res.size)
+					rep.Report(Figure{Name: names[0], Unit: "x", Samples: res.ratio})
+					rep.Report(Figure{Name: names[1], Unit: "MB", Samples: res.peakRSSMB})
+				}
+			}
+		}
+		if steadyAgent != nil {
+			steadyAgent.Stop(2 * time.Second)
+		}
+	}
+
+	if opts.only["rotation"] {
+		logf("rotation with SECRET_TTL=%v and %d SDS streams, %d rotations", opts.secretTTL, opts.conns*opts.perConn, opts.rotations)
+		fromCA, spread, err := b.rotation(ctx)
+		if err != nil {
+			rep.Fail("rotation_fanout_ms", err)
+		} else {
+			rep.Report(Figure{Name: "rotation_fanout_ms", Unit: "ms", Samples: fromCA})
+			rep.Report(Figure{Name: "rotation_first_to_last_stream_ms", Unit: "ms", Samples: spread})
+		}
+	}
+
+	logf("done in %v", time.Since(started).Round(time.Second))
+	if failed := rep.Failed(); len(failed) > 0 {
+		logf("failed: %s", strings.Join(failed, ", "))
+		return 1
+	}
+	return 0
+}
+
+// ensureAgent builds the agent binary when it is missing or -build is set.
+func ensureAgent(ctx context.Context, opts options, stderr io.Writer) error {
+	if _, err := os.Stat(opts.agent); err == nil && !opts.build {
+		return nil
+	}
+	fmt.Fprintf(stderr, "meshbench: building %s\n", opts.agent)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", opts.agent, "./cmd/agent")
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("building %s: %w", opts.agent, err)
+	}
+	return nil
+}
+
+// raiseFileLimit lifts the soft limit on open files to the hard limit; the
+// agents inherit it.
+func raiseFileLimit() error {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return fmt.Errorf("reading the open-file limit: %w", err)
+	}
+	if l.Cur >= l.Max {
+		return nil
+	}
+	l.Cur = l.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return fmt.Errorf("raising the open-file limit: %w", err)
+	}
+	return nil
+}
