@@ -147,3 +147,13 @@ func SettingByName(name string) *Setting {
 	}
 	return &Registry[i]
 }
+
+// SettingByFlag returns the registry entry with the flag name (without
+// dashes), or nil.
+func SettingByFlag(flag string) *Setting {
+	i := slices.IndexFunc(Registry, func(s Setting) bool { return s.Flag != "" && s.Flag == flag })
+	if i < 0 {
+		return nil
+	}
+	return &Registry[i]
+}

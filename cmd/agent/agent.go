@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/logging"
+	"github.com/meshagent/meshagent/settings"
+	"github.com/meshagent/meshagent/status"
+)
+
+// component is one long-running part of the agent.
+type component struct {
+	name string
+	// run blocks until ctx ends (then returns nil) or the component fails.
+	run func(ctx context.Context) error
+	// finite components may finish with nil without stopping the agent (a
+	// one-shot writer); any other component returning stops the agent.
+	finite bool
+}
+
+// agent holds what the components share while they are built.
+type agent struct {
+	cfg *settings.Config
+	// log is the agent's own logger; base is given to components, which name their own.
+	log    *zap.Logger
+	base   *zap.Logger
+	reg    *prometheus.Registry
+	status *status.Server
+	mode   ModeDecision
+}
+
+// errSourceUnavailable: the chosen certificate source is not built into this
+// binary yet.
+var errSourceUnavailable = errors.New("certificate source not available in this build")
+
+// runAgent runs the agent until ctx ends, SIGINT or SIGTERM arrives, a loopback
+// caller POSTs /quitquitquit (all return nil) or a component fails.
+func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hooks) error {
+	base, err := logging.New(logging.Config{Level: cfg.LogLevel, Output: stderr})
+	if err != nil {
+		return configError{err}
+	}
+	defer func() { _ = base.Sync() }()
+	log := base.Named("agent")
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	mode := selectMode(ctx, cfg)
+	log.Info("starting meshagent", zap.String(keyVersion, version), zap.String(keyMode, string(mode.Mode)), zap.String(keyReason, mode.Reason))
+	if mode.StaleSocket {
+		removeStaleSocket(log, cfg.SDSSocket)
+	}
+
+	a := &agent{cfg: cfg, log: log, base: base, reg: newRegistry(mode), mode: mode}
+	a.status = status.New(status.Config{Addr: cfg.StatusAddr(), Gatherer: a.reg, Logger: base, OnListen: h.statusListening})
+
+	components, err := a.buildComponents()
+	if err != nil {
+		log.Error("agent cannot start", zap.Error(err))
+		var ce configError
+		if errors.As(err, &ce) {
+			return err
+		}
+		return failureLogged{err}
+	}
+	if err := runComponents(ctx, log, components); err != nil {
+		log.Error("agent stopped on a failure", zap.Error(err))
+		return failureLogged{err}
+	}
+	log.Info("agent stopped")
+	return nil
+}
+
+// buildComponents makes every component for the configuration. It is the one
+// place where components are added: each appends itself to the list, and may
+// register readiness and liveness checks and certificate listers with
+// a.status. Components start nothing until run.
+func (a *agent) buildComponents() ([]component, error) {
+	var cs []component
+
+	// The certificate source chosen at start-up (SPEC 5).
+	source, err := a.certificateSource()
+	if err != nil {
+		return nil, err
+	}
+	cs = append(cs, source...)
+
+	// Next to come, each appended here: the SDS server (unless external),
+	// the xDS proxy (unless disabled), the OUTPUT_CERTS writer and the gRPC
+	// bootstrap writer.
+
+	cs = append(cs, component{name: "status", run: a.status.Run})
+	return cs, nil
+}
+
+// certificateSource builds the components that produce workload certificates
+// in the chosen mode.
+func (a *agent) certificateSource() ([]component, error) {
+	switch a.mode.Mode {
+	case ModeDev:
+		return a.devSource()
+	case ModeExternal:
+		a.status.AddReadiness("certificate_source", func() error { return nil })
+		return nil, nil
+	case ModeCA:
+		if _, err := a.cfg.Identity(); err != nil {
+			return nil, configError{err}
+		}
+	}
+	return nil, fmt.Errorf("%w: %s (%s)", errSourceUnavailable, a.mode.Mode, a.mode.Reason)
+}
+
+// devSource makes the in-memory development CA (SPEC 5.5).
+func (a *agent) devSource() ([]component, error) {
+	id, err := a.cfg.Identity()
+	if err != nil {
+		return nil, configError{err}
+	}
+	ca, err := localca.New(localca.Config{Name: "meshagent dev CA", Intermediate: true})
+	if err != nil {
+		return nil, fmt.Errorf("creating the dev CA: %w", err)
+	}
+	a.log.Warn("dev mode: certificates come from an in-memory CA with a fresh root; not for production",
+		zap.String(keyIdentity, id.String()), zap.String(keyRoot, ca.Root().SerialNumber.Text(16)))
+	a.status.AddCertLister(rootLister{name: "ROOTCA", source: "dev-ca", root: ca})
+	a.status.AddReadiness("certificate_source", func() error { return nil })
+	return nil, nil
+}
+
+// rootLister shows a CA root in /debug/certs.
+type rootLister struct {
+	name, source string
+	root         *localca.CA
+}
+
+func (l rootLister) Certs() []status.CertInfo {
+	r := l.root.Root()
+	return []status.CertInfo{{
+		ResourceName: l.name,
+		Identity:     r.Subject.CommonName,
+		Serial:       r.SerialNumber.Text(16),
+		NotBefore:    r.NotBefore,
+		NotAfter:     r.NotAfter,
+		Source:       l.source,
+	}}
+}
+
+// runComponents runs every component until the first one returns. A failure
+// is returned with the component's name; a nil return (e.g. /quitquitquit)
+// stops the others cleanly. Components stopped because another returned may
+// report context.Canceled; that is not a failure.
+func runComponents(ctx context.Context, log *zap.Logger, cs []component) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var g errgroup.Group
+	for _, c := range cs {
+		g.Go(func() error {
+			err := c.run(ctx)
+			stopping := ctx.Err() != nil
+			switch {
+			case err == nil && c.finite && !stopping:
+				log.Debug("component finished", zap.String(keyComponent, c.name))
+				return nil
+			case err == nil || (stopping && errors.Is(err, context.Canceled)):
+				log.Debug("component stopped", zap.String(keyComponent, c.name))
+				cancel()
+				return nil
+			}
+			cancel()
+			return fmt.Errorf("%s: %w", c.name, err)
+		})
+	}
+	return g.Wait()
+}
+
+// removeStaleSocket deletes a socket that answered nothing at the SDS path.
+func removeStaleSocket(log *zap.Logger, path string) {
+	st, err := os.Lstat(path)
+	if err != nil || st.Mode().Type() != fs.ModeSocket {
+		return
+	}
+	if err := os.Remove(path); err != nil {
+		log.Warn("cannot remove stale SDS socket", zap.String(keyPath, path), zap.Error(err))
+		return
+	}
+	log.Info("removed stale SDS socket", zap.String(keyPath, path))
+}
+
+// newRegistry makes the metrics registry every component registers with.
+func newRegistry(mode ModeDecision) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "meshagent_agent_info",
+		Help: "Always 1; labels carry the version and the certificate source mode.",
+	}, []string{"version", "mode"})
+	info.WithLabelValues(version, string(mode.Mode)).Set(1)
+	reg.MustRegister(info)
+	return reg
+}

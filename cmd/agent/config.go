@@ -1,0 +1,39 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/meshagent/meshagent/settings"
+)
+
+// configReport is `meshagent config -o json`.
+type configReport struct {
+	Settings []settings.Row `json:"settings"`
+	Mode     ModeDecision   `json:"mode"`
+}
+
+// printConfig writes every setting with its value and source, and the mode.
+func printConfig(w io.Writer, cfg *settings.Config, mode ModeDecision, format string) error {
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(configReport{Settings: cfg.Table(), Mode: mode})
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SETTING\tVALUE\tSOURCE\tNOTE")
+	for _, r := range cfg.Table() {
+		value := r.Value
+		if value == "" {
+			value = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, value, r.Source, r.Note)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\nmode: %s (%s)\n", mode.Mode, mode.Reason)
+	return err
+}

@@ -1,0 +1,12 @@
+package main
+
+// Log field keys.
+const (
+	keyVersion   = "version"
+	keyMode      = "mode"
+	keyReason    = "reason"
+	keyComponent = "component"
+	keyPath      = "path"
+	keyIdentity  = "identity"
+	keyRoot      = "root_serial"
+)

@@ -1,0 +1,207 @@
+// Command meshagent is a workload identity agent: it obtains short-lived
+// X.509 SPIFFE certificates, keeps them fresh, serves them to Envoy over SDS
+// and proxies Envoy's ADS stream to the control plane.
+//
+// Subcommands: run (the agent), config (the resolved configuration and the
+// certificate source that would be chosen) and version.
+//
+// Exit codes: 0 after a clean stop (SIGTERM, SIGINT, /quitquitquit), 1 when
+// the agent fails while running, 2 for bad configuration or usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/meshagent/meshagent/settings"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitConfig  = 2
+)
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
+}
+
+// run executes the command line args with the environment env and returns
+// the process exit code.
+func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int {
+	return execute(ctx, args, env, stdout, stderr, hooks{})
+}
+
+// hooks let tests observe a running agent.
+type hooks struct {
+	// statusListening is called with the status server's address.
+	statusListening func(net.Addr)
+}
+
+// configError is a problem with the configuration or the command line: exit 2.
+type configError struct{ err error }
+
+func (e configError) Error() string { return e.err.Error() }
+func (e configError) Unwrap() error { return e.err }
+
+func execute(ctx context.Context, args, env []string, stdout, stderr io.Writer, h hooks) int {
+	root := newRootCommand(env, stdout, stderr, h)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	var (
+		ce     configError
+		logged failureLogged
+		rf     runFailure
+	)
+	switch {
+	case errors.As(err, &ce):
+		fmt.Fprintln(stderr, ce.Error())
+		return exitConfig
+	case errors.As(err, &logged):
+		return exitFailure
+	case errors.As(err, &rf):
+		fmt.Fprintln(stderr, "meshagent: "+err.Error())
+		return exitFailure
+	default:
+		// cobra's own errors: unknown command, wrong arguments.
+		fmt.Fprintln(stderr, "meshagent: "+err.Error())
+		return exitConfig
+	}
+}
+
+// failureLogged is a run-time failure already written to the log.
+type failureLogged struct{ err error }
+
+func (e failureLogged) Error() string { return e.err.Error() }
+func (e failureLogged) Unwrap() error { return e.err }
+
+// runFailure marks an error that happened while running, not while parsing.
+type runFailure struct{ err error }
+
+func (e runFailure) Error() string { return e.err.Error() }
+func (e runFailure) Unwrap() error { return e.err }
+
+func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "meshagent",
+		Short:         "Workload identity agent: SPIFFE certificates over SDS and an xDS proxy for Envoy",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return configError{err} })
+
+	runCmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the agent",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := resolve(cmd.Flags(), env)
+			if err != nil {
+				return err
+			}
+			return runAgent(cmd.Context(), cfg, stderr, h)
+		},
+	}
+	addSettingFlags(runCmd.Flags())
+
+	var output string
+	configCmd := &cobra.Command{
+		Use:   "config",
+		Short: "Print the resolved configuration and the certificate source that would be chosen",
+		Long: "Print every setting with its value and where the value came from (default, env or flag),\n" +
+			"and the certificate source `meshagent run` would choose, without starting anything.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "text" && output != "json" {
+				return configError{fmt.Errorf("invalid --output=%q: accepted: text, json", output)}
+			}
+			cfg, err := resolve(cmd.Flags(), env)
+			if err != nil {
+				return err
+			}
+			return printConfig(stdout, cfg, selectMode(cmd.Context(), cfg), output)
+		},
+	}
+	addSettingFlags(configCmd.Flags())
+	configCmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+
+	versionCmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run: func(*cobra.Command, []string) {
+			fmt.Fprintln(stdout, versionString())
+		},
+	}
+
+	var docsOut string
+	docsCmd := &cobra.Command{
+		Use:    "docs",
+		Short:  "Write the configuration reference (docs/configuration.md) generated from the settings registry",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			doc := append(settings.Markdown(), '\n')
+			if docsOut == "" || docsOut == "-" {
+				_, err := stdout.Write(doc)
+				return err
+			}
+			tmp := docsOut + ".tmp"
+			if err := os.WriteFile(tmp, doc, 0o644); err != nil {
+				return runFailure{err}
+			}
+			if err := os.Rename(tmp, docsOut); err != nil {
+				return runFailure{err}
+			}
+			return nil
+		},
+	}
+	docsCmd.Flags().StringVarP(&docsOut, "output", "o", "-", "file to write, - for stdout")
+
+	root.AddCommand(runCmd, configCmd, versionCmd, docsCmd)
+	return root
+}
+
+// addSettingFlags declares a flag for every setting that has one.
+func addSettingFlags(fs *pflag.FlagSet) {
+	for i := range settings.Registry {
+		s := &settings.Registry[i]
+		if s.Flag == "" {
+			continue
+		}
+		usage := s.Doc + " (env " + s.Name + ")"
+		fs.String(s.Flag, "", usage)
+		if s.Value.Type == "bool" {
+			fs.Lookup(s.Flag).NoOptDefVal = "true"
+		}
+	}
+}
+
+// resolve reads the flags that were given and the environment into a Config.
+func resolve(fs *pflag.FlagSet, env []string) (*settings.Config, error) {
+	flags := map[string]string{}
+	fs.Visit(func(f *pflag.Flag) {
+		if settings.SettingByFlag(f.Name) != nil {
+			flags[f.Name] = f.Value.String()
+		}
+	})
+	cfg, err := settings.Resolve(settings.Input{Env: env, Flags: flags})
+	if err != nil {
+		return nil, configError{err}
+	}
+	return cfg, nil
+}

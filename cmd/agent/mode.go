@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/meshagent/meshagent/settings"
+)
+
+// Mode is where workload certificates come from (SPEC 5).
+type Mode string
+
+// The modes, in the order they are considered.
+const (
+	// ModeExternal: another agent already serves SDS on the socket; meshagent
+	// serves no SDS.
+	ModeExternal Mode = "external"
+	// ModeDev: an in-process CA with a fresh in-memory root (--dev).
+	ModeDev Mode = "dev"
+	// ModeWorkloadCredentials: serve the pre-provisioned credential files.
+	ModeWorkloadCredentials Mode = "workload-credentials"
+	// ModeFileMounted: serve ./etc/certs (FILE_MOUNTED_CERTS=true).
+	ModeFileMounted Mode = "file-mounted"
+	// ModeCA: ask the CA named by CA_PROVIDER at CA_ADDR.
+	ModeCA Mode = "ca"
+)
+
+// credentialFiles are the three files a credentials directory must hold.
+var credentialFiles = []string{"cert-chain.pem", "key.pem", "root-cert.pem"}
+
+// sdsProbeTimeout is how long an existing SDS socket has to answer (SPEC 5.1).
+const sdsProbeTimeout = time.Second
+
+// ModeDecision is the certificate source chosen at start-up and why.
+type ModeDecision struct {
+	Mode   Mode   `json:"mode"`
+	Reason string `json:"reason"`
+	// Provider is CA_PROVIDER in ModeCA.
+	Provider string `json:"provider,omitempty"`
+	// StaleSocket is set when a socket at the SDS path answered nothing: `run`
+	// removes it before serving; `config` only reports it.
+	StaleSocket bool `json:"stale_socket,omitempty"`
+}
+
+// socketState is what was found at the SDS socket path.
+type socketState int
+
+const (
+	socketAbsent socketState = iota
+	socketHealthy
+	socketStale
+	socketNotSocket
+)
+
+// probeSocket looks at path: nothing there, a socket that answers a gRPC dial
+// within timeout, a socket that does not, or something that is not a socket.
+// It never changes anything on disk.
+func probeSocket(ctx context.Context, path string, timeout time.Duration) (socketState, error) {
+	st, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return socketAbsent, nil
+	}
+	if err != nil {
+		return socketNotSocket, err
+	}
+	if st.Mode().Type() != fs.ModeSocket {
+		return socketNotSocket, fmt.Errorf("%s is a %s, not a socket", path, describeType(st.Mode()))
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return socketStale, err
+	}
+	conn, err := grpc.NewClient("unix://"+abs, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return socketStale, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn.Connect()
+	for {
+		s := conn.GetState()
+		if s == connectivity.Ready {
+			return socketHealthy, nil
+		}
+		if !conn.WaitForStateChange(ctx, s) {
+			return socketStale, fmt.Errorf("no gRPC answer within %s (last state %s)", timeout, s)
+		}
+	}
+}
+
+func describeType(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m.IsRegular():
+		return "regular file"
+	case m&fs.ModeSymlink != 0:
+		return "symbolic link"
+	}
+	return "special file"
+}
+
+// missingFiles returns the credential files not present in dir.
+func missingFiles(dir string) []string {
+	var missing []string
+	for _, f := range credentialFiles {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || !st.Mode().IsRegular() {
+			missing = append(missing, f)
+		}
+	}
+	return missing
+}
+
+// selectMode decides where certificates come from (SPEC 5), in this order:
+// a healthy socket at the SDS path (another agent serves SDS), --dev, the
+// workload credentials directory holding all three files,
+// FILE_MOUNTED_CERTS=true, and otherwise the CA. It only looks: a stale
+// socket is reported in the decision, not removed.
+//
+// --dev is considered after a healthy external socket so that trying the
+// agent never takes a socket away from an agent that is serving it.
+func selectMode(ctx context.Context, cfg *settings.Config) ModeDecision {
+	var notes []string
+	stale := false
+	switch state, err := probeSocket(ctx, cfg.SDSSocket, sdsProbeTimeout); state {
+	case socketHealthy:
+		return ModeDecision{Mode: ModeExternal, Reason: fmt.Sprintf("an SDS server already answers on %s; meshagent will not serve SDS there", cfg.SDSSocket)}
+	case socketStale:
+		stale = true
+		notes = append(notes, fmt.Sprintf("stale socket %s will be removed (%v)", cfg.SDSSocket, err))
+	case socketNotSocket:
+		notes = append(notes, fmt.Sprintf("SDS socket path unusable: %v", err))
+	}
+	decide := func(d ModeDecision) ModeDecision {
+		d.StaleSocket = stale
+		if len(notes) > 0 {
+			d.Reason += "; " + strings.Join(notes, "; ")
+		}
+		return d
+	}
+
+	if cfg.Dev {
+		return decide(ModeDecision{Mode: ModeDev, Reason: "--dev: an in-process CA with a fresh in-memory root, not for production"})
+	}
+	switch missing := missingFiles(cfg.WorkloadCredentialsDir); {
+	case len(missing) == 0:
+		return decide(ModeDecision{Mode: ModeWorkloadCredentials, Reason: fmt.Sprintf("%s holds %s", cfg.WorkloadCredentialsDir, strings.Join(credentialFiles, ", "))})
+	case len(missing) < len(credentialFiles):
+		notes = append(notes, fmt.Sprintf("%s is incomplete (missing %s)", cfg.WorkloadCredentialsDir, strings.Join(missing, ", ")))
+	}
+	if cfg.FileMountedCerts {
+		return decide(ModeDecision{Mode: ModeFileMounted, Reason: fmt.Sprintf("FILE_MOUNTED_CERTS=true: serving %s", cfg.FileMountedCertsDir)})
+	}
+	return decide(ModeDecision{
+		Mode:     ModeCA,
+		Provider: cfg.CAProvider,
+		Reason:   fmt.Sprintf("CA_PROVIDER=%s at CA_ADDR=%s", cfg.CAProvider, cfg.CAAddr),
+	})
+}

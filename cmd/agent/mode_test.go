@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/meshagent/meshagent/settings"
+)
+
+// modeConfig resolves a configuration whose paths all live under dir.
+func modeConfig(t *testing.T, dir string, env ...string) *settings.Config {
+	t.Helper()
+	env = append(env,
+		"MESHAGENT_SDS_SOCKET="+filepath.Join(dir, "uds", "socket"),
+		"MESHAGENT_WORKLOAD_CREDENTIALS_DIR="+filepath.Join(dir, "creds"),
+		"MESHAGENT_FILE_MOUNTED_CERTS_DIR="+filepath.Join(dir, "certs"),
+	)
+	cfg, err := settings.Resolve(settings.Input{Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// serveGRPC serves an empty gRPC server on a Unix socket at path.
+func serveGRPC(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+}
+
+// staleSocket leaves a socket file that nobody listens on.
+func staleSocket(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+}
+
+// silentSocket accepts connections and never speaks.
+func silentSocket(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+}
+
+func writeFiles(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestSelectMode(t *testing.T) {
+	all := credentialFiles
+	tests := []struct {
+		name       string
+		setup      func(t *testing.T, dir string)
+		env        []string
+		mode       Mode
+		stale      bool
+		reasonHas  string
+		socketKept bool
+	}{
+		{name: "ca by default", mode: ModeCA, reasonHas: "CA_PROVIDER=Citadel at CA_ADDR=istiod.istio-system.svc:15012"},
+		{name: "ca linkerd", env: []string{"CA_PROVIDER=Linkerd", "CA_ADDR=127.0.0.1:8080"}, mode: ModeCA, reasonHas: "CA_PROVIDER=Linkerd at CA_ADDR=127.0.0.1:8080"},
+		{name: "healthy external socket", setup: func(t *testing.T, d string) { serveGRPC(t, filepath.Join(d, "uds", "socket")) }, mode: ModeExternal, reasonHas: "already answers", socketKept: true},
+		{name: "external wins over dev", setup: func(t *testing.T, d string) { serveGRPC(t, filepath.Join(d, "uds", "socket")) }, env: []string{"MESHAGENT_DEV=true"}, mode: ModeExternal, socketKept: true},
+		{name: "stale socket", setup: func(t *testing.T, d string) { staleSocket(t, filepath.Join(d, "uds", "socket")) }, mode: ModeCA, stale: true, reasonHas: "will be removed", socketKept: true},
+		{name: "silent socket", setup: func(t *testing.T, d string) { silentSocket(t, filepath.Join(d, "uds", "socket")) }, env: []string{"MESHAGENT_DEV=1"}, mode: ModeDev, stale: true, reasonHas: "no gRPC answer within 1s", socketKept: true},
+		{name: "not a socket", setup: func(t *testing.T, d string) { writeFiles(t, filepath.Join(d, "uds"), "socket") }, mode: ModeCA, reasonHas: "is a regular file, not a socket", socketKept: true},
+		{name: "dev", env: []string{"MESHAGENT_DEV=true"}, mode: ModeDev, reasonHas: "not for production"},
+		{name: "dev wins over credentials", setup: func(t *testing.T, d string) { writeFiles(t, filepath.Join(d, "creds"), all...) }, env: []string{"MESHAGENT_DEV=true"}, mode: ModeDev},
+		{name: "workload credentials", setup: func(t *testing.T, d string) { writeFiles(t, filepath.Join(d, "creds"), all...) }, env: []string{"FILE_MOUNTED_CERTS=true"}, mode: ModeWorkloadCredentials, reasonHas: "cert-chain.pem, key.pem, root-cert.pem"},
+		{name: "incomplete credentials", setup: func(t *testing.T, d string) { writeFiles(t, filepath.Join(d, "creds"), "cert-chain.pem", "key.pem") }, mode: ModeCA, reasonHas: "incomplete (missing root-cert.pem)"},
+		{name: "file mounted", env: []string{"FILE_MOUNTED_CERTS=true"}, mode: ModeFileMounted, reasonHas: "FILE_MOUNTED_CERTS=true"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tt.setup != nil {
+				tt.setup(t, dir)
+			}
+			cfg := modeConfig(t, dir, tt.env...)
+			start := time.Now()
+			d := selectMode(context.Background(), cfg)
+			if elapsed := time.Since(start); elapsed > 3*time.Second {
+				t.Errorf("selectMode took %s", elapsed)
+			}
+			if d.Mode != tt.mode || d.StaleSocket != tt.stale {
+				t.Errorf("got %+v, want mode %s stale %v", d, tt.mode, tt.stale)
+			}
+			if !strings.Contains(d.Reason, tt.reasonHas) {
+				t.Errorf("reason %q lacks %q", d.Reason, tt.reasonHas)
+			}
+			_, err := os.Lstat(cfg.SDSSocket)
+			if exists := err == nil; exists != tt.socketKept {
+				t.Errorf("socket exists=%v after selectMode, want %v (selectMode must not touch it)", exists, tt.socketKept)
+			}
+		})
+	}
+}
+
+func TestRunRemovesStaleSocket(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	sock := filepath.Join(dir, "uds", "socket")
+	staleSocket(t, sock)
+	base, wait, log := startAgent(t, context.Background(), []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_SDS_SOCKET=" + sock}, "--dev")
+	if _, err := os.Lstat(sock); err == nil {
+		t.Error("stale socket still there while running")
+	}
+	if !strings.Contains(log.String(), "removed stale SDS socket") {
+		t.Errorf("no log line for the removal:\n%s", log)
+	}
+	quit(t, base)
+	if code := wait(); code != exitOK {
+		t.Errorf("exit %d", code)
+	}
+}
+
+func TestRunLeavesExternalSocket(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	sock := filepath.Join(dir, "uds", "socket")
+	serveGRPC(t, sock)
+	base, wait, log := startAgent(t, context.Background(), []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_SDS_SOCKET=" + sock})
+	if code, _ := httpGet(t, base+"/healthz/ready"); code != 200 {
+		t.Errorf("ready %d", code)
+	}
+	quit(t, base)
+	if code := wait(); code != exitOK {
+		t.Errorf("exit %d", code)
+	}
+	if _, err := os.Lstat(sock); err != nil {
+		t.Errorf("external socket touched: %v", err)
+	}
+	if !strings.Contains(log.String(), `"mode":"external"`) {
+		t.Errorf("mode not logged:\n%s", log)
+	}
+}
