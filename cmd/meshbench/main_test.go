@@ -1,0 +1,149 @@
+package main
+
+import (
+	"io"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestSummarize(t *testing.T) {
+	tests := []struct {
+		name    string
+		samples []float64
+		want    Summary
+	}{
+		{"none", nil, Summary{}},
+		{"one", []float64{3}, Summary{Median: 3, Min: 3, Max: 3, N: 1}},
+		{"odd", []float64{5, 1, 3}, Summary{Median: 3, Min: 1, Max: 5, N: 3}},
+		{"even", []float64{4, 1, 2, 10}, Summary{Median: 3, Min: 1, Max: 10, N: 4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Summarize(tt.samples); got != tt.want {
+				t.Errorf("Summarize(%v) = %+v, want %+v", tt.samples, got, tt.want)
+			}
+		})
+	}
+	in := []float64{3, 1, 2}
+	Summarize(in)
+	if in[0] != 3 || in[1] != 1 {
+		t.Errorf("Summarize reordered its input: %v", in)
+	}
+}
+
+func TestFigureLine(t *testing.T) {
+	tests := []struct {
+		f    Figure
+		want string
+	}{
+		{Figure{"cold_start_ms", "ms", []float64{31.25, 28.5, 40.126}}, "BENCH cold_start_ms 31.25 ms (min 28.50 max 40.13, n=3)"},
+		{Figure{"xds_forward_overhead_ratio", "x", []float64{1.0412}}, "BENCH xds_forward_overhead_ratio 1.041 x (min 1.041 max 1.041, n=1)"},
+		{Figure{"xds_forward_peak_rss_mb", "MB", []float64{212.34, 250.01}}, "BENCH xds_forward_peak_rss_mb 231.2 MB (min 212.3 max 250.0, n=2)"},
+		{Figure{"sds_streams_rss_kb_per_stream", "KB", []float64{-0.5}}, "BENCH sds_streams_rss_kb_per_stream -0.500 KB (min -0.500 max -0.500, n=1)"},
+	}
+	for _, tt := range tests {
+		if got := tt.f.Line(); got != tt.want {
+			t.Errorf("Line() = %q, want %q", got, tt.want)
+		}
+	}
+	if got := formatValue(math.NaN()); got != "NaN" {
+		t.Errorf("formatValue(NaN) = %q", got)
+	}
+}
+
+func TestReporter(t *testing.T) {
+	var out strings.Builder
+	r := &Reporter{out: &out}
+	r.Report(Figure{Name: "a_ms", Unit: "ms", Samples: []float64{1}})
+	r.Report(Figure{Name: "b_ms", Unit: "ms"})
+	r.Fail("c_ms", io.ErrUnexpectedEOF)
+	want := "BENCH a_ms 1.000 ms (min 1.000 max 1.000, n=1)\nBENCH b_ms FAIL no samples\nBENCH c_ms FAIL unexpected EOF\n"
+	if out.String() != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out.String(), want)
+	}
+	if got := strings.Join(r.Failed(), ","); got != "b_ms,c_ms" {
+		t.Errorf("Failed() = %q", got)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.agent != "bin/meshagent" || strings.Join(o.agentArgs, " ") != "run" || o.coldRuns != 20 || o.conns*o.perConn != 1000 || o.xdsBytes != 100_000_000 {
+		t.Errorf("defaults: %+v", o)
+	}
+	for _, g := range groups {
+		if !o.only[g] {
+			t.Errorf("group %s not selected by default", g)
+		}
+	}
+	o, err = parseFlags([]string{"-only", "cold, xds", "-agent-args", "run --log-level warn", "-secret-ttl", "5s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.only["cold"] || !o.only["xds"] || o.only["steady"] || o.only["rotation"] || len(o.agentArgs) != 3 || o.secretTTL != 5*time.Second {
+		t.Errorf("parsed: %+v", o)
+	}
+	for _, bad := range [][]string{
+		{"-only", "cold,warp"},
+		{"-cold-runs", "0"},
+		{"-secret-ttl", "1s"},
+		{"-xds-bytes", "0"},
+		{"extra"},
+	} {
+		if _, err := parseFlags(bad, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q) accepted", bad)
+		}
+	}
+}
+
+func TestIssueLog(t *testing.T) {
+	var l issueLog
+	if _, ok := l.latestBefore(time.Now()); ok {
+		t.Fatal("empty log found an issuance")
+	}
+	t1 := l.now()
+	t2 := l.now()
+	if got, ok := l.latestBefore(t2); !ok || !got.Equal(t2) {
+		t.Errorf("latestBefore(t2) = %v, %v", got, ok)
+	}
+	if got, ok := l.latestBefore(t1.Add(time.Nanosecond)); !ok || got.After(t1.Add(time.Nanosecond)) {
+		t.Errorf("latestBefore(t1+1ns) = %v, %v", got, ok)
+	}
+	if _, ok := l.latestBefore(t1.Add(-time.Second)); ok {
+		t.Error("found an issuance before the first")
+	}
+}
+
+func TestFixtureTB(t *testing.T) {
+	tb := &fixtureTB{}
+	var order []int
+	tb.Cleanup(func() { order = append(order, 1) })
+	tb.Cleanup(func() { order = append(order, 2) })
+	err := catchFixture(func() { tb.Fatalf("bad %d", 7) })
+	if err == nil || err.Error() != "bad 7" {
+		t.Errorf("catchFixture = %v", err)
+	}
+	if err := catchFixture(func() {}); err != nil {
+		t.Errorf("catchFixture of a clean run = %v", err)
+	}
+	tb.Close()
+	tb.Close()
+	if len(order) != 2 || order[0] != 2 || order[1] != 1 {
+		t.Errorf("cleanups ran in order %v, want [2 1] once", order)
+	}
+	defer func() {
+		if r := recover(); r != "other" {
+			t.Errorf("recovered %v, want the original panic", r)
+		}
+	}()
+	_ = catchFixture(func() { panic("other") })
+}
