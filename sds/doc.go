@@ -1,0 +1,35 @@
+// Package sds serves Envoy's Secret Discovery Service (StreamSecrets and
+// FetchSecrets, go-control-plane types) on a Unix socket.
+//
+// It owns the socket (directory created 0750, socket 0666 as pilot-agent; a
+// stale socket file is removed before listening, a live one is left alone and
+// Run fails with ErrSocketInUse; the socket is removed when Run returns), the
+// xDS stream rules and the conversion of held secrets into Envoy resources:
+// a certificate becomes a TlsCertificate (chain and PKCS#8 key as inline
+// bytes), a trust bundle a ValidationContext (trusted CA as inline bytes).
+// It does not own the secrets: it asks a SecretSource (two methods, Secret
+// and Watch), which decides what each name means (default, ROOTCA,
+// file-cert:..., file-root:...). DeltaSecrets is not implemented, as in
+// pilot-agent and SPIRE.
+//
+// Stream rules (SPEC 9): a request whose resource names differ (as a set)
+// from the stream's current ones is answered with every named secret; an ACK
+// (our latest nonce, same names, no error_detail) gets no reply; a NACK
+// (error_detail set) gets no reply and is logged and counted; a request whose
+// nonce is not our latest is stale and ignored; a name that cannot be served
+// ends the stream with InvalidArgument naming it, as does a request for
+// another type or for more than MaxNames names. VersionInfo is a timestamp
+// and a counter; the nonce is random.
+//
+// Empty resource_names: the stream is served Config.DefaultNames ("default"
+// and "ROOTCA"), the two secrets this agent always holds, like SPIRE's
+// "everything" without exposing provider-backed names nobody asked for.
+//
+// Concurrency: each stream has one goroutine reading requests and the
+// handler goroutine, which alone owns the stream's state, reads secrets and
+// sends. Secret changes arrive on the source's one-slot watch channels; after
+// a signal the stream sends the newest versions only, and only if they differ
+// from what it last sent. A slow client blocks only its own handler, never
+// the publisher or other streams. The Server itself holds only atomic
+// counters; New starts nothing.
+package sds

@@ -1,0 +1,14 @@
+package sds
+
+// Log field keys used by the SDS server.
+const (
+	keySocket      = "socket"
+	keyStream      = "stream"
+	keyNames       = "names"
+	keyNonce       = "nonce"
+	keyVersion     = "version"
+	keyCode        = "code"
+	keyErrorDetail = "error_detail"
+	keyTypeURL     = "type_url"
+	keyReason      = "reason"
+)

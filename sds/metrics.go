@@ -1,0 +1,61 @@
+package sds
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Push reasons, the values of the "reason" label of pushes.
+const (
+	pushRequest = "request"
+	pushUpdate  = "update"
+	pushFetch   = "fetch"
+)
+
+type metrics struct {
+	streams prometheus.Gauge
+	pushes  *prometheus.CounterVec
+	acks    prometheus.Counter
+	nacks   prometheus.Counter
+	stale   prometheus.Counter
+	errors  *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshagent_sds_streams",
+			Help: "Open StreamSecrets streams.",
+		}),
+		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_sds_pushes_total",
+			Help: "SDS responses sent, by reason (request, update, fetch).",
+		}, []string{"reason"}),
+		acks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshagent_sds_acks_total",
+			Help: "SDS responses acknowledged by the client.",
+		}),
+		nacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshagent_sds_nacks_total",
+			Help: "SDS responses rejected by the client (requests with error_detail).",
+		}),
+		stale: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshagent_sds_stale_requests_total",
+			Help: "SDS requests ignored because they answer a response older than the latest.",
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_sds_errors_total",
+			Help: "SDS streams and fetches that ended with an error, by gRPC code.",
+		}, []string{"code"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.acks, m.nacks, m.stale, m.errors} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering SDS metrics: %w", err)
+		}
+	}
+	return m, nil
+}

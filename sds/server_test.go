@@ -1,0 +1,646 @@
+package sds
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/meshagent/meshagent/caclient/devca"
+	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/test/sdsclient"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// metricValue reads a counter or gauge.
+func metricValue(t testing.TB, m prometheus.Metric) float64 {
+	t.Helper()
+	var out dto.Metric
+	if err := m.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	if c := out.GetCounter(); c != nil {
+		return c.GetValue()
+	}
+	return out.GetGauge().GetValue()
+}
+
+var testID = pki.SPIFFEIdentity("cluster.local", "ns1", "sa1")
+
+// shortDir is a temporary directory with a path short enough for a Unix
+// socket address, removed when the test ends.
+func shortDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+type fixture struct {
+	t      testing.TB
+	dir    string
+	socket string
+	clock  *clocktesting.FakeClock
+	ca     *localca.CA
+	dev    *devca.Client
+	mgr    *secretmanager.Manager
+	srv    *Server
+	reg    *prometheus.Registry
+	logs   *observer.ObservedLogs
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type fixtureOpts struct {
+	ttl        time.Duration
+	holdManger bool // start the manager only when startManager is called
+}
+
+func newFixture(t testing.TB, o fixtureOpts) *fixture {
+	t.Helper()
+	if o.ttl == 0 {
+		o.ttl = time.Hour
+	}
+	f := &fixture{t: t, dir: shortDir(t), reg: prometheus.NewRegistry()}
+	f.socket = filepath.Join(f.dir, "run", "sds", "socket")
+	f.clock = clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
+	var err error
+	f.ca, err = localca.New(localca.Config{Intermediate: true, Now: f.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.dev, err = devca.New(devca.Config{CA: f.ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, err := secretmanager.NewRoots(f.ca.RootPEM(), "dev-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	f.logs = logs
+	f.mgr, err = secretmanager.New(secretmanager.Config{
+		Identity: testID, CA: f.dev, Roots: roots, TTL: o.ttl,
+		Clock: f.clock, Rand: func() float64 { return 0.5 }, Logger: zap.New(core),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.srv, err = New(Config{SocketPath: f.socket, Secrets: f.mgr, Logger: zap.New(core), Registerer: f.reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	f.run("sds", f.srv.Run)
+	if !o.holdManger {
+		f.startManager()
+	}
+	t.Cleanup(f.stop)
+	return f
+}
+
+func (f *fixture) run(name string, fn func(context.Context) error) {
+	f.wg.Go(func() {
+		if err := fn(f.ctx); err != nil {
+			f.t.Errorf("%s: Run returned %v", name, err)
+		}
+	})
+}
+
+func (f *fixture) startManager() { f.run("manager", f.mgr.Run) }
+
+func (f *fixture) stop() {
+	f.cancel()
+	f.wg.Wait()
+}
+
+func (f *fixture) dial() *sdsclient.Client {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := sdsclient.Dial(ctx, f.socket)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func (f *fixture) stream(c *sdsclient.Client, cfg sdsclient.StreamConfig) *sdsclient.Stream {
+	f.t.Helper()
+	s, err := c.Stream(context.Background(), cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(s.Close)
+	return s
+}
+
+func next(t testing.TB, s *sdsclient.Stream) *sdsclient.Response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := s.Next(ctx)
+	if err != nil {
+		t.Fatalf("waiting for a response: %v", err)
+	}
+	return r
+}
+
+// step advances the fake clock once the manager waits on it.
+func (f *fixture) step(d time.Duration) {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !f.clock.HasWaiters() {
+		if time.Now().After(deadline) {
+			f.t.Fatal("the manager set no timer")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	f.clock.Step(d)
+}
+
+// checkCert checks a served TlsCertificate: the SPIFFE SAN, a chain that
+// verifies to the CA root, a PKCS#8 key that matches.
+func (f *fixture) checkCert(r *sdsclient.Response) []byte {
+	f.t.Helper()
+	chainPEM, keyPEM, ok := r.Cert(secretmanager.WorkloadCertName)
+	if !ok {
+		f.t.Fatalf("response %v holds no TlsCertificate named default", r.Names)
+	}
+	chain, err := pki.ParseCertificates(chainPEM)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if !bytes.Contains(keyPEM, []byte("-----BEGIN PRIVATE KEY-----")) {
+		f.t.Fatal("key is not PKCS#8 PEM")
+	}
+	key, err := pki.ParseKeyPEM(keyPEM)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := pki.VerifyIssued(chain, key.Public(), testID, f.ca.Pool(), f.clock.Now()); err != nil {
+		f.t.Fatalf("served certificate: %v", err)
+	}
+	if len(chain[0].URIs) != 1 || chain[0].URIs[0].String() != testID.SPIFFEID {
+		f.t.Fatalf("SAN %v, want %s", chain[0].URIs, testID)
+	}
+	return chainPEM
+}
+
+func TestDefaultAndROOTCA(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	c := f.dial()
+
+	both := f.stream(c, sdsclient.StreamConfig{Names: []string{"default", "ROOTCA"}})
+	r := next(t, both)
+	if len(r.Names) != 2 || r.Names[0] != "default" || r.Names[1] != "ROOTCA" {
+		t.Fatalf("names %v", r.Names)
+	}
+	f.checkCert(r)
+	ca, ok := r.TrustedCA("ROOTCA")
+	if !ok || !bytes.Equal(ca, f.ca.RootPEM()) {
+		t.Fatal("ROOTCA does not carry the CA root")
+	}
+	if !strings.Contains(r.Version, "/") || r.Nonce == "" {
+		t.Errorf("version %q nonce %q", r.Version, r.Nonce)
+	}
+
+	// Separate streams per resource, as Envoy may open them.
+	d := next(t, f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}}))
+	if len(d.Names) != 1 {
+		t.Fatalf("names %v", d.Names)
+	}
+	f.checkCert(d)
+	root := next(t, f.stream(c, sdsclient.StreamConfig{Names: []string{"ROOTCA"}}))
+	if _, ok := root.TrustedCA("ROOTCA"); !ok || len(root.Names) != 1 {
+		t.Fatal("ROOTCA stream")
+	}
+
+	// No names: default and ROOTCA.
+	all := next(t, f.stream(c, sdsclient.StreamConfig{}))
+	if len(all.Names) != 2 || all.Names[0] != "default" || all.Names[1] != "ROOTCA" {
+		t.Fatalf("empty request served %v", all.Names)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fr, err := c.Fetch(ctx, "default", "default", "ROOTCA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fr.Names) != 2 {
+		t.Fatalf("fetch names %v", fr.Names)
+	}
+	f.checkCert(fr)
+	if got := metricValue(t, f.srv.metrics.streams); got != 4 {
+		t.Errorf("streams gauge %v, want 4", got)
+	}
+	if f.dev.Requests() != 1 {
+		t.Errorf("%d CSRs, want 1", f.dev.Requests())
+	}
+}
+
+func TestRotationPushedOnSameStream(t *testing.T) {
+	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second})
+	s := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}})
+	first := next(t, s)
+	oldChain := f.checkCert(first)
+	old, _ := pki.ParseCertificates(oldChain)
+
+	f.step(15 * time.Second)
+	second := next(t, s)
+	newChain := f.checkCert(second)
+	if bytes.Equal(oldChain, newChain) || second.Version == first.Version || second.Nonce == first.Nonce {
+		t.Fatal("the push repeats the old certificate")
+	}
+	if !f.clock.Now().Before(old[0].NotAfter) {
+		t.Fatal("the new certificate came after the old one expired")
+	}
+	if got := metricValue(t, f.srv.metrics.pushes.WithLabelValues(pushUpdate)); got != 1 {
+		t.Errorf("pushes{update} = %v, want 1", got)
+	}
+}
+
+// Requests on a stream are handled in order, so a request that must be
+// answered, sent after one that must not, proves the first got no reply.
+func TestACKNACKAndStaleNonce(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	s := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}, ManualACK: true})
+	r1 := next(t, s)
+
+	if err := s.ACK(r1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Request([]string{"default", "ROOTCA"}, r1.Nonce, r1.Version); err != nil {
+		t.Fatal(err)
+	}
+	r2 := next(t, s)
+	if len(r2.Names) != 2 {
+		t.Fatalf("after ACK the next response is %v, want the answer to the name change", r2.Names)
+	}
+
+	if err := s.NACK(r2, r1.Version, "bad certificate"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Request([]string{"ROOTCA"}, r2.Nonce, r1.Version); err != nil {
+		t.Fatal(err)
+	}
+	r3 := next(t, s)
+	if len(r3.Names) != 1 || r3.Names[0] != "ROOTCA" {
+		t.Fatalf("after NACK the next response is %v, want [ROOTCA]", r3.Names)
+	}
+	if got := metricValue(t, f.srv.metrics.nacks); got != 1 {
+		t.Errorf("nacks = %v, want 1", got)
+	}
+	nackLogs := f.logs.FilterMessage("client rejected secrets").All()
+	if len(nackLogs) != 1 || nackLogs[0].ContextMap()[keyErrorDetail] != "bad certificate" {
+		t.Errorf("NACK logs %v", nackLogs)
+	}
+
+	// A stale nonce (r2's, not r3's) is ignored even though it changes names.
+	if err := s.Request([]string{"default"}, r2.Nonce, r2.Version); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Request([]string{"default", "ROOTCA"}, r3.Nonce, r3.Version); err != nil {
+		t.Fatal(err)
+	}
+	r4 := next(t, s)
+	if len(r4.Names) != 2 {
+		t.Fatalf("after a stale request the next response is %v, want the answer to the fresh one", r4.Names)
+	}
+	if got := metricValue(t, f.srv.metrics.stale); got != 1 {
+		t.Errorf("stale = %v, want 1", got)
+	}
+	if got := metricValue(t, f.srv.metrics.acks); got != 1 {
+		t.Errorf("acks = %v, want 1", got)
+	}
+	select {
+	case r := <-s.Responses():
+		t.Fatalf("unexpected response %v", r.Names)
+	default:
+	}
+}
+
+func TestBadRequestsEndWithInvalidArgument(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	c := f.dial()
+	tests := []struct {
+		name    string
+		req     func(*sdsclient.Stream) error
+		mention string
+	}{
+		{"unknown name", func(s *sdsclient.Stream) error { return s.Request([]string{"default", "nope"}, "", "") }, `"nope"`},
+		{"file-cert without provider", func(s *sdsclient.Stream) error { return s.Request([]string{"file-cert:/a~/b"}, "", "") }, "file-cert:/a~/b"},
+		{"too many names", func(s *sdsclient.Stream) error {
+			names := make([]string, DefaultMaxNames+1)
+			for i := range names {
+				names[i] = "default"
+			}
+			return s.Request(names, "", "")
+		}, "at most"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := c.Stream(context.Background(), sdsclient.StreamConfig{Names: nil})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			next(t, s) // the answer to the empty first request
+			if err := tt.req(s); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err = s.Next(ctx)
+			if !errors.Is(err, sdsclient.ErrEnded) {
+				t.Fatalf("stream still open: %v", err)
+			}
+			st, _ := status.FromError(s.Err())
+			if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), tt.mention) {
+				t.Fatalf("stream ended with %v, want InvalidArgument mentioning %s", s.Err(), tt.mention)
+			}
+		})
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := c.Fetch(ctx, "nope")
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "nope") {
+		t.Fatalf("Fetch of an unknown name: %v", err)
+	}
+	s, err := c.Stream(ctx, sdsclient.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	next(t, s)
+	// A request for another type.
+	if err := s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Next(ctx); !errors.Is(err, sdsclient.ErrEnded) || status.Code(s.Err()) != codes.InvalidArgument {
+		t.Fatalf("wrong type: %v / %v", err, s.Err())
+	}
+	if got := metricValue(t, f.srv.metrics.errors.WithLabelValues(codes.InvalidArgument.String())); got != 5 {
+		t.Errorf("errors{InvalidArgument} = %v, want 5", got)
+	}
+}
+
+func TestManyStreamsOneCSR(t *testing.T) {
+	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second, holdManger: true})
+	c := f.dial()
+	const n = 100
+	streams := make([]*sdsclient.Stream, n)
+	for i := range streams {
+		streams[i] = f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}})
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for metricValue(t, f.srv.metrics.streams) < n {
+		if time.Now().After(deadline) {
+			t.Fatal("streams did not open")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	f.startManager()
+	var first []byte
+	for _, s := range streams {
+		chain := f.checkCert(next(t, s))
+		if first == nil {
+			first = chain
+		} else if !bytes.Equal(chain, first) {
+			t.Fatal("streams got different certificates")
+		}
+	}
+	if got := f.dev.Requests(); got != 1 {
+		t.Fatalf("%d CSRs for %d streams, want 1", got, n)
+	}
+
+	// One rotation reaches every stream.
+	f.step(15 * time.Second)
+	for _, s := range streams {
+		if chain := f.checkCert(next(t, s)); bytes.Equal(chain, first) {
+			t.Fatal("rotation pushed the old certificate")
+		}
+	}
+	if got := f.dev.Requests(); got != 2 {
+		t.Fatalf("%d CSRs after one rotation, want 2", got)
+	}
+}
+
+// A client that stops reading must not hold up pushes to the others.
+func TestStalledStreamDoesNotBlockOthers(t *testing.T) {
+	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second})
+	c := f.dial()
+	stalled := f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}, Buffer: 1})
+	live := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}})
+	next(t, live)
+	_ = stalled // never read
+	for range 30 {
+		f.step(15 * time.Second)
+		r := next(t, live)
+		f.checkCert(r)
+	}
+}
+
+func TestSocketLifecycle(t *testing.T) {
+	dir := shortDir(t)
+	socket := filepath.Join(dir, "uds", "socket")
+	src := staticSource{}
+	run := func(t *testing.T) (stop func() error) {
+		srv, err := New(Config{SocketPath: socket, Secrets: src})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- srv.Run(ctx) }()
+		return func() error { cancel(); return <-done }
+	}
+
+	stop := run(t)
+	c := func() *sdsclient.Client {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := sdsclient.Dial(ctx, socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}()
+	_ = c.Close()
+	di, err := os.Stat(filepath.Dir(socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, err := os.Lstat(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if di.Mode().Perm() != 0o750 || si.Mode().Perm() != 0o666 || si.Mode()&fs.ModeSocket == 0 {
+		t.Fatalf("directory mode %v, socket mode %v; want 0750 and a 0666 socket", di.Mode(), si.Mode())
+	}
+
+	// A second server finds the socket alive and leaves it alone.
+	srv2, _ := New(Config{SocketPath: socket, Secrets: src})
+	if err := srv2.Run(context.Background()); !errors.Is(err, ErrSocketInUse) {
+		t.Fatalf("second server on a live socket: %v", err)
+	}
+	if _, err := os.Lstat(socket); err != nil {
+		t.Fatal("the live socket was removed")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(socket); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("socket left behind after Run: %v", err)
+	}
+
+	// A stale socket (nobody listening) is replaced.
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = l.Close()
+	if _, err := os.Lstat(socket); err != nil {
+		t.Fatal("could not leave a stale socket behind")
+	}
+	stop = run(t)
+	c = func() *sdsclient.Client {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := sdsclient.Dial(ctx, socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}()
+	_ = c.Close()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A regular file at the path is not deleted.
+	if err := os.WriteFile(socket, []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv3, _ := New(Config{SocketPath: socket, Secrets: src})
+	if err := srv3.Run(context.Background()); err == nil || errors.Is(err, ErrSocketInUse) {
+		t.Fatalf("Run over a regular file: %v", err)
+	}
+	if b, _ := os.ReadFile(socket); string(b) != "mine" {
+		t.Fatal("a regular file was replaced")
+	}
+
+	if _, err := New(Config{SocketPath: "/" + strings.Repeat("x", 120), Secrets: src}); err == nil {
+		t.Fatal("New accepted a socket path too long for a Unix address")
+	}
+	if _, err := New(Config{SocketPath: socket}); err == nil {
+		t.Fatal("New accepted no secret source")
+	}
+}
+
+type staticSource struct{}
+
+func (staticSource) Secret(_ context.Context, name string) (*secretmanager.Secret, error) {
+	return nil, secretmanager.ErrUnknownResource
+}
+
+func (staticSource) Watch(string) (<-chan struct{}, func()) { return nil, func() {} }
+
+func TestNoPrivateKeyOnDisk(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	f.checkCert(next(t, f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}})))
+	err := filepath.WalkDir(f.dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Type()&fs.ModeSocket != 0 {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err == nil && bytes.Contains(b, []byte("PRIVATE KEY")) {
+			t.Errorf("private key written to %s", path)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func FuzzClassify(f *testing.F) {
+	seed := []*discoveryv3.DiscoveryRequest{
+		{TypeUrl: resourcev3.SecretType, ResourceNames: []string{"default"}},
+		{TypeUrl: resourcev3.SecretType, ResourceNames: []string{"default"}, ResponseNonce: "n1"},
+		{ResourceNames: []string{"ROOTCA", "default", "default"}, ResponseNonce: "old"},
+		{TypeUrl: resourcev3.ClusterType},
+	}
+	for _, r := range seed {
+		b, _ := proto.Marshal(r)
+		f.Add(b, true)
+		f.Add(b, false)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, subscribed bool) {
+		req := &discoveryv3.DiscoveryRequest{}
+		if proto.Unmarshal(data, req) != nil {
+			return
+		}
+		st := &streamState{}
+		if subscribed {
+			st.subscribe(staticSource{}, []string{"default"}, []string{"default"})
+			st.nonce = "n1"
+		}
+		a := st.classify(req)
+		switch {
+		case req.GetTypeUrl() != "" && req.GetTypeUrl() != resourcev3.SecretType:
+			if a != actBadType {
+				t.Fatalf("wrong type classified %d", a)
+			}
+		case subscribed && req.GetResponseNonce() != "" && req.GetResponseNonce() != "n1":
+			if a != actStale {
+				t.Fatalf("stale nonce classified %d", a)
+			}
+		case req.GetErrorDetail() != nil:
+			if a != actNACK {
+				t.Fatalf("NACK classified %d", a)
+			}
+		case !subscribed:
+			if a != actRespond {
+				t.Fatalf("first request classified %d", a)
+			}
+		}
+		srv := &Server{cfg: Config{MaxNames: DefaultMaxNames, DefaultNames: []string{"default", "ROOTCA"}}}
+		names, err := srv.names(req.GetResourceNames())
+		if err == nil && (len(names) == 0 || len(names) > DefaultMaxNames) {
+			t.Fatalf("names %v", names)
+		}
+		st.unwatchAll()
+	})
+}
