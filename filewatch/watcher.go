@@ -153,11 +153,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		} else {
 			timer.Stop()
 		}
-		wait := w.debounce
-		if rest := burstStart.Add(w.maxDelay).Sub(now); rest < wait {
-			wait = max(rest, 0)
-		}
-		timer = w.clock.NewTimer(wait)
+		timer = w.clock.NewTimer(w.wait(burstStart, now))
 		timerC = timer.C()
 	}
 
@@ -193,6 +189,14 @@ func (w *Watcher) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// wait returns how long to wait, after an event at now, before re-reading
+// the files: the debounce period, cut short so that a burst that began at
+// burstStart ends by burstStart+maxDelay.
+func (w *Watcher) wait(burstStart, now time.Time) time.Duration {
+	rest := burstStart.Add(w.maxDelay).Sub(now)
+	return max(min(w.debounce, rest), 0)
 }
 
 // rewatch makes the set of watched directories match what the paths resolve
