@@ -1,0 +1,47 @@
+package pki_test
+
+import (
+	"testing"
+
+	"github.com/meshagent/meshagent/pki"
+)
+
+func TestIdentity(t *testing.T) {
+	if testID.SPIFFEID != "spiffe://cluster.local/ns/shop/sa/web" || testID.String() != testID.SPIFFEID || testID.IsZero() {
+		t.Errorf("SPIFFE identity %+v", testID)
+	}
+	if !(pki.Identity{}).IsZero() {
+		t.Error("zero identity not zero")
+	}
+	u, err := testID.URI()
+	if err != nil || u.Host != "cluster.local" || u.Path != "/ns/shop/sa/web" {
+		t.Errorf("URI %v %v", u, err)
+	}
+	tests := []struct {
+		id pki.Identity
+		ok bool
+	}{
+		{testID, true},
+		{pki.Identity{SPIFFEID: "spiffe://example.org"}, true},
+		{pki.Identity{DNSName: "web.shop.serviceaccount.identity.linkerd.cluster.local"}, true},
+		{pki.Identity{}, false},
+		{pki.Identity{SPIFFEID: "spiffe://a/b", DNSName: "a"}, false},
+		{pki.Identity{SPIFFEID: "https://cluster.local/ns/a"}, false},
+		{pki.Identity{SPIFFEID: "spiffe:///ns/a"}, false},
+		{pki.Identity{SPIFFEID: "spiffe://user@td/a"}, false},
+		{pki.Identity{SPIFFEID: "spiffe://td:8080/a"}, false},
+		{pki.Identity{SPIFFEID: "spiffe://td/a?q=1"}, false},
+		{pki.Identity{SPIFFEID: "spiffe://td/a#f"}, false},
+		{pki.Identity{SPIFFEID: "%zz"}, false},
+		{pki.Identity{DNSName: "a..b"}, false},
+		{pki.Identity{DNSName: ".a"}, false},
+		{pki.Identity{DNSName: "a."}, false},
+		{pki.Identity{DNSName: "a/b"}, false},
+		{pki.Identity{DNSName: "a:1"}, false},
+	}
+	for _, tt := range tests {
+		if err := tt.id.Validate(); (err == nil) != tt.ok {
+			t.Errorf("Validate(%+v) = %v, want ok=%v", tt.id, err, tt.ok)
+		}
+	}
+}
