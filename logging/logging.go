@@ -2,6 +2,7 @@ package logging
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -33,7 +34,7 @@ type Config struct {
 	// Level is one of Levels. Default info.
 	Level string
 	// Output receives the log lines. Default os.Stderr.
-	Output *os.File
+	Output io.Writer
 	// Console forces the console encoder (true) or JSON (false). Nil means
 	// console exactly when Output is a terminal.
 	Console *bool
@@ -52,7 +53,8 @@ func New(cfg Config) (*zap.Logger, error) {
 	if cfg.Console != nil {
 		console = *cfg.Console
 	}
-	return zap.New(zapcore.NewCore(Encoder(console), zapcore.Lock(cfg.Output), level), zap.ErrorOutput(zapcore.Lock(cfg.Output))), nil
+	out := zapcore.Lock(zapcore.AddSync(cfg.Output))
+	return zap.New(zapcore.NewCore(Encoder(console), out, level), zap.ErrorOutput(out)), nil
 }
 
 // Encoder returns the console encoder (coloured levels, readable times) or
@@ -72,7 +74,8 @@ func Encoder(console bool) zapcore.Encoder {
 	return zapcore.NewJSONEncoder(ec)
 }
 
-// IsTerminal reports whether f is a terminal.
-func IsTerminal(f *os.File) bool {
-	return term.IsTerminal(int(f.Fd()))
+// IsTerminal reports whether w is a terminal (a file whose descriptor is one).
+func IsTerminal(w io.Writer) bool {
+	f, ok := w.(interface{ Fd() uintptr })
+	return ok && term.IsTerminal(int(f.Fd()))
 }

@@ -73,3 +73,18 @@ func TestBadLevel(t *testing.T) {
 		t.Error("no error")
 	}
 }
+
+func TestAnyWriter(t *testing.T) {
+	var b strings.Builder
+	l, err := New(Config{Output: &b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Info("certificate rotated")
+	if !strings.HasPrefix(b.String(), "{") || !strings.Contains(b.String(), `"msg":"certificate rotated"`) {
+		t.Errorf("%q", b.String())
+	}
+	if IsTerminal(&b) {
+		t.Error("a builder is not a terminal")
+	}
+}
