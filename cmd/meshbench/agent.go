@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +45,8 @@ type agentConfig struct {
 	TrustDomain, Namespace, ServiceAccount string
 	// LogLevel is MESHAGENT_LOG_LEVEL.
 	LogLevel string
+	// StatusPort is STATUS_PORT; zero lets the agent pick a free port.
+	StatusPort int
 }
 
 // prepareAgentDir lays out dir as the agent's working directory: the token
@@ -82,7 +85,7 @@ func agentEnv(dir string, cfg agentConfig) []string {
 		"POD_NAME=meshbench-0",
 		`PROXY_CONFIG={"discoveryAddress":"` + cfg.XDSAddr + `"}`,
 		"XDS_ROOT_CA=" + filepath.Join(dir, caRootPath),
-		"STATUS_PORT=0",
+		"STATUS_PORT=" + strconv.Itoa(cfg.StatusPort),
 		"MESHAGENT_STATUS_HOST=127.0.0.1",
 		"MESHAGENT_KEY_TYPE=" + cfg.KeyType,
 	}
@@ -102,6 +105,7 @@ func agentEnv(dir string, cfg agentConfig) []string {
 
 // agentProc is one running agent.
 type agentProc struct {
+	cfg     agentConfig
 	dir     string
 	cmd     *exec.Cmd
 	logPath string
@@ -136,7 +140,7 @@ func startAgent(dir string, cfg agentConfig) (*agentProc, error) {
 	cmd.Env = agentEnv(dir, cfg)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	a := &agentProc{dir: dir, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	a := &agentProc{cfg: cfg, dir: dir, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
 	a.Started = time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", cfg.Binary, err)
@@ -157,6 +161,15 @@ func (a *agentProc) Pid() int { return a.cmd.Process.Pid }
 // SDSSocket and XDSSocket are the absolute paths of the agent's sockets.
 func (a *agentProc) SDSSocket() string { return filepath.Join(a.dir, sdsPath) }
 func (a *agentProc) XDSSocket() string { return filepath.Join(a.dir, xdsPath) }
+
+// StatusAddr is the status server's address, or "" when the port was left
+// to the agent.
+func (a *agentProc) StatusAddr() string {
+	if a.cfg.StatusPort == 0 {
+		return ""
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(a.cfg.StatusPort))
+}
 
 // Exited is closed when the process has ended.
 func (a *agentProc) Exited() <-chan struct{} { return a.exited }
@@ -226,3 +239,13 @@ func killAll() {
 
 // String names the process for messages.
 func (a *agentProc) String() string { return "meshagent pid " + strconv.Itoa(a.Pid()) }
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

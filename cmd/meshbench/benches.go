@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"google.golang.org/grpc"
@@ -21,13 +23,22 @@ type bench struct {
 }
 
 // newAgent starts an agent in a fresh directory under baseDir.
-func (b *bench) newAgent(keyType string, ttl time.Duration) (*agentProc, error) {
+// With profiling on, the agent gets a known status port for /debug/pprof.
+func (b *bench) newAgent(keyType string, ttl time.Duration, profiled bool) (*agentProc, error) {
 	b.runs++
 	dir := filepath.Join(b.baseDir, fmt.Sprintf("agent-%03d", b.runs))
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("creating agent directory: %w", err)
 	}
-	return startAgent(dir, b.fx.agentConfig(b.opts.agent, b.opts.agentArgs, keyType, ttl))
+	cfg := b.fx.agentConfig(b.opts.agent, b.opts.agentArgs, keyType, ttl)
+	if profiled && b.opts.pprofDir != "" {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		cfg.StatusPort = port
+	}
+	return startAgent(dir, cfg)
 }
 
 // agentErr adds the agent's fate and the end of its log to err.
@@ -60,7 +71,7 @@ func untilExit(ctx context.Context, a *agentProc) (context.Context, context.Canc
 // process starts to the first "default" secret on an SDS stream: the client
 // polls for the socket every millisecond, then streams.
 func (b *bench) coldStart(ctx context.Context, keyType string) (time.Duration, error) {
-	a, err := b.newAgent(keyType, 0)
+	a, err := b.newAgent(keyType, 0, false)
 	if err != nil {
 		return 0, err
 	}
@@ -107,7 +118,7 @@ type steadyResult struct {
 // agent is returned running for the xDS measurements; the caller stops it.
 func (b *bench) steady(ctx context.Context, cpuWindows int) (steadyResult, *agentProc, error) {
 	var res steadyResult
-	a, err := b.newAgent("ec-p256", 0)
+	a, err := b.newAgent("ec-p256", 0, true)
 	if err != nil {
 		return res, nil, err
 	}
@@ -137,15 +148,16 @@ func (b *bench) steady(ctx context.Context, cpuWindows int) (steadyResult, *agen
 		return fail(err)
 	}
 	res.idleRSSMB = float64(idle) / 1024
-	b.log("idle RSS %d kB", idle)
+	b.log("idle RSS %d kB (%s)", idle, rssBreakdown(a.Pid()))
+	b.snapshotProfiles(ctx, a, fmt.Sprintf("agent-%03d-idle", b.runs))
 
 	for i := range cpuWindows {
-		d, err := idleCPU(ctx, a.Pid(), b.opts.cpuWindow)
+		d, ticks, err := idleCPU(ctx, a.Pid(), b.opts.cpuWindow)
 		if err != nil {
 			return fail(err)
 		}
 		perMin := ms(d) * float64(time.Minute) / float64(b.opts.cpuWindow)
-		b.log("idle CPU window %d: %v in %v (%.2f ms/min)", i+1, d, b.opts.cpuWindow, perMin)
+		b.log("idle CPU window %d: %v in %v (%.2f ms/min; utime+stime %v)", i+1, d, b.opts.cpuWindow, perMin, ticks)
 		res.cpuMsPerMinute = append(res.cpuMsPerMinute, perMin)
 	}
 
@@ -172,30 +184,37 @@ func (b *bench) steady(ctx context.Context, cpuWindows int) (steadyResult, *agen
 	}
 	n := b.opts.conns * b.opts.perConn
 	res.perStreamKB = float64(after-before) / float64(n)
-	b.log("RSS %d kB before and %d kB with %d streams", before, after, n)
+	b.log("RSS %d kB before and %d kB with %d streams (%s)", before, after, n, rssBreakdown(a.Pid()))
+	b.snapshotProfiles(ctx, a, fmt.Sprintf("agent-%03d-streams", b.runs))
 	set.Close()
 	return res, a, nil
 }
 
-// idleCPU is the CPU time pid uses over window: per-thread schedstat
-// (nanoseconds) where available, else utime+stime.
-func idleCPU(ctx context.Context, pid int, window time.Duration) (time.Duration, error) {
-	read := schedCPU
-	if _, err := schedCPU(pid); err != nil {
-		read = statCPU
-	}
-	t0, err := read(pid)
+// idleCPU is the CPU time pid uses over window: from per-thread schedstat
+// (nanoseconds) where available, else from utime+stime (10 ms ticks), which
+// is also returned for comparison.
+func idleCPU(ctx context.Context, pid int, window time.Duration) (cpu, ticks time.Duration, err error) {
+	s0, serr := schedCPU(pid)
+	u0, err := statCPU(pid)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := sleepCtx(ctx, window); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	t1, err := read(pid)
+	u1, err := statCPU(pid)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return max(t1-t0, 0), nil
+	ticks = max(u1-u0, 0)
+	if serr != nil {
+		return ticks, ticks, nil
+	}
+	s1, err := schedCPU(pid)
+	if err != nil {
+		return ticks, ticks, nil
+	}
+	return max(s1-s0, 0), ticks, nil
 }
 
 // xdsResult holds the samples of the large ADS response measurement.
@@ -239,6 +258,7 @@ func (b *bench) xdsForward(ctx context.Context, a *agentProc) (xdsResult, error)
 		if err != nil {
 			return 0, 0, err
 		}
+		b.log("after the proxied read: %s", rssBreakdown(a.Pid()))
 		return d, float64(hwm) / 1024, nil
 	}
 	// A first read each way warms both paths (TLS session set-up, the
@@ -274,6 +294,11 @@ func (b *bench) fetchBig(ctx context.Context, conn *grpc.ClientConn, res *xdsRes
 	if err := waitReady(ctx, conn); err != nil {
 		return 0, err
 	}
+	// This process is both the control plane and the client: every read
+	// starts from a collected heap and runs without collections here, so
+	// the timings differ only by the path the bytes take.
+	runtime.GC()
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	size, d, err := fetchADS(ctx, conn, bigRequest())
 	if err != nil {
 		return 0, err
@@ -290,7 +315,7 @@ func (b *bench) fetchBig(ctx context.Context, conn *grpc.ClientConn, res *xdsRes
 // certificate to its arrival on the last stream, and from its arrival on the
 // first stream to the last.
 func (b *bench) rotation(ctx context.Context) (fromCA, spread []float64, err error) {
-	a, err := b.newAgent("ec-p256", b.opts.secretTTL)
+	a, err := b.newAgent("ec-p256", b.opts.secretTTL, true)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -310,6 +335,10 @@ func (b *bench) rotation(ctx context.Context) (fromCA, spread []float64, err err
 	if _, err := wait(0, b.opts.startTimeout+b.opts.streamTimeout); err != nil {
 		return nil, nil, agentErr(a, fmt.Errorf("waiting for the first secret on every stream: %w", err))
 	}
+	// The profile ends between the last two rotations: writing it costs the
+	// agent CPU that would otherwise land on a measured rotation.
+	waitProfile := b.cpuProfile(ctx, a, "rotation", time.Duration(2*b.opts.rotations-1)*b.opts.secretTTL/4)
+	defer waitProfile()
 	for i := 1; i <= b.opts.rotations; i++ {
 		c, err := wait(i, 2*b.opts.secretTTL)
 		if err != nil {

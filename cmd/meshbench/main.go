@@ -21,6 +21,7 @@ type options struct {
 	build        bool
 	only         map[string]bool
 	keep         bool
+	pprofDir     string
 	timeout      time.Duration
 	startTimeout time.Duration
 
@@ -51,6 +52,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.build, "build", false, "rebuild the agent binary even when it exists")
 	only := fs.String("only", strings.Join(groups, ","), "comma-separated measurement groups to run: "+strings.Join(groups, ", "))
 	fs.BoolVar(&o.keep, "keep", false, "keep the agents' working directories and logs")
+	fs.StringVar(&o.pprofDir, "pprof-dir", "", "save heap and goroutine profiles of the steady agents (idle and with the SDS streams) and a CPU profile of the rotations here, from the agent's /debug/pprof")
 	fs.DurationVar(&o.timeout, "timeout", 290*time.Second, "give up on everything after this long")
 	fs.DurationVar(&o.startTimeout, "start-timeout", 15*time.Second, "longest wait for an agent's first secret")
 	fs.IntVar(&o.coldRuns, "cold-runs", 20, "cold starts per key type")
@@ -64,7 +66,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.secretTTL, "secret-ttl", 10*time.Second, "SECRET_TTL of the rotation agent")
 	fs.IntVar(&o.rotations, "rotations", 4, "rotations measured")
 	fs.IntVar(&o.xdsBytes, "xds-bytes", 100_000_000, "payload bytes of the large ADS response")
-	fs.IntVar(&o.xdsRuns, "xds-runs", 3, "large ADS reads each way, after one warm-up each way")
+	fs.IntVar(&o.xdsRuns, "xds-runs", 5, "large ADS reads each way, after one warm-up each way")
 	fs.DurationVar(&o.xdsTimeout, "xds-timeout", 60*time.Second, "longest wait for one large ADS response")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -199,6 +201,9 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		}
 		if opts.only["steady"] {
 			for _, f := range []Figure{idle, perStream, cpu} {
+				if f.Name == cpu.Name && opts.cpuWindows == 0 {
+					continue
+				}
 				if serr != nil && len(f.Samples) == 0 {
 					rep.Fail(f.Name, serr)
 					continue

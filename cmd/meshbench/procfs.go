@@ -135,3 +135,35 @@ func parseSchedstat(b []byte) (time.Duration, error) {
 	}
 	return time.Duration(n), nil
 }
+
+// rssBreakdown describes what pid's RSS is made of: anonymous memory (heap,
+// stacks), file-backed pages (the mapped binary) and shared memory.
+func rssBreakdown(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return err.Error()
+	}
+	var parts []string
+	for _, k := range []string{"RssAnon", "RssFile", "RssShmem", "VmStk", "Threads"} {
+		if k == "Threads" {
+			if v, ok := statusField(b, k); ok {
+				parts = append(parts, "threads "+v)
+			}
+			continue
+		}
+		if n, err := parseStatusKB(b, k); err == nil {
+			parts = append(parts, fmt.Sprintf("%s %d kB", k, n))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// statusField is the raw value of key in a status file.
+func statusField(status []byte, key string) (string, bool) {
+	for _, line := range strings.Split(string(status), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == key {
+			return strings.TrimSpace(v), true
+		}
+	}
+	return "", false
+}
