@@ -7,6 +7,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 STATUS_PORT ?= 15020
 RUN_DIR   := .run
 FUZZTIME  ?= 5s
+FUZZ_PKGS ?= ./...
 
 .PHONY: build run test vet fmt-check bench docs fuzz proto clean
 
@@ -38,9 +39,9 @@ bench:
 docs:
 	$(GO) run ./cmd/agent docs -o docs/configuration.md
 
-## fuzz: run every fuzz target for $(FUZZTIME)
+## fuzz: run every fuzz target in $(FUZZ_PKGS) for $(FUZZTIME) each
 fuzz:
-	@set -e; for pkg in $$($(GO) list ./...); do \
+	@set -e; pkgs=$$($(GO) list $(FUZZ_PKGS)); for pkg in $$pkgs; do \
 		for target in $$($(GO) test -list 'Fuzz.*' $$pkg | grep '^Fuzz' || true); do \
 			echo "== $$pkg $$target"; \
 			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $$pkg; \
