@@ -1,0 +1,40 @@
+// Package xdsproxy is the agent's ADS proxy (SPEC 10): Envoy, or a proxyless
+// gRPC client, talks to a local Unix socket, and the proxy carries each of its
+// streams to the control plane over an authenticated connection, hiding the
+// control plane's restarts from it.
+//
+// What it owns: the downstream gRPC server on the socket (both
+// StreamAggregatedResources and DeltaAggregatedResources), one upstream stream
+// at a time per downstream stream, the reconnect loop with capped, jittered
+// exponential backoff, the record of each client's subscriptions that lets a
+// new upstream stream pick up where the old one stopped, the readiness signal
+// (the first upstream answer) and the proxy's metrics.
+//
+// What it does not own: trust roots, the bearer token, the client certificate
+// and extra metadata all come in through caclient.TransportConfig and are
+// consulted afresh at every connection. It never decodes or re-encodes
+// resources: responses are moved as the raw bytes gRPC received (a pass-
+// through codec over mem.BufferSlice), and only a few top-level fields (type
+// URL, nonce, and for delta each resource's name and version) are read from
+// the wire. Requests, which are small, are decoded to follow subscriptions and
+// are forwarded as received, except in the one case described next.
+//
+// Reconnects: when an upstream stream fails, the downstream stream stays open.
+// After the backoff the proxy opens a new upstream stream and first sends,
+// per type URL in the order the client first asked: for SotW, the client's
+// current resource names and its last applied version_info, no nonce, the
+// node on the first; for delta, the subscribed names (with "*" when
+// wildcard) and initial_resource_versions holding the versions the client has
+// ACKed. A client ACK or NACK that answers a response of a lost upstream
+// stream is not forwarded (the new stream never sent it); if such a request
+// also changes the subscription, it is forwarded with the nonce of the
+// newest response of the current stream instead, since control planes ignore
+// requests with unknown nonces.
+//
+// Concurrency: New starts nothing. Run serves until its context ends and
+// waits for every stream's goroutines before returning. Each downstream
+// stream has two goroutines: a reader (requests upstream) and an upstream
+// loop (responses downstream). A per-stream mutex guards the subscription
+// record and the current upstream stream; it is never held while waiting for
+// a response. Ready and the metrics are safe to use from any goroutine.
+package xdsproxy

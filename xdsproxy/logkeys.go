@@ -1,0 +1,14 @@
+package xdsproxy
+
+// Log field keys.
+const (
+	keySocket   = "socket"
+	keyUpstream = "upstream"
+	keyStream   = "stream_id"
+	keyProtocol = "protocol"
+	keyAttempt  = "attempt"
+	keyBackoff  = "backoff"
+	keyCode     = "code"
+	keyBytes    = "bytes"
+	keyRequests = "requests"
+)

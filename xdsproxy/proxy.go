@@ -1,0 +1,237 @@
+package xdsproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/meshagent/meshagent/caclient"
+)
+
+var (
+	// ErrNotReady is wrapped by Ready until an upstream has answered.
+	ErrNotReady = errors.New("xds proxy: no answer from the control plane yet")
+	// ErrSocketInUse is returned by Run when another process answers on the
+	// socket path.
+	ErrSocketInUse = errors.New("xds proxy socket is in use by another process")
+	// ErrNotSocket is returned by Run when something other than a socket is
+	// at the socket path.
+	ErrNotSocket = errors.New("xds proxy socket path holds a file that is not a socket")
+)
+
+// Socket permissions, as pilot-agent sets them: the directory keeps out
+// other users, the socket itself lets the proxy user in.
+const (
+	socketDirMode  = 0o750
+	socketFileMode = 0o666
+	// staleProbeTimeout bounds the dial that tells a live socket from a
+	// stale one.
+	staleProbeTimeout = time.Second
+)
+
+// Protocol names, used as the protocol label and log field.
+const (
+	protoSotw  = "sotw"
+	protoDelta = "delta"
+)
+
+// protocol is one of the two ADS methods.
+type protocol struct {
+	name       string
+	method     string
+	desc       *grpc.StreamDesc
+	newTracker func() tracker
+}
+
+var (
+	sotwProtocol = protocol{
+		name:       protoSotw,
+		method:     discovery.AggregatedDiscoveryService_StreamAggregatedResources_FullMethodName,
+		desc:       &discovery.AggregatedDiscoveryService_ServiceDesc.Streams[0],
+		newTracker: func() tracker { return newSotwTracker() },
+	}
+	deltaProtocol = protocol{
+		name:       protoDelta,
+		method:     discovery.AggregatedDiscoveryService_DeltaAggregatedResources_FullMethodName,
+		desc:       &discovery.AggregatedDiscoveryService_ServiceDesc.Streams[1],
+		newTracker: func() tracker { return newDeltaTracker() },
+	}
+)
+
+// Proxy forwards ADS streams from a Unix socket to the control plane.
+type Proxy struct {
+	cfg      Config
+	upstream caclient.TransportConfig
+	log      *zap.Logger
+	metrics  *metrics
+
+	running  atomic.Bool
+	ready    atomic.Bool
+	lastErr  atomic.Pointer[string]
+	streamID atomic.Uint64
+	// readers tracks the downstream reader goroutines, which may outlive
+	// their handler by a moment; Run waits for them.
+	readers sync.WaitGroup
+}
+
+// New checks cfg and builds a proxy. It starts nothing; Run does.
+func New(cfg Config) (*Proxy, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Upstream.Addr == "" {
+		return nil, errors.New("xds proxy: no discovery address")
+	}
+	log := cfg.Logger.Named("xdsproxy")
+	up := cfg.Upstream
+	if up.Plaintext && up.Token != nil && !caclient.IsLoopback(up.Addr) {
+		log.Warn("plaintext discovery address is not loopback: the bearer token will not be sent",
+			zap.String(keyUpstream, up.Addr))
+		up.Token = nil
+	}
+	up.DialOptions = append([]grpc.DialOption{
+		grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(cfg.MaxMessageSize),
+			grpc.MaxCallSendMsgSize(cfg.MaxMessageSize),
+		),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time:    cfg.KeepaliveTime,
+			Timeout: cfg.KeepaliveTimeout,
+		}),
+		grpc.WithUserAgent("meshagent-xdsproxy"),
+	}, up.DialOptions...)
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Proxy{cfg: cfg, upstream: up, log: log, metrics: m}, nil
+}
+
+// Ready returns nil once an upstream stream has delivered a response, and an
+// error wrapping ErrNotReady (with the last upstream error, if any) before.
+// The proxy dials upstream only for a connected client, so it is not ready
+// before the first client connects.
+func (p *Proxy) Ready() error {
+	if p.ready.Load() {
+		return nil
+	}
+	if last := p.lastErr.Load(); last != nil {
+		return fmt.Errorf("%w: %s", ErrNotReady, *last)
+	}
+	return ErrNotReady
+}
+
+// SocketPath is the path the proxy listens on.
+func (p *Proxy) SocketPath() string { return p.cfg.SocketPath }
+
+// Run serves the socket until ctx ends, then closes every stream, removes the
+// socket and returns nil. It returns an error if the socket cannot be set up
+// or serving fails. A Proxy runs once.
+func (p *Proxy) Run(ctx context.Context) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return errors.New("xds proxy: Run called twice")
+	}
+	path := p.cfg.SocketPath
+	lis, err := listen(path)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(
+		grpc.ForceServerCodecV2(rawCodec{}),
+		grpc.MaxRecvMsgSize(p.cfg.MaxMessageSize),
+		grpc.MaxSendMsgSize(p.cfg.MaxMessageSize),
+		grpc.WaitForHandlers(true),
+	)
+	srv.RegisterService(&grpc.ServiceDesc{
+		ServiceName: discovery.AggregatedDiscoveryService_ServiceDesc.ServiceName,
+		HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{
+			{
+				StreamName:    sotwProtocol.desc.StreamName,
+				Handler:       func(_ any, ss grpc.ServerStream) error { return p.serveStream(ss, sotwProtocol) },
+				ServerStreams: true,
+				ClientStreams: true,
+			},
+			{
+				StreamName:    deltaProtocol.desc.StreamName,
+				Handler:       func(_ any, ss grpc.ServerStream) error { return p.serveStream(ss, deltaProtocol) },
+				ServerStreams: true,
+				ClientStreams: true,
+			},
+		},
+		Metadata: discovery.AggregatedDiscoveryService_ServiceDesc.Metadata,
+	}, p)
+
+	p.log.Info("xds proxy listening", zap.String(keySocket, path), zap.String(keyUpstream, p.upstream.Addr))
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+	}
+	srv.Stop() // closes the listener and every stream; waits for handlers
+	if serveErr == nil {
+		serveErr = <-served
+	}
+	p.readers.Wait()
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		p.log.Warn("removing xds proxy socket failed", zap.String(keySocket, path), zap.Error(err))
+	}
+	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return fmt.Errorf("serving xds proxy socket %s: %w", path, serveErr)
+	}
+	p.log.Info("xds proxy stopped", zap.String(keySocket, path))
+	return nil
+}
+
+// listen makes the socket's directory, clears a stale socket and listens.
+func listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), socketDirMode); err != nil {
+		return nil, fmt.Errorf("creating xds proxy socket directory: %w", err)
+	}
+	if err := removeStale(path); err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listening on xds proxy socket: %w", err)
+	}
+	if err := os.Chmod(path, socketFileMode); err != nil {
+		_ = lis.Close()
+		return nil, fmt.Errorf("setting xds proxy socket mode: %w", err)
+	}
+	return lis, nil
+}
+
+// removeStale removes a socket nobody answers on.
+func removeStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("checking xds proxy socket path: %w", err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%w: %s", ErrNotSocket, path)
+	}
+	if c, err := net.DialTimeout("unix", path, staleProbeTimeout); err == nil {
+		_ = c.Close()
+		return fmt.Errorf("%w: %s", ErrSocketInUse, path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing stale xds proxy socket: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,280 @@
+package xdsproxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/caclient"
+)
+
+// session is one downstream stream and the upstream streams opened for it,
+// one at a time.
+//
+// Two goroutines work on it: the downstream reader (requests: inspect, then
+// forward to the current upstream stream) and the upstream loop (open a
+// stream, restore subscriptions, forward responses downstream; on loss, back
+// off and start again). mu guards the tracker, up and gen, so a request is
+// either covered by the subscriptions re-sent on a new stream or forwarded
+// on it, never lost between the two.
+type session struct {
+	p     *Proxy
+	proto protocol
+	down  grpc.ServerStream
+	log   *zap.Logger
+
+	mu  sync.Mutex
+	tr  tracker
+	up  grpc.ClientStream // current upstream stream; nil between streams
+	gen uint64            // counts upstream streams opened
+}
+
+// serveStream is the handler of both ADS methods.
+func (p *Proxy) serveStream(ds grpc.ServerStream, proto protocol) error {
+	id := p.streamID.Add(1)
+	s := &session{
+		p:     p,
+		proto: proto,
+		down:  ds,
+		tr:    proto.newTracker(),
+		log:   p.log.With(zap.Uint64(keyStream, id), zap.String(keyProtocol, proto.name)),
+	}
+	gauge := p.metrics.streams.WithLabelValues(proto.name)
+	gauge.Inc()
+	defer gauge.Dec()
+	s.log.Debug("downstream stream opened")
+
+	ctx, cancel := context.WithCancel(ds.Context())
+	defer cancel()
+	upDone := make(chan error, 1)
+	go func() { upDone <- s.runUpstream(ctx) }()
+
+	readDone := make(chan error, 1)
+	p.readers.Add(1)
+	go func() {
+		defer p.readers.Done()
+		readDone <- s.readDownstream()
+	}()
+
+	select {
+	case err := <-readDone:
+		// The client closed its side or broke the stream: end the upstream
+		// stream with it.
+		cancel()
+		<-upDone
+		s.log.Debug("downstream stream closed", zap.Error(err))
+		return err
+	case err := <-upDone:
+		// Only a failed send downstream ends the upstream loop early; the
+		// reader then ends with the stream.
+		s.log.Debug("downstream stream lost", zap.Error(err))
+		return err
+	}
+}
+
+// readDownstream forwards requests until the client ends the stream. It
+// returns nil on a clean end, a status error for a bad request.
+func (s *session) readDownstream() error {
+	for {
+		f := &frame{}
+		if err := s.down.RecvMsg(f); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		err := s.forwardRequest(f)
+		f.free()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (s *session) forwardRequest(f *frame) error {
+	raw := f.data.Materialize()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, rewritten, err := s.tr.request(raw, s.gen)
+	if err != nil {
+		s.p.metrics.rejectedRequests.Inc()
+		s.log.Warn("rejected malformed downstream request", zap.Error(err))
+		return status.Errorf(codes.InvalidArgument, "xds proxy: %v", err)
+	}
+	switch v {
+	case drop:
+		s.p.metrics.droppedRequests.Inc()
+		s.log.Debug("dropped a request that answers a lost upstream stream")
+		return nil
+	case rewrite:
+		s.p.metrics.rewrittenRequests.Inc()
+		f = bytesFrame(rewritten)
+	}
+	if s.up == nil {
+		// No upstream stream now: the next one gets this subscription from
+		// the tracker.
+		return nil
+	}
+	if err := s.up.SendMsg(f); err != nil {
+		// The stream is broken; the upstream loop sees why and reconnects,
+		// re-sending the subscriptions this request is now part of.
+		s.log.Debug("forwarding request upstream failed", zap.Error(err))
+		return nil
+	}
+	n := f.data.Len()
+	s.p.metrics.messages.WithLabelValues(toUpstream).Inc()
+	s.p.metrics.bytes.WithLabelValues(toUpstream).Add(float64(n))
+	return nil
+}
+
+// errDownstream wraps a failure to send to the client, which ends the session.
+type errDownstream struct{ err error }
+
+func (e *errDownstream) Error() string { return "sending downstream: " + e.err.Error() }
+func (e *errDownstream) Unwrap() error { return e.err }
+
+// runUpstream keeps an upstream stream going until ctx ends. It returns nil
+// when ctx ends and an error only when the client can no longer be sent to.
+func (s *session) runUpstream(ctx context.Context) error {
+	failures := 0
+	for attempt := 0; ; attempt++ {
+		answered, err := s.upstreamOnce(ctx, attempt)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var de *errDownstream
+		if errors.As(err, &de) {
+			return err
+		}
+		code := status.Code(err)
+		if err != nil && code != codes.OK {
+			s.p.metrics.failures.WithLabelValues(code.String()).Inc()
+			msg := err.Error()
+			s.p.lastErr.Store(&msg)
+		}
+		if answered {
+			failures = 0
+		}
+		delay := backoffDelay(failures, s.p.cfg.InitialBackoff, s.p.cfg.MaxBackoff, s.p.cfg.Rand())
+		failures++
+		s.log.Info("upstream stream ended, reconnecting",
+			zap.Int(keyAttempt, attempt+1), zap.Duration(keyBackoff, delay),
+			zap.String(keyCode, code.String()), zap.Error(err))
+		t := s.p.cfg.Clock.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C():
+		}
+	}
+}
+
+// upstreamOnce opens one upstream stream, restores the subscriptions and
+// forwards responses until the stream ends. answered says whether the
+// upstream sent anything.
+func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool, err error) {
+	conn, err := s.dialUpstream()
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	us, err := conn.NewStream(actx, s.proto.desc, s.proto.method, grpc.ForceCodecV2(rawCodec{}))
+	if err != nil {
+		return false, err
+	}
+	s.p.metrics.connects.Inc()
+	if attempt > 0 {
+		s.p.metrics.reconnects.Inc()
+	}
+
+	if err := s.attach(us); err != nil {
+		return false, err
+	}
+	defer func() {
+		// Cancel first: a request being forwarded may hold mu while blocked
+		// sending on this stream.
+		cancel()
+		s.mu.Lock()
+		if s.up == us {
+			s.up = nil
+		}
+		s.mu.Unlock()
+	}()
+
+	for {
+		f := &frame{}
+		if err := us.RecvMsg(f); err != nil {
+			if errors.Is(err, io.EOF) {
+				return answered, nil // the control plane ended the stream cleanly
+			}
+			return answered, err
+		}
+		answered = true
+		if !s.p.ready.Load() {
+			s.p.ready.Store(true)
+			s.log.Info("control plane answered", zap.String(keyUpstream, s.p.upstream.Addr))
+		}
+		n := f.data.Len()
+		s.mu.Lock()
+		err := s.tr.response(f.data, s.gen)
+		s.mu.Unlock()
+		if err != nil {
+			f.free()
+			s.log.Warn("dropped malformed upstream response; reconnecting", zap.Int(keyBytes, n), zap.Error(err))
+			return answered, status.Errorf(codes.Internal, "malformed upstream response: %v", err)
+		}
+		err = s.down.SendMsg(f)
+		f.free()
+		if err != nil {
+			return answered, &errDownstream{err}
+		}
+		s.p.metrics.messages.WithLabelValues(toDownstream).Inc()
+		s.p.metrics.bytes.WithLabelValues(toDownstream).Add(float64(n))
+	}
+}
+
+// attach re-sends the subscriptions on a new upstream stream and makes it
+// the one requests are forwarded to.
+func (s *session) attach(us grpc.ClientStream) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gen++
+	reqs, err := s.tr.resubscribe()
+	if err != nil {
+		return status.Errorf(codes.Internal, "restoring subscriptions: %v", err)
+	}
+	for _, b := range reqs {
+		if err := us.SendMsg(bytesFrame(b)); err != nil {
+			// Broken already; RecvMsg will say why.
+			break
+		}
+		s.p.metrics.messages.WithLabelValues(toUpstream).Inc()
+		s.p.metrics.bytes.WithLabelValues(toUpstream).Add(float64(len(b)))
+	}
+	if len(reqs) > 0 {
+		s.log.Info("restored subscriptions on a new upstream stream", zap.Int(keyRequests, len(reqs)))
+	}
+	s.up = us
+	return nil
+}
+
+// dialUpstream builds a connection for one upstream attempt. A fresh
+// connection per attempt keeps the reconnect timing in the proxy's hands
+// (gRPC's own reconnect backoff would otherwise stack on top of it) and makes
+// every attempt do a new TLS handshake against the current roots.
+func (s *session) dialUpstream() (*grpc.ClientConn, error) {
+	conn, err := caclient.Dial(s.p.upstream)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	return conn, nil
+}
