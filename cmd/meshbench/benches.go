@@ -278,7 +278,7 @@ func (b *bench) xdsForward(ctx context.Context, a *agentProc) (xdsResult, error)
 		if err != nil {
 			return res, fmt.Errorf("run %d: %w", i+1, err)
 		}
-		b.log("100 MB response: direct %v, through the proxy %v, proxy peak RSS %.1f MB", dd, pd, peak)
+		b.log("%d MB response: direct %v, through the proxy %v, proxy peak RSS %.1f MB", b.opts.xdsBytes/1_000_000, dd, pd, peak)
 		res.directMs = append(res.directMs, ms(dd))
 		res.proxyMs = append(res.proxyMs, ms(pd))
 		res.ratio = append(res.ratio, float64(pd)/float64(dd))
