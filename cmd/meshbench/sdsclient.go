@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"net"
@@ -149,7 +148,7 @@ type streamSet struct {
 func openStreams(ctx context.Context, path string, conns, perConn int) (*streamSet, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	s := &streamSet{total: conns * perConn, cancel: cancel, byKey: map[uint64]*certArrivals{}, changed: make(chan struct{})}
-	for range conns {
+	for c := range conns {
 		conn, err := dialUnix(path, 4<<20)
 		if err != nil {
 			s.Close()
@@ -157,11 +156,11 @@ func openStreams(ctx context.Context, path string, conns, perConn int) (*streamS
 		}
 		s.conns = append(s.conns, conn)
 		client := secretv3.NewSecretDiscoveryServiceClient(conn)
-		for range perConn {
+		for i := range perConn {
 			stream, err := client.StreamSecrets(ctx)
 			if err != nil {
 				s.Close()
-				return nil, fmt.Errorf("opening SDS stream %d: %w", len(s.conns)*perConn, err)
+				return nil, fmt.Errorf("opening SDS stream %d: %w", c*perConn+i+1, err)
 			}
 			s.wg.Add(1)
 			go s.run(stream)
@@ -270,14 +269,4 @@ func (s *streamSet) Close() {
 	}
 	s.conns = nil
 	s.wg.Wait()
-}
-
-// Err is the first stream failure, if any, ignoring those caused by Close.
-func (s *streamSet) Err() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if errors.Is(s.err, context.Canceled) {
-		return nil
-	}
-	return s.err
 }

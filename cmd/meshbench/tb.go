@@ -8,15 +8,14 @@ import (
 
 // fixtureTB lets the test servers (test/istioca, test/xdsserver), which take a
 // testing.TB, run inside this program. Only the methods those helpers call
-// are implemented: Helper, Cleanup, Fatal, Fatalf, Logf, Errorf and Name.
-// Fatal and Fatalf panic with a fixtureError, which run recovers into an
+// are implemented: Helper, Cleanup, Fatal, Fatalf, Logf and Name.
+// Fatal and Fatalf panic with a fixtureError, which catchFixture turns into an
 // error; Close runs the cleanups in reverse order.
 type fixtureTB struct {
 	testing.TB // nil: any other method panics, so a new use is noticed at once
 
 	mu       sync.Mutex
 	cleanups []func()
-	errs     []string
 }
 
 // fixtureError is the panic value of fixtureTB.Fatal and Fatalf.
@@ -37,12 +36,6 @@ func (t *fixtureTB) Fatal(args ...any) { panic(fixtureError{fmt.Sprint(args...)}
 
 func (t *fixtureTB) Fatalf(format string, args ...any) {
 	panic(fixtureError{fmt.Sprintf(format, args...)})
-}
-
-func (t *fixtureTB) Errorf(format string, args ...any) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.errs = append(t.errs, fmt.Sprintf(format, args...))
 }
 
 func (t *fixtureTB) Logf(string, ...any) {}
