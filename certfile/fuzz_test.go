@@ -2,7 +2,6 @@ package certfile
 
 import (
 	"bytes"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,7 +9,15 @@ import (
 	"github.com/meshagent/meshagent/pki"
 )
 
-func pairSeeds(f *testing.F) {
+// The fuzz targets drive the parsers behind LoadPair, LoadBundle and
+// LoadSystemBundle with arbitrary file contents; the loaders add only the
+// file reads (tested in pair_test.go and system_test.go), and keeping the
+// disk out of the loop lets the fuzzer run thousands of times faster.
+
+// Whatever the files hold, a pair is a matching, unexpired chain and key or
+// an error with a reason, never a panic; a loaded pair's normalised form
+// parses again to the same pair.
+func FuzzParsePair(f *testing.F) {
 	ca := newCA(f)
 	a := issue(f, ca, localca.Leaf{TTL: time.Hour})
 	b := issue(f, ca, localca.Leaf{TTL: time.Hour})
@@ -22,20 +29,9 @@ func pairSeeds(f *testing.F) {
 	f.Add(a.keyPEM, a.chainPEM)
 	f.Add([]byte{}, []byte{})
 	f.Add([]byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"), []byte("-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n"))
-}
-
-// Whatever the files hold, loading returns a matching, unexpired pair or an
-// error; it never panics. A loaded pair's normalised form loads again to the
-// same pair.
-func FuzzLoadPair(f *testing.F) {
-	pairSeeds(f)
 	now := time.Now()
 	f.Fuzz(func(t *testing.T, chain, key []byte) {
-		dir := t.TempDir()
-		cert, keyPath := filepath.Join(dir, "cert-chain.pem"), filepath.Join(dir, "key.pem")
-		writeFile(t, cert, chain)
-		writeFile(t, keyPath, key)
-		p, err := LoadPair(cert, keyPath, now)
+		p, err := ParsePair(chain, key, now)
 		if err != nil {
 			if Reason(err) == "" {
 				t.Fatal("error without a reason")
@@ -50,12 +46,15 @@ func FuzzLoadPair(f *testing.F) {
 		}
 		again, err := ParsePair(p.ChainPEM, p.KeyPEM, now)
 		if err != nil || !again.Equal(p) {
-			t.Fatalf("normalised pair does not load again: %v", err)
+			t.Fatalf("normalised pair does not parse again: %v", err)
 		}
 	})
 }
 
-func FuzzLoadBundle(f *testing.F) {
+// Root bundles: the strict parser (user files) and the lenient one (system
+// bundles) never panic, never return an empty bundle, and agree whenever
+// the strict one accepts.
+func FuzzParseBundle(f *testing.F) {
 	a, b := newCA(f), newCA(f)
 	both := append(a.RootPEM(), b.RootPEM()...)
 	f.Add(both)
@@ -64,9 +63,7 @@ func FuzzLoadBundle(f *testing.F) {
 	f.Add([]byte("# comment\n" + string(a.RootPEM()) + "trailing"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		p := filepath.Join(t.TempDir(), "root-cert.pem")
-		writeFile(t, p, data)
-		strict, err := LoadBundle(p)
+		strict, err := ParseBundle(data)
 		if err == nil {
 			if len(strict.Certs) == 0 {
 				t.Fatal("empty bundle loaded")
@@ -76,13 +73,12 @@ func FuzzLoadBundle(f *testing.F) {
 				t.Fatalf("normalised bundle does not parse again: %v", err)
 			}
 		}
-		lenient, lerr := LoadSystemBundle(p)
+		lenient, lerr := parseLenient(data)
 		if lerr == nil && len(lenient.Certs) == 0 {
 			t.Fatal("empty system bundle loaded")
 		}
-		// Whatever the strict loader accepts, the lenient one accepts too.
 		if err == nil && (lerr != nil || !lenient.Equal(strict)) {
-			t.Fatalf("strict and lenient loaders disagree: %v", lerr)
+			t.Fatalf("strict and lenient parsers disagree: %v", lerr)
 		}
 	})
 }

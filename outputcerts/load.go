@@ -44,16 +44,25 @@ func Load(dir string, id pki.Identity, now time.Time) (*certfile.Pair, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading output certificates: %w", err)
 	}
+	if err := check(p, id, now); err != nil {
+		return nil, fmt.Errorf("loading output certificates: %w", err)
+	}
+	return p, nil
+}
+
+// check adds to certfile's checks (parse, match, not expired) the ones a
+// restart needs: valid now and for exactly id.
+func check(p *certfile.Pair, id pki.Identity, now time.Time) error {
 	leaf := p.Leaf()
 	if now.Before(leaf.NotBefore) {
-		return nil, fmt.Errorf("loading output certificates: %w: not valid before %s", pki.ErrNotValidNow, leaf.NotBefore.UTC().Format(time.RFC3339))
+		return fmt.Errorf("%w: not valid before %s", pki.ErrNotValidNow, leaf.NotBefore.UTC().Format(time.RFC3339))
 	}
 	got, err := pki.IdentityOf(leaf)
 	if err != nil {
-		return nil, fmt.Errorf("loading output certificates: %w", err)
+		return err
 	}
 	if got != id {
-		return nil, fmt.Errorf("loading output certificates: %w: found %s, want %s", pki.ErrIdentityMismatch, got, id)
+		return fmt.Errorf("%w: found %s, want %s", pki.ErrIdentityMismatch, got, id)
 	}
-	return p, nil
+	return nil
 }
