@@ -112,11 +112,11 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	cfg := Config{
 		SocketPath: filepath.Join(t.TempDir(), "etc", "istio", "proxy", "XDS"),
 		Upstream: caclient.TransportConfig{
-			Addr:              up.Addr(),
-			ServerName:        testSAN,
-			Roots:             caclient.StaticRoots{Pool: ca.Pool()},
-			Token:             r.tokens,
-			Metadata:          map[string]string{"ClusterID": testClusterID, "X-Mesh-Header": "from-env"},
+			Addr:       up.Addr(),
+			ServerName: testSAN,
+			Roots:      caclient.StaticRoots{Pool: ca.Pool()},
+			Token:      r.tokens,
+			Metadata:   map[string]string{"ClusterID": testClusterID, "X-Mesh-Header": "from-env"},
 		},
 		MaxMessageSize: testMaxMsg,
 		InitialBackoff: 5 * time.Millisecond,

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,6 +37,9 @@ const (
 	// staleProbeTimeout bounds the dial that tells a live socket from a
 	// stale one.
 	staleProbeTimeout = time.Second
+	// downstreamPingMinTime is the shortest ping interval tolerated from a
+	// client before gRPC closes its connection for pinging too often.
+	downstreamPingMinTime = 5 * time.Second
 )
 
 // Protocol names, used as the protocol label and log field.
@@ -80,9 +82,6 @@ type Proxy struct {
 	ready    atomic.Bool
 	lastErr  atomic.Pointer[string]
 	streamID atomic.Uint64
-	// readers tracks the downstream reader goroutines, which may outlive
-	// their handler by a moment; Run waits for them.
-	readers sync.WaitGroup
 }
 
 // New checks cfg and builds a proxy. It starts nothing; Run does.
@@ -150,6 +149,11 @@ func (p *Proxy) Run(ctx context.Context) error {
 		grpc.MaxRecvMsgSize(p.cfg.MaxMessageSize),
 		grpc.MaxSendMsgSize(p.cfg.MaxMessageSize),
 		grpc.WaitForHandlers(true),
+		// Let a local client ping as often as Envoy's keepalive might.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             downstreamPingMinTime,
+			PermitWithoutStream: true,
+		}),
 	)
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: discovery.AggregatedDiscoveryService_ServiceDesc.ServiceName,
@@ -180,11 +184,10 @@ func (p *Proxy) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case serveErr = <-served:
 	}
-	srv.Stop() // closes the listener and every stream; waits for handlers
+	srv.Stop() // closes the listener and every stream; waits for the handlers
 	if serveErr == nil {
 		serveErr = <-served
 	}
-	p.readers.Wait()
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		p.log.Warn("removing xds proxy socket failed", zap.String(keySocket, path), zap.Error(err))
 	}

@@ -54,14 +54,11 @@ func (p *Proxy) serveStream(ds grpc.ServerStream, proto protocol) error {
 	defer cancel()
 	upDone := make(chan error, 1)
 	go func() { upDone <- s.runUpstream(ctx) }()
-
 	readDone := make(chan error, 1)
-	p.readers.Add(1)
-	go func() {
-		defer p.readers.Done()
-		readDone <- s.readDownstream()
-	}()
+	go func() { readDone <- s.readDownstream() }()
 
+	// The handler returns only after both goroutines, so neither touches
+	// the stream once gRPC has finished it.
 	select {
 	case err := <-readDone:
 		// The client closed its side or broke the stream: end the upstream
@@ -71,8 +68,9 @@ func (p *Proxy) serveStream(ds grpc.ServerStream, proto protocol) error {
 		s.log.Debug("downstream stream closed", zap.Error(err))
 		return err
 	case err := <-upDone:
-		// Only a failed send downstream ends the upstream loop early; the
-		// reader then ends with the stream.
+		// Only a failed send downstream ends the upstream loop first, and
+		// that means the stream is gone: the reader ends with it.
+		<-readDone
 		s.log.Debug("downstream stream lost", zap.Error(err))
 		return err
 	}

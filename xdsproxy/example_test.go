@@ -1,0 +1,44 @@
+package xdsproxy_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"log"
+
+	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/xdsproxy"
+)
+
+// How the agent wires the proxy: the xDS root, the token file and the
+// workload certificate are shared with the rest of the agent and read
+// afresh at every upstream connection.
+func ExampleNew() {
+	xdsRoots := caclient.NewSwappableRoots(x509.NewCertPool()) // updated by the root watcher
+	workloadCert := func() (*tls.Certificate, error) {
+		return nil, nil // the secret manager's current certificate
+	}
+	p, err := xdsproxy.New(xdsproxy.Config{
+		SocketPath: xdsproxy.DefaultSocketPath,
+		Upstream: caclient.TransportConfig{
+			Addr:              "istiod.istio-system.svc:15012",
+			ServerName:        "istiod.istio-system.svc",
+			Roots:             xdsRoots,
+			Token:             credfetcher.File{Path: "./var/run/secrets/tokens/istio-token"},
+			Metadata:          map[string]string{"ClusterID": "Kubernetes"},
+			ClientCertificate: workloadCert,
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		if err := p.Run(ctx); err != nil {
+			log.Print(err)
+		}
+	}()
+	_ = p.Ready() // consulted by /healthz/ready
+}
