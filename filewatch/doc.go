@@ -18,5 +18,7 @@
 // starts no goroutines, and is run once by Run, which owns the fsnotify
 // watcher and the debounce timer and releases both before it returns. The
 // Changes channel is the only state shared with other goroutines; it holds at
-// most one pending signal, so signals merge while the consumer is busy.
+// most one pending signal, so signals merge while the consumer is busy. Run
+// sends one signal as soon as its watches are in place, so a consumer that
+// loads on every signal needs no separate first load.
 package filewatch
