@@ -7,7 +7,8 @@
 // Source adds watching: it holds the last good value, re-loads when
 // filewatch reports a change, and publishes a new value only when the load
 // succeeds and differs from the one it holds. A failed load is logged with
-// its reason and counted; the last good value stays.
+// its reason and counted; the last good value stays, even once it has
+// expired (callers that care check the leaf's NotAfter).
 //
 // It does not decide which files to load (cmd/agent and secretmanager do),
 // and it does not check a chain against trust roots or a requested identity:
