@@ -66,6 +66,10 @@ type TransportConfig struct {
 	ClientCertificate func() (*tls.Certificate, error)
 	// Token, when set, is sent as "authorization: Bearer <token>".
 	Token credfetcher.Fetcher
+	// TokenOptional lets a call go out without a token when the fetcher has
+	// none (credfetcher.ErrNoToken): the VM flow, where the client certificate
+	// from PROV_CERT authenticates the caller.
+	TokenOptional bool
 	// Metadata is sent with every call (ClusterID, CA_HEADER_*, XDS_HEADER_*).
 	Metadata map[string]string
 	// DialOptions are appended to the options Dial builds.
@@ -152,6 +156,7 @@ func Dial(cfg TransportConfig) (*grpc.ClientConn, error) {
 	if cfg.Token != nil || len(cfg.Metadata) > 0 {
 		opts = append(opts, grpc.WithPerRPCCredentials(&callCreds{
 			token:    cfg.Token,
+			optional: cfg.TokenOptional,
 			md:       cfg.Metadata,
 			loopback: IsLoopback(cfg.Addr),
 		}))
@@ -193,6 +198,7 @@ func IsLoopback(addr string) bool {
 // is not on loopback.
 type callCreds struct {
 	token    credfetcher.Fetcher
+	optional bool
 	md       map[string]string
 	loopback bool
 }
@@ -210,6 +216,9 @@ func (c *callCreds) GetRequestMetadata(ctx context.Context, _ ...string) (map[st
 		return nil, ErrUnverifiedPeer
 	}
 	tok, err := c.token.Token(ctx)
+	if errors.Is(err, credfetcher.ErrNoToken) && c.optional {
+		return out, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fetching token: %w", err)
 	}

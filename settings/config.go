@@ -112,6 +112,8 @@ type Config struct {
 	LogLevel string
 	// Dev runs an in-process CA with a fresh in-memory root (MESHAGENT_DEV).
 	Dev bool
+	// XDSProxy runs the xDS proxy (MESHAGENT_XDS_PROXY; default true, false in dev mode).
+	XDSProxy bool
 
 	proxyStatusPort int // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row

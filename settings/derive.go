@@ -45,6 +45,14 @@ func (r *resolution) derive(in Input) error {
 		}
 	}
 
+	// MESHAGENT_XDS_PROXY: on, except in dev mode (there is no control plane).
+	if !r.isSet("MESHAGENT_XDS_PROXY") {
+		c.XDSProxy = !c.Dev
+		if c.Dev {
+			r.notes["MESHAGENT_XDS_PROXY"] = "off in dev mode"
+		}
+	}
+
 	// CA_ADDR: the discovery address; Linkerd's identity service for Linkerd.
 	if !r.isSet("CA_ADDR") {
 		if c.CAProvider == ProviderLinkerd {

@@ -215,6 +215,11 @@ var Registry = []Setting{
 		Doc:   "Development mode: an in-process CA with a fresh in-memory root issues the workload certificate. Not for production.",
 		Value: Bool(func(c *Config) *bool { return &c.Dev }),
 	},
+	{
+		Name: "MESHAGENT_XDS_PROXY", Flag: "xds-proxy", DerivedDefault: "true, except in dev mode", Group: GroupMeshagent,
+		Doc:   "Run the xDS proxy: Envoy's (or proxyless gRPC's) ADS stream on the xDS socket is forwarded to the discovery address.",
+		Value: Bool(func(c *Config) *bool { return &c.XDSProxy }),
+	},
 
 	// Paths (SPEC 2), relative to the working directory as in pilot-agent.
 	{

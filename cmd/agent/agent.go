@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/logging"
 	"github.com/meshagent/meshagent/settings"
 	"github.com/meshagent/meshagent/status"
@@ -40,6 +39,7 @@ type agent struct {
 	reg    *prometheus.Registry
 	status *status.Server
 	mode   ModeDecision
+	served *served
 }
 
 // errSourceUnavailable: the chosen certificate source is not built into this
@@ -65,7 +65,7 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 		removeStaleSocket(log, cfg.SDSSocket)
 	}
 
-	a := &agent{cfg: cfg, log: log, base: base, reg: newRegistry(mode), mode: mode}
+	a := &agent{cfg: cfg, log: log, base: base, reg: newRegistry(mode), mode: mode, served: newServed()}
 	a.status = status.New(status.Config{Addr: cfg.StatusAddr(), Gatherer: a.reg, Logger: base, OnListen: h.statusListening})
 
 	components, err := a.buildComponents()
@@ -99,9 +99,11 @@ func (a *agent) buildComponents() ([]component, error) {
 	}
 	cs = append(cs, source...)
 
-	// Next to come, each appended here: the SDS server (unless external),
-	// the xDS proxy (unless disabled), the OUTPUT_CERTS writer and the gRPC
-	// bootstrap writer.
+	serving, err := a.servingComponents()
+	if err != nil {
+		return nil, err
+	}
+	cs = append(cs, serving...)
 
 	cs = append(cs, component{name: "status", run: a.status.Run})
 	return cs, nil
@@ -117,46 +119,13 @@ func (a *agent) certificateSource() ([]component, error) {
 		a.status.AddReadiness("certificate_source", func() error { return nil })
 		return nil, nil
 	case ModeCA:
-		if _, err := a.cfg.Identity(); err != nil {
-			return nil, configError{err}
-		}
+		return a.caSource()
+	case ModeWorkloadCredentials:
+		return a.fileSource(a.cfg.WorkloadCredentialsDir, "workload-credentials")
+	case ModeFileMounted:
+		return a.fileSource(a.cfg.FileMountedCertsDir, "file-mounted")
 	}
 	return nil, fmt.Errorf("%w: %s (%s)", errSourceUnavailable, a.mode.Mode, a.mode.Reason)
-}
-
-// devSource makes the in-memory development CA (SPEC 5.5).
-func (a *agent) devSource() ([]component, error) {
-	id, err := a.cfg.Identity()
-	if err != nil {
-		return nil, configError{err}
-	}
-	ca, err := localca.New(localca.Config{Name: "meshagent dev CA", Intermediate: true})
-	if err != nil {
-		return nil, fmt.Errorf("creating the dev CA: %w", err)
-	}
-	a.log.Warn("dev mode: certificates come from an in-memory CA with a fresh root; not for production",
-		zap.String(keyIdentity, id.String()), zap.String(keyRoot, ca.Root().SerialNumber.Text(16)))
-	a.status.AddCertLister(rootLister{name: "ROOTCA", source: "dev-ca", root: ca})
-	a.status.AddReadiness("certificate_source", func() error { return nil })
-	return nil, nil
-}
-
-// rootLister shows a CA root in /debug/certs.
-type rootLister struct {
-	name, source string
-	root         *localca.CA
-}
-
-func (l rootLister) Certs() []status.CertInfo {
-	r := l.root.Root()
-	return []status.CertInfo{{
-		ResourceName: l.name,
-		Identity:     r.Subject.CommonName,
-		Serial:       r.SerialNumber.Text(16),
-		NotBefore:    r.NotBefore,
-		NotAfter:     r.NotAfter,
-		Source:       l.source,
-	}}
 }
 
 // runComponents runs every component until the first one returns. A failure

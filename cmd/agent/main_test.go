@@ -255,11 +255,11 @@ func TestRunFailsWhenStatusPortIsTaken(t *testing.T) {
 	}
 }
 
-func TestRunCAModeIsNotAvailableYet(t *testing.T) {
+func TestRunCAModeNeedsTheCARoot(t *testing.T) {
 	t.Chdir(t.TempDir())
 	var stderr bytes.Buffer
 	code := run(context.Background(), []string{"run"}, []string{"POD_NAMESPACE=a", "SERVICE_ACCOUNT=b", "STATUS_PORT=0"}, io.Discard, &stderr)
-	if code != exitFailure || !strings.Contains(stderr.String(), "certificate source not available in this build: ca") {
+	if code != exitFailure || !strings.Contains(stderr.String(), "ca_root ./var/run/secrets/istio/root-cert.pem") {
 		t.Errorf("exit %d; log:\n%s", code, stderr.String())
 	}
 }

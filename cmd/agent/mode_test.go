@@ -156,8 +156,17 @@ func TestRunRemovesStaleSocket(t *testing.T) {
 	sock := filepath.Join(dir, "uds", "socket")
 	staleSocket(t, sock)
 	base, wait, log := startAgent(t, context.Background(), []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_SDS_SOCKET=" + sock}, "--dev")
-	if _, err := os.Lstat(sock); err == nil {
-		t.Error("stale socket still there while running")
+	ready := 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if ready, _ = httpGet(t, base+"/healthz/ready"); ready == 200 {
+			break
+		}
+	}
+	if ready != 200 {
+		t.Errorf("ready %d: the dev agent should hold a certificate", ready)
+	}
+	if st, err := os.Lstat(sock); err != nil || st.Mode().Type() != os.ModeSocket {
+		t.Errorf("the agent does not serve SDS where the stale socket was: %v", err)
 	}
 	if !strings.Contains(log.String(), "removed stale SDS socket") {
 		t.Errorf("no log line for the removal:\n%s", log)
@@ -173,7 +182,7 @@ func TestRunLeavesExternalSocket(t *testing.T) {
 	t.Chdir(dir)
 	sock := filepath.Join(dir, "uds", "socket")
 	serveGRPC(t, sock)
-	base, wait, log := startAgent(t, context.Background(), []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_SDS_SOCKET=" + sock})
+	base, wait, log := startAgent(t, context.Background(), []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_SDS_SOCKET=" + sock, "MESHAGENT_XDS_PROXY=false"})
 	if code, _ := httpGet(t, base+"/healthz/ready"); code != 200 {
 		t.Errorf("ready %d", code)
 	}
