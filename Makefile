@@ -31,9 +31,10 @@ fmt-check:
 	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './.run/*' -not -path './.tools/*')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-## bench: run every benchmark once
-bench:
-	$(GO) test -run '^$$' -bench . -benchtime=1x ./...
+## bench: the figures of docs/performance.md against the real binary, then the Go benchmarks once
+bench: build
+	$(GO) run ./cmd/meshbench -agent $(abspath $(BIN))
+	$(GO) test -run '^$$' -bench . -benchtime=1x ./xdsproxy ./sds ./secretmanager
 
 ## docs: regenerate docs/configuration.md from the settings registry
 docs:

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -75,6 +76,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.agentArgs = strings.Fields(*agentArgs)
+	// Agents run in their own working directories: a relative path would
+	// name nothing there.
+	if abs, err := filepath.Abs(o.agent); err == nil {
+		o.agent = abs
+	}
 	o.only = map[string]bool{}
 	for _, g := range strings.Split(*only, ",") {
 		g = strings.TrimSpace(g)
