@@ -679,11 +679,13 @@ func (m *Manager) expired(h *held) error {
 	return nil
 }
 
-// CertInfo describes one held certificate for /debug/certs.
+// CertInfo describes one held certificate for /debug/certs. Its fields are
+// those of status.CertInfo, so one converts to the other.
 type CertInfo struct {
-	Name      string    `json:"name"`
-	Identity  string    `json:"identity,omitempty"`
-	Subject   string    `json:"subject,omitempty"`
+	// ResourceName is the SDS resource name.
+	ResourceName string `json:"resource_name"`
+	// Identity is the workload identity, or a root's common name.
+	Identity  string    `json:"identity"`
 	Serial    string    `json:"serial"`
 	NotBefore time.Time `json:"not_before"`
 	NotAfter  time.Time `json:"not_after"`
@@ -701,24 +703,24 @@ func (m *Manager) Certs() []CertInfo {
 	if h != nil {
 		leaf := h.chain[0]
 		out = append(out, CertInfo{
-			Name:      WorkloadCertName,
-			Identity:  h.secret.Identity.String(),
-			Serial:    leaf.SerialNumber.Text(16),
-			NotBefore: leaf.NotBefore.UTC(),
-			NotAfter:  leaf.NotAfter.UTC(),
-			RenewAt:   h.secret.RenewAt.UTC(),
-			Source:    h.secret.Source,
+			ResourceName: WorkloadCertName,
+			Identity:     h.secret.Identity.String(),
+			Serial:       leaf.SerialNumber.Text(16),
+			NotBefore:    leaf.NotBefore.UTC(),
+			NotAfter:     leaf.NotAfter.UTC(),
+			RenewAt:      h.secret.RenewAt.UTC(),
+			Source:       h.secret.Source,
 		})
 	}
 	roots := make([]CertInfo, 0, len(b.Certs))
 	for _, c := range b.Certs {
 		roots = append(roots, CertInfo{
-			Name:      RootCertName,
-			Subject:   c.Subject.String(),
-			Serial:    c.SerialNumber.Text(16),
-			NotBefore: c.NotBefore.UTC(),
-			NotAfter:  c.NotAfter.UTC(),
-			Source:    b.Source,
+			ResourceName: RootCertName,
+			Identity:     c.Subject.CommonName,
+			Serial:       c.SerialNumber.Text(16),
+			NotBefore:    c.NotBefore.UTC(),
+			NotAfter:     c.NotAfter.UTC(),
+			Source:       b.Source,
 		})
 	}
 	sort.SliceStable(roots, func(i, j int) bool { return roots[i].NotAfter.Before(roots[j].NotAfter) })

@@ -321,8 +321,8 @@ func TestFirstCertificateAndRoots(t *testing.T) {
 		t.Errorf("expiry gauge = %v, want %d", got, s.NotAfter.Unix())
 	}
 	certs := e.m.Certs()
-	if len(certs) != 2 || certs[0].Name != WorkloadCertName || certs[0].Identity != testID.String() ||
-		certs[0].Serial != s.Leaf.SerialNumber.Text(16) || !certs[0].RenewAt.Equal(s.RenewAt) || certs[1].Name != RootCertName {
+	if len(certs) != 2 || certs[0].ResourceName != WorkloadCertName || certs[0].Identity != testID.String() ||
+		certs[0].Serial != s.Leaf.SerialNumber.Text(16) || !certs[0].RenewAt.Equal(s.RenewAt) || certs[1].ResourceName != RootCertName {
 		t.Errorf("Certs() = %+v", certs)
 	}
 }

@@ -1,0 +1,60 @@
+package secretmanager_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/meshagent/meshagent/caclient/devca"
+	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/status"
+)
+
+// The manager of `meshagent run --dev`: an in-process CA, its root as the
+// trust bundle, and a subscriber that learns of every new certificate.
+func Example() {
+	ca, err := devca.New(devca.Config{})
+	if err != nil {
+		panic(err)
+	}
+	roots, err := secretmanager.NewRoots(ca.CA().RootPEM(), "dev-ca")
+	if err != nil {
+		panic(err)
+	}
+	m, err := secretmanager.New(secretmanager.Config{
+		Identity: pki.SPIFFEIdentity("cluster.local", "default", "sleep"),
+		CA:       ca,
+		Roots:    roots,
+		Source:   "dev-ca",
+	})
+	if err != nil {
+		panic(err)
+	}
+	// Subscribe before Run, so no publication is missed.
+	changed, stop := m.Watch(secretmanager.WorkloadCertName)
+	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- m.Run(ctx) }()
+
+	wait, cancelWait := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelWait()
+	s, err := m.Secret(wait, secretmanager.WorkloadCertName)
+	if err != nil {
+		panic(err)
+	}
+	<-changed // the first publication was signalled too
+	fmt.Println(s.Identity, s.Source, m.Ready() == nil)
+
+	// /debug/certs: the manager's CertInfo converts to the status server's.
+	for _, c := range m.Certs() {
+		fmt.Println(status.CertInfo(c).ResourceName)
+	}
+	cancel()
+	<-done
+	// Output:
+	// spiffe://cluster.local/ns/default/sa/sleep dev-ca true
+	// default
+	// ROOTCA
+}
