@@ -73,3 +73,28 @@ func BenchmarkFirstSecret(b *testing.B) {
 	sort.Slice(samples, func(i, j int) bool { return samples[i] < samples[j] })
 	b.ReportMetric(float64(samples[len(samples)/2].Microseconds())/1000, "p50-ms")
 }
+
+// BenchmarkRotationFanOut1000 measures one rotation reaching 1,000 open
+// StreamSecrets streams (spread over 10 connections): from the clock step
+// that triggers the renewal to the last stream holding the new certificate.
+func BenchmarkRotationFanOut1000(b *testing.B) {
+	const streams, conns = 1000, 10
+	f := newFixture(b, fixtureOpts{ttl: 30 * time.Second})
+	var all []*sdsclient.Stream
+	for range conns {
+		c := f.dial()
+		for range streams / conns {
+			s := f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}})
+			all = append(all, s)
+		}
+	}
+	for _, s := range all {
+		next(b, s)
+	}
+	for b.Loop() {
+		f.step(15 * time.Second)
+		for _, s := range all {
+			next(b, s)
+		}
+	}
+}
