@@ -31,10 +31,15 @@
 // newest response of the current stream instead, since control planes ignore
 // requests with unknown nonces.
 //
-// Concurrency: New starts nothing. Run serves until its context ends and
-// waits for every stream's goroutines before returning. Each downstream
-// stream has two goroutines: a reader (requests upstream) and an upstream
-// loop (responses downstream). A per-stream mutex guards the subscription
-// record and the current upstream stream; it is never held while waiting for
-// a response. Ready and the metrics are safe to use from any goroutine.
+// Concurrency: New starts nothing. Run serves until its context ends, and
+// gRPC's server waits for every stream handler, which waits for its
+// goroutines, before Run returns. Each downstream stream has a reader
+// (requests, queued for upstream) and an upstream loop (responses,
+// forwarded downstream); each upstream stream also has a sender draining
+// its request queue, so a control plane that stops reading requests while
+// pushing a large response cannot stall responses (a queue past
+// MaxMessageSize replaces the stream). A per-stream mutex guards the
+// subscription record and the current upstream stream; nothing waits on the
+// network while holding it. Ready and the metrics are safe to use from any
+// goroutine.
 package xdsproxy

@@ -18,11 +18,13 @@ import (
 // one at a time.
 //
 // Two goroutines work on it: the downstream reader (requests: inspect, then
-// forward to the current upstream stream) and the upstream loop (open a
+// queue for the current upstream stream) and the upstream loop (open a
 // stream, restore subscriptions, forward responses downstream; on loss, back
-// off and start again). mu guards the tracker, up and gen, so a request is
-// either covered by the subscriptions re-sent on a new stream or forwarded
-// on it, never lost between the two.
+// off and start again); each upstream stream also has a sender goroutine
+// draining its queue. mu guards the tracker, up and gen, so a request is
+// either covered by the subscriptions re-sent on a new stream or queued
+// after them, never lost between the two. Nothing blocks on the network
+// while holding mu.
 type session struct {
 	p     *Proxy
 	proto protocol
@@ -31,8 +33,8 @@ type session struct {
 
 	mu  sync.Mutex
 	tr  tracker
-	up  grpc.ClientStream // current upstream stream; nil between streams
-	gen uint64            // counts upstream streams opened
+	up  *sender // feeds the current upstream stream; nil between streams
+	gen uint64  // counts upstream streams opened
 }
 
 // serveStream is the handler of both ADS methods.
@@ -112,22 +114,18 @@ func (s *session) forwardRequest(f *frame) error {
 		return nil
 	case rewrite:
 		s.p.metrics.rewrittenRequests.Inc()
-		f = bytesFrame(rewritten)
 	}
 	if s.up == nil {
 		// No upstream stream now: the next one gets this subscription from
 		// the tracker.
 		return nil
 	}
-	if err := s.up.SendMsg(f); err != nil {
-		// The stream is broken; the upstream loop sees why and reconnects,
-		// re-sending the subscriptions this request is now part of.
-		s.log.Debug("forwarding request upstream failed", zap.Error(err))
+	if v == rewrite {
+		s.up.enqueue(bytesFrame(rewritten))
 		return nil
 	}
-	n := f.data.Len()
-	s.p.metrics.messages.WithLabelValues(toUpstream).Inc()
-	s.p.metrics.bytes.WithLabelValues(toUpstream).Add(float64(n))
+	f.data.Ref() // the queue's own reference
+	s.up.enqueue(&frame{data: f.data})
 	return nil
 }
 
@@ -183,8 +181,8 @@ func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool,
 		return false, err
 	}
 	defer conn.Close()
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	actx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	us, err := conn.NewStream(actx, s.proto.desc, s.proto.method, grpc.ForceCodecV2(rawCodec{}))
 	if err != nil {
 		return false, err
@@ -194,15 +192,14 @@ func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool,
 		s.p.metrics.reconnects.Inc()
 	}
 
-	if err := s.attach(us); err != nil {
-		return false, err
-	}
+	snd := newSender(us, fail, s.p.cfg.MaxMessageSize, s.p.metrics)
+	go snd.run(actx)
+	s.attach(snd)
 	defer func() {
-		// Cancel first: a request being forwarded may hold mu while blocked
-		// sending on this stream.
-		cancel()
+		fail(nil)
+		<-snd.done
 		s.mu.Lock()
-		if s.up == us {
+		if s.up == snd {
 			s.up = nil
 		}
 		s.mu.Unlock()
@@ -211,6 +208,9 @@ func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool,
 	for {
 		f := &frame{}
 		if err := us.RecvMsg(f); err != nil {
+			if cause := context.Cause(actx); errors.Is(cause, errSendBacklog) {
+				return answered, status.Error(codes.ResourceExhausted, cause.Error())
+			}
 			if errors.Is(err, io.EOF) {
 				return answered, nil // the control plane ended the stream cleanly
 			}
@@ -240,29 +240,26 @@ func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool,
 	}
 }
 
-// attach re-sends the subscriptions on a new upstream stream and makes it
-// the one requests are forwarded to.
-func (s *session) attach(us grpc.ClientStream) error {
+// attach queues the subscriptions for a new upstream stream and makes it the
+// one requests are forwarded to. Both happen under mu, so every request is
+// either part of the re-sent state or queued after it.
+func (s *session) attach(snd *sender) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gen++
 	reqs, err := s.tr.resubscribe()
 	if err != nil {
-		return status.Errorf(codes.Internal, "restoring subscriptions: %v", err)
+		// Only a marshalling failure of messages the proxy built; the
+		// stream carries on with what the client sends next.
+		s.log.Error("restoring subscriptions failed", zap.Error(err))
 	}
 	for _, b := range reqs {
-		if err := us.SendMsg(bytesFrame(b)); err != nil {
-			// Broken already; RecvMsg will say why.
-			break
-		}
-		s.p.metrics.messages.WithLabelValues(toUpstream).Inc()
-		s.p.metrics.bytes.WithLabelValues(toUpstream).Add(float64(len(b)))
+		snd.enqueue(bytesFrame(b))
 	}
 	if len(reqs) > 0 {
-		s.log.Info("restored subscriptions on a new upstream stream", zap.Int(keyRequests, len(reqs)))
+		s.log.Info("restoring subscriptions on a new upstream stream", zap.Int(keyRequests, len(reqs)))
 	}
-	s.up = us
-	return nil
+	s.up = snd
 }
 
 // dialUpstream builds a connection for one upstream attempt. A fresh
