@@ -48,7 +48,8 @@ type Config struct {
 	//   ServerName: the name its certificate must carry (ISTIOD_SAN);
 	//   Roots: the xDS root (XDS_ROOT_CA, see SPEC 7), asked at every handshake;
 	//   Token: the bearer token source (the same credfetcher as the CA's);
-	//   Metadata: "ClusterID" and the XDS_HEADER_<NAME> entries;
+	//   Metadata: "ClusterID" and one entry per XDS_HEADER_<NAME> variable
+	//   (key <NAME>, as pilot-agent strips the prefix);
 	//   ClientCertificate: the current workload certificate, offered when the
 	//   control plane asks for one.
 	// An Addr whose port is 15010 is dialed in plaintext, as by pilot-agent,
