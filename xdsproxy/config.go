@@ -74,7 +74,8 @@ type Config struct {
 
 	// Clock times the backoff. Default the real clock.
 	Clock clock.Clock
-	// Rand returns uniform jitter draws in [0, 1). Default math/rand/v2.Float64.
+	// Rand returns uniform jitter draws in [0, 1); it is called from many
+	// goroutines. Default math/rand/v2.Float64.
 	Rand func() float64
 
 	// Logger receives the proxy's logs. Default zap.NewNop().

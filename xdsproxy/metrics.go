@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code"}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meshagent_xdsproxy_upstream_reconnects_total",
-			Help: "Upstream ADS streams opened again, with the subscriptions re-sent, after one was lost.",
+			Help: "Upstream ADS streams opened, with the subscriptions re-sent, to replace a failed or ended attempt for the same downstream stream.",
 		}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_xdsproxy_messages_total",
