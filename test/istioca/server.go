@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/meshagent/meshagent/test/loopback"
 	"math"
 	"net"
 	"strings"
@@ -244,20 +245,9 @@ func (s *Server) Stop() {
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Stop()
-	var (
-		lis net.Listener
-		err error
-	)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		lis, err = net.Listen("tcp", s.addr)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	lis, err := loopback.ListenAgain(s.addr, 5*time.Second)
 	if err != nil {
-		t.Fatalf("istioca: listening again on %s: %v", s.addr, err)
+		t.Fatalf("istioca: %v", err)
 	}
 	s.serve(lis)
 }

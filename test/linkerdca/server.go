@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/meshagent/meshagent/test/loopback"
 	"net"
 	"sync"
 	"testing"
@@ -281,20 +282,9 @@ func (s *Server) Stop() {
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Stop()
-	var (
-		lis net.Listener
-		err error
-	)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		lis, err = net.Listen("tcp", s.addr)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	lis, err := loopback.ListenAgain(s.addr, 5*time.Second)
 	if err != nil {
-		t.Fatalf("linkerdca: listening again on %s: %v", s.addr, err)
+		t.Fatalf("linkerdca: %v", err)
 	}
 	s.serve(lis)
 }

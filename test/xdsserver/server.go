@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"github.com/meshagent/meshagent/test/loopback"
 	"net"
 	"slices"
 	"strings"
@@ -226,17 +227,9 @@ func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Stop()
 	addr := s.Addr()
-	var lis net.Listener
-	var err error
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		lis, err = net.Listen("tcp", addr)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("xdsserver: listening again on %s: %v", addr, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	lis, err := loopback.ListenAgain(addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("xdsserver: %v", err)
 	}
 	s.mu.Lock()
 	s.stopped = false
