@@ -7,7 +7,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"github.com/meshagent/meshagent/test/loopback"
 	"math"
 	"net"
 	"strings"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/test/loopback"
 )
 
 // DefaultServerName is the DNS name of the default serving certificate, the

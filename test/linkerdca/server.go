@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/meshagent/meshagent/test/loopback"
 	"net"
 	"sync"
 	"testing"
@@ -22,6 +21,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/test/loopback"
 )
 
 // Defaults.

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"github.com/meshagent/meshagent/test/loopback"
 	"net"
 	"slices"
 	"strings"
@@ -27,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/test/loopback"
 )
 
 // Config describes a test control plane. Zero values get the defaults noted.
