@@ -20,6 +20,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/certfile"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/fileprovider"
 	"github.com/meshagent/meshagent/grpcbootstrap"
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/outputcerts"
@@ -51,6 +52,8 @@ type served struct {
 	manager *secretmanager.Manager
 	// caRoots verifies the CA; nil without a CA.
 	caRoots caclient.RootSource
+	// files serves file-cert: and file-root: resources; set by managerConfig.
+	files *fileprovider.Provider
 
 	mu      sync.Mutex
 	latest  map[string]*secretmanager.Secret
@@ -107,6 +110,11 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 		Source:      source,
 		Logger:      a.base,
 		Registerer:  a.reg,
+	}
+	a.served.files = fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
+	mc.Providers = map[string]secretmanager.Provider{
+		secretmanager.FileCertPrefix: a.served.files,
+		secretmanager.FileRootPrefix: a.served.files,
 	}
 	if mc.GraceJitter == 0 {
 		mc.GraceJitter = -1 // zero means none; the manager reads 0 as "default"
@@ -205,7 +213,7 @@ func (a *agent) startManager(mc secretmanager.Config, client caclient.Client) ([
 			defer client.Close()
 		}
 		return m.Run(ctx)
-	}}}, nil
+	}}, {name: "file_resources", run: a.served.files.Run}}, nil
 }
 
 // caClient builds the CA client for CA_PROVIDER.

@@ -1,0 +1,6 @@
+package fileprovider
+
+// Log field keys.
+const (
+	keyResource = "resource"
+)

@@ -1,0 +1,331 @@
+package fileprovider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/meshagent/meshagent/certfile"
+	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/secretmanager"
+)
+
+// SystemRoots is the file-root: path that names the system trust bundle.
+const SystemRoots = "system"
+
+// DefaultMaxResources bounds the number of names held at once.
+const DefaultMaxResources = 64
+
+// sourceName is the Source of every secret served here.
+const sourceName = "file"
+
+var (
+	// ErrStopped is returned for a new name after Run has returned.
+	ErrStopped = errors.New("file provider stopped")
+	// ErrRunning is returned by a second Run.
+	ErrRunning = errors.New("file provider is already running")
+)
+
+// Config describes a Provider. Zero values get the defaults noted.
+type Config struct {
+	// Files configures the watched sources (debounce, clock, metrics); its
+	// Logger defaults to Logger.
+	Files certfile.SourceConfig
+	// MaxResources bounds how many names are held; further names are
+	// refused. Default DefaultMaxResources.
+	MaxResources int
+	// Logger is narrowed with .Named("fileprovider"). Nil means zap.NewNop().
+	Logger *zap.Logger
+}
+
+// Provider serves file-cert: and file-root: resources.
+type Provider struct {
+	cfg     Config
+	log     *zap.Logger
+	version atomic.Uint64
+
+	mu      sync.Mutex
+	entries map[string]*entry
+	ctx     context.Context // set while Run is active
+	errc    chan error      // the active Run's first watcher failure
+	wg      sync.WaitGroup  // entry goroutines started by Run
+	running bool
+	stopped bool
+}
+
+// New returns a Provider. It starts nothing; see Run.
+func New(cfg Config) *Provider {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Files.Logger == nil {
+		cfg.Files.Logger = cfg.Logger
+	}
+	if cfg.MaxResources <= 0 {
+		cfg.MaxResources = DefaultMaxResources
+	}
+	return &Provider{cfg: cfg, log: cfg.Logger.Named("fileprovider"), entries: map[string]*entry{}}
+}
+
+// Run watches the files of every held name until ctx ends, then stops all
+// watchers and returns nil, or the first watcher failure. It may be called
+// once.
+func (p *Provider) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	p.mu.Lock()
+	if p.running || p.stopped {
+		p.mu.Unlock()
+		return ErrRunning
+	}
+	p.running, p.ctx, p.errc = true, ctx, errc
+	for _, e := range p.entries {
+		p.startLocked(e)
+	}
+	p.mu.Unlock()
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	cancel()
+	p.mu.Lock()
+	p.running, p.stopped, p.ctx, p.errc = false, true, nil, nil
+	p.mu.Unlock()
+	p.wg.Wait()
+	return err
+}
+
+// startLocked starts the watcher of e and the goroutine that signals its
+// watchers, under the active Run's context. p.mu is held.
+func (p *Provider) startLocked(e *entry) {
+	ctx, errc := p.ctx, p.errc
+	p.wg.Go(func() {
+		if err := e.run(ctx); err != nil {
+			select {
+			case errc <- fmt.Errorf("%s: %w", e.name, err):
+			default:
+			}
+		}
+	})
+	p.wg.Go(func() { e.follow(ctx) })
+}
+
+var _ secretmanager.Provider = (*Provider)(nil)
+
+// Secret returns the current secret for name, named exactly name.
+func (p *Provider) Secret(ctx context.Context, name string) (*secretmanager.Secret, error) {
+	e, err := p.get(name)
+	if err != nil {
+		return nil, err
+	}
+	return e.secret(ctx)
+}
+
+// Watch signals changes of name. For a name that cannot be served the
+// channel is nil.
+func (p *Provider) Watch(name string) (<-chan struct{}, func()) {
+	e, err := p.get(name)
+	if err != nil {
+		return nil, func() {}
+	}
+	return e.watch()
+}
+
+// get returns the entry for name, creating and loading it on first use.
+func (p *Provider) get(name string) (*entry, error) {
+	p.mu.Lock()
+	if e, ok := p.entries[name]; ok {
+		p.mu.Unlock()
+		return e, nil
+	}
+	stopped, full := p.stopped, len(p.entries) >= p.cfg.MaxResources
+	p.mu.Unlock()
+	if stopped {
+		return nil, fmt.Errorf("%w: %.200q: %w", secretmanager.ErrUnknownResource, name, ErrStopped)
+	}
+	if full {
+		return nil, fmt.Errorf("%w: %.200q: more than %d file resources", secretmanager.ErrUnknownResource, name, p.cfg.MaxResources)
+	}
+	e, err := p.newEntry(name)
+	if err != nil {
+		p.log.Warn("file resource not served", zap.String(keyResource, name), zap.Error(err))
+		return nil, fmt.Errorf("%w: %.200q: %w", secretmanager.ErrUnknownResource, name, err)
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old, ok := p.entries[name]; ok { // made concurrently
+		return old, nil
+	}
+	if p.stopped {
+		return nil, fmt.Errorf("%w: %.200q: %w", secretmanager.ErrUnknownResource, name, ErrStopped)
+	}
+	p.entries[name] = e
+	if p.running {
+		p.startLocked(e)
+	}
+	return e, nil
+}
+
+// newEntry parses name, builds its source and loads it once.
+func (p *Provider) newEntry(name string) (*entry, error) {
+	e := &entry{name: name, version: &p.version, watchers: map[chan struct{}]struct{}{}}
+	switch {
+	case strings.HasPrefix(name, secretmanager.FileCertPrefix):
+		certPath, keyPath, err := splitPair(strings.TrimPrefix(name, secretmanager.FileCertPrefix))
+		if err != nil {
+			return nil, err
+		}
+		src, err := certfile.NewPairSource(p.cfg.Files, certPath, keyPath)
+		if err != nil {
+			return nil, err
+		}
+		e.bind(src, func(v any) *secretmanager.Secret {
+			pair := v.(*certfile.Pair)
+			s := &secretmanager.Secret{
+				Name: name, CertChain: pair.ChainPEM, PrivateKey: pair.KeyPEM,
+				Leaf: pair.Leaf(), NotAfter: pair.Leaf().NotAfter, Source: sourceName,
+			}
+			if id, err := pki.IdentityOf(pair.Leaf()); err == nil {
+				s.Identity = id
+			}
+			return s
+		})
+	case strings.HasPrefix(name, secretmanager.FileRootPrefix):
+		path := strings.TrimPrefix(name, secretmanager.FileRootPrefix)
+		var (
+			src *certfile.Source[*certfile.Bundle]
+			err error
+		)
+		switch path {
+		case "":
+			return nil, errors.New("empty root path")
+		case SystemRoots:
+			src, err = certfile.NewSystemBundleSource(p.cfg.Files)
+		default:
+			src, err = certfile.NewBundleSource(p.cfg.Files, path)
+		}
+		if err != nil {
+			return nil, err
+		}
+		e.bind(src, func(v any) *secretmanager.Secret {
+			b := v.(*certfile.Bundle)
+			return &secretmanager.Secret{Name: name, Roots: b.PEM, NotAfter: b.NotAfter(), Source: sourceName}
+		})
+	default:
+		return nil, errors.New("not a file resource")
+	}
+	if _, err := e.reload(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// splitPair splits "<cert>~<key>"; exactly one "~" and two non-empty paths.
+func splitPair(s string) (certPath, keyPath string, err error) {
+	if strings.Count(s, "~") != 1 {
+		return "", "", errors.New(`want "<cert-path>~<key-path>"`)
+	}
+	certPath, keyPath, _ = strings.Cut(s, "~")
+	if certPath == "" || keyPath == "" {
+		return "", "", errors.New(`want "<cert-path>~<key-path>" with both paths`)
+	}
+	return certPath, keyPath, nil
+}
+
+// entry is one held name: its source and the secret made from its value.
+type entry struct {
+	name    string
+	version *atomic.Uint64
+
+	// Bound to the source's value type by bind.
+	run     func(context.Context) error
+	reload  func() (bool, error)
+	current func() (v any, ok bool, changed <-chan struct{})
+	convert func(any) *secretmanager.Secret
+
+	mu       sync.Mutex
+	lastV    any
+	last     *secretmanager.Secret
+	watchers map[chan struct{}]struct{}
+}
+
+func (e *entry) bind(src interface {
+	Run(context.Context) error
+	Reload() (bool, error)
+}, convert func(any) *secretmanager.Secret) {
+	e.run, e.reload, e.convert = src.Run, src.Reload, convert
+	switch s := src.(type) {
+	case *certfile.Source[*certfile.Pair]:
+		e.current = func() (any, bool, <-chan struct{}) { return s.Current() }
+	case *certfile.Source[*certfile.Bundle]:
+		e.current = func() (any, bool, <-chan struct{}) { return s.Current() }
+	}
+}
+
+// secret returns the secret for the current value, waiting for a first
+// good value (bounded by ctx).
+func (e *entry) secret(ctx context.Context) (*secretmanager.Secret, error) {
+	for {
+		v, ok, changed := e.current()
+		if ok {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if e.last == nil || e.lastV != v {
+				s := e.convert(v)
+				s.Version = e.version.Add(1)
+				e.lastV, e.last = v, s
+			}
+			return e.last, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for %s: %w", e.name, ctx.Err())
+		}
+	}
+}
+
+func (e *entry) watch() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	e.mu.Lock()
+	e.watchers[ch] = struct{}{}
+	e.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			e.mu.Lock()
+			delete(e.watchers, ch)
+			e.mu.Unlock()
+		})
+	}
+}
+
+// follow signals the watchers after every change of the source's value.
+func (e *entry) follow(ctx context.Context) {
+	_, _, changed := e.current()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+		_, _, changed = e.current()
+		e.mu.Lock()
+		for ch := range e.watchers {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+		e.mu.Unlock()
+	}
+}
