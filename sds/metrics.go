@@ -13,6 +13,12 @@ const (
 	pushFetch   = "fetch"
 )
 
+// Refusal reasons, the values of the "reason" label of refused.
+const (
+	refusedStreams = "max_streams"
+	refusedUID     = "uid"
+)
+
 type metrics struct {
 	streams prometheus.Gauge
 	pushes  *prometheus.CounterVec
@@ -20,6 +26,7 @@ type metrics struct {
 	nacks   prometheus.Counter
 	stale   prometheus.Counter
 	errors  *prometheus.CounterVec
+	refused *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -48,11 +55,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "meshagent_sds_errors_total",
 			Help: "SDS streams and fetches that ended with an error, by gRPC code.",
 		}, []string{"code"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_sds_refused_total",
+			Help: "SDS streams and fetches refused, by reason (max_streams, uid).",
+		}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.acks, m.nacks, m.stale, m.errors} {
+	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.acks, m.nacks, m.stale, m.errors, m.refused} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering SDS metrics: %w", err)
 		}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,10 @@ import (
 const (
 	// DefaultMaxNames bounds the resource names of one request.
 	DefaultMaxNames = 100
+	// DefaultMaxStreams bounds the StreamSecrets streams open at once.
+	DefaultMaxStreams = 4096
+	// DefaultMaxRecvBytes bounds the size of one received request.
+	DefaultMaxRecvBytes = 64 << 10
 	// maxSocketPath is the longest path a Unix socket address can hold.
 	maxSocketPath = 107
 	// probeTimeout bounds the check whether an existing socket is alive.
@@ -62,6 +67,16 @@ type Config struct {
 	DefaultNames []string
 	// MaxNames bounds the names of one request. Default DefaultMaxNames.
 	MaxNames int
+	// MaxStreams bounds the StreamSecrets streams open at once; a stream over
+	// the limit is refused with ResourceExhausted. Default DefaultMaxStreams.
+	MaxStreams int
+	// MaxRecvBytes bounds the size of one received request; gRPC answers a
+	// larger one with ResourceExhausted. Default DefaultMaxRecvBytes.
+	MaxRecvBytes int
+	// AllowedUIDs, when not empty, are the only peer uids (SO_PEERCRED) let
+	// in; other peers are refused with PermissionDenied. Empty lets anyone
+	// who can open the socket in.
+	AllowedUIDs []uint32
 	// Clock stamps VersionInfo. Default the real clock.
 	Clock clock.PassiveClock
 	// Logger receives the server's logs. Nil means no logs.
@@ -81,6 +96,7 @@ type Server struct {
 
 	versions  atomic.Uint64
 	streamIDs atomic.Uint64
+	open      atomic.Int64 // StreamSecrets streams being served
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -100,6 +116,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxNames <= 0 {
 		cfg.MaxNames = DefaultMaxNames
 	}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = DefaultMaxStreams
+	}
+	if cfg.MaxRecvBytes <= 0 {
+		cfg.MaxRecvBytes = DefaultMaxRecvBytes
+	}
+	cfg.AllowedUIDs = slices.Clone(cfg.AllowedUIDs)
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -124,11 +147,18 @@ func (s *Server) Run(ctx context.Context) error {
 	info, _ := os.Lstat(s.cfg.SocketPath)
 	defer s.removeSocket(info)
 
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(
+		grpc.Creds(peerCreds{log: s.log}),
+		grpc.MaxRecvMsgSize(s.cfg.MaxRecvBytes),
+		grpc.ChainUnaryInterceptor(s.unaryAuth),
+		grpc.ChainStreamInterceptor(s.streamAuth),
+	)
 	secretv3.RegisterSecretDiscoveryServiceServer(gs, s)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
-	s.log.Info("serving SDS", zap.String(keySocket, s.cfg.SocketPath))
+	s.log.Info("serving SDS", zap.String(keySocket, s.cfg.SocketPath),
+		zap.Int(keyMaxStreams, s.cfg.MaxStreams), zap.Int(keyMaxRecvBytes, s.cfg.MaxRecvBytes),
+		zap.Uint32s(keyAllowedUIDs, s.cfg.AllowedUIDs))
 
 	select {
 	case <-ctx.Done():

@@ -97,6 +97,7 @@ type fixture struct {
 type fixtureOpts struct {
 	ttl        time.Duration
 	holdManger bool // start the manager only when startManager is called
+	config     func(*Config) // adjusts the server's Config
 }
 
 func newFixture(t testing.TB, o fixtureOpts) *fixture {
@@ -129,7 +130,11 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.srv, err = New(Config{SocketPath: f.socket, Secrets: f.mgr, Logger: zap.New(core), Registerer: f.reg})
+	cfg := Config{SocketPath: f.socket, Secrets: f.mgr, Logger: zap.New(core), Registerer: f.reg}
+	if o.config != nil {
+		o.config(&cfg)
+	}
+	f.srv, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

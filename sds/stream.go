@@ -129,6 +129,13 @@ const (
 // one decides, reads secrets and sends, so a slow client only slows itself.
 func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecretsServer) error {
 	ctx := stream.Context()
+	if n := s.open.Add(1); n > int64(s.cfg.MaxStreams) {
+		s.open.Add(-1)
+		s.metrics.refused.WithLabelValues(refusedStreams).Inc()
+		s.log.Warn("SDS stream refused: too many streams", zap.Int(keyMaxStreams, s.cfg.MaxStreams))
+		return status.Errorf(codes.ResourceExhausted, "too many SDS streams: at most %d (MaxStreams) are served at once", s.cfg.MaxStreams)
+	}
+	defer s.open.Add(-1)
 	log := s.log.With(zap.Uint64(keyStream, s.streamIDs.Add(1)))
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
