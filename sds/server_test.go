@@ -96,7 +96,7 @@ type fixture struct {
 
 type fixtureOpts struct {
 	ttl        time.Duration
-	holdManger bool // start the manager only when startManager is called
+	holdManger bool          // start the manager only when startManager is called
 	config     func(*Config) // adjusts the server's Config
 }
 
