@@ -112,6 +112,13 @@ type Config struct {
 	LogLevel string
 	// Dev runs an in-process CA with a fresh in-memory root (MESHAGENT_DEV).
 	Dev bool
+	// SDSMaxStreams bounds the SDS streams open at once (MESHAGENT_SDS_MAX_STREAMS).
+	SDSMaxStreams int
+	// SDSMaxRecvBytes bounds one SDS request's size (MESHAGENT_SDS_MAX_RECV_BYTES).
+	SDSMaxRecvBytes int
+	// SDSAllowedUIDs are the only peer uids the SDS socket serves; empty
+	// serves anyone (MESHAGENT_SDS_ALLOWED_UIDS).
+	SDSAllowedUIDs []uint32
 	// XDSProxy runs the xDS proxy (MESHAGENT_XDS_PROXY; default true, false in dev mode).
 	XDSProxy bool
 

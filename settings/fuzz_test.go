@@ -14,7 +14,8 @@ func FuzzValueParsers(f *testing.F) {
 		f.Add(s.Name, s.Default)
 	}
 	for _, seed := range []string{"", " ", "true", "0", "-1", "1e309", "NaN", "Inf", "0x10", "24h", "-5s", "a:b", ":1", "host:0", "[::1]:15012",
-		"SYSTEM", "ec-p256", "EC-P256", "citadel", "{}", "null", `{"statusPort":"80"}`, `{"statusPort":1.5}`, "\x00", "a\nb", "\xff"} {
+		"SYSTEM", "ec-p256", "EC-P256", "citadel", "{}", "null", `{"statusPort":"80"}`, `{"statusPort":1.5}`, "\x00", "a\nb", "\xff",
+		"1337,0", " 1 , ,2", "4294967295", "+5", "1,-1"} {
 		f.Add("", seed)
 	}
 	f.Fuzz(func(t *testing.T, name, raw string) {

@@ -220,6 +220,21 @@ var Registry = []Setting{
 		Doc:   "Run the xDS proxy: Envoy's (or proxyless gRPC's) ADS stream on the xDS socket is forwarded to the discovery address.",
 		Value: Bool(func(c *Config) *bool { return &c.XDSProxy }),
 	},
+	{
+		Name: "MESHAGENT_SDS_MAX_STREAMS", Flag: "sds-max-streams", Default: "4096", Group: GroupMeshagent,
+		Doc:   "Most SDS streams served at once; a stream over the limit is refused with gRPC status RESOURCE_EXHAUSTED.",
+		Value: Int(func(c *Config) *int { return &c.SDSMaxStreams }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SDS_MAX_RECV_BYTES", Flag: "sds-max-recv-bytes", Default: "65536", Group: GroupMeshagent,
+		Doc:   "Largest SDS request accepted, in bytes; a larger one is refused with gRPC status RESOURCE_EXHAUSTED.",
+		Value: Int(func(c *Config) *int { return &c.SDSMaxRecvBytes }, 1024, 16<<20),
+	},
+	{
+		Name: "MESHAGENT_SDS_ALLOWED_UIDS", Flag: "sds-allowed-uids", Group: GroupMeshagent,
+		Doc:   "Comma-separated uids allowed to use the SDS socket (checked with SO_PEERCRED); others get PERMISSION_DENIED. Empty lets anyone who can open the socket in.",
+		Value: UIDs(func(c *Config) *[]uint32 { return &c.SDSAllowedUIDs }),
+	},
 
 	// Paths (SPEC 2), relative to the working directory as in pilot-agent.
 	{

@@ -3,6 +3,7 @@ package settings
 import (
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,7 +77,7 @@ func TestDefaults(t *testing.T) {
 		CAAddr: DefaultDiscoveryAddress, CAProvider: ProviderIstio, CARoot: "./var/run/secrets/istio/root-cert.pem",
 		XDSRoot: "./var/run/secrets/istio/root-cert.pem", PilotCertProvider: "istiod", TrustDomain: "cluster.local",
 		JWTPolicy: "third-party-jwt", CredentialFetcherType: "JWT", SecretTTL: 24 * time.Hour, GraceRatio: 0.5,
-		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
+		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, SDSMaxStreams: 4096, SDSMaxRecvBytes: 65536, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
 		GRPCXDSBootstrap: "etc/istio/proxy/grpc-bootstrap.json", DiscoveryAddress: DefaultDiscoveryAddress,
 		StatusPort: 15020, WorkloadIdentitySocketFile: "socket", KeyType: pki.ECP256, LinkerdNamespace: "linkerd",
 		LinkerdIdentityServiceName: "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local",
@@ -138,6 +139,16 @@ func TestEmptyValueIsUnset(t *testing.T) {
 	}
 }
 
+func TestSDSAllowedUIDs(t *testing.T) {
+	c, err := Resolve(Input{Env: []string{"MESHAGENT_SDS_ALLOWED_UIDS= 1337, 0,,4294967294 "}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []uint32{1337, 0, 4294967294}; !slices.Equal(c.SDSAllowedUIDs, want) {
+		t.Fatalf("SDSAllowedUIDs = %v, want %v", c.SDSAllowedUIDs, want)
+	}
+}
+
 func TestInvalidValues(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -163,6 +174,8 @@ func TestInvalidValues(t *testing.T) {
 		{"proxy config not object", []string{"PROXY_CONFIG=[1]"}, nil, `invalid PROXY_CONFIG="[1]": want a JSON object`},
 		{"proxy config bad address", []string{`PROXY_CONFIG={"discoveryAddress":"nohost"}`}, nil, `invalid PROXY_CONFIG="{\"discoveryAddress\":\"nohost\"}": discoveryAddress "nohost": want host:port, e.g. istiod.istio-system.svc:15012`},
 		{"newline stays on one line", []string{"CA_PROVIDER=a\nb"}, nil, `invalid CA_PROVIDER="a\nb": accepted: Citadel, Linkerd`},
+		{"uid list", []string{"MESHAGENT_SDS_ALLOWED_UIDS=1337,envoy"}, nil, `invalid MESHAGENT_SDS_ALLOWED_UIDS="1337,envoy": want comma-separated numeric uids from 0 to 4294967294`},
+		{"sds streams", []string{"MESHAGENT_SDS_MAX_STREAMS=0"}, nil, `invalid MESHAGENT_SDS_MAX_STREAMS="0": want an integer from 1 to 1048576`},
 		{"header name", []string{"CA_HEADER_a b=1"}, nil, `invalid CA_HEADER_a b="1": a header name may hold only letters, digits, '-', '_' and '.'`},
 		{"header empty name", []string{"XDS_HEADER_=1"}, nil, `invalid XDS_HEADER_="1": the header name after the prefix is empty`},
 		{"header value hidden", []string{"CA_HEADER_X=secret\x01"}, nil, `invalid CA_HEADER_X="<redacted>": a header value may hold only printable ASCII (no line breaks)`},

@@ -159,6 +159,38 @@ func Int(field func(*Config) *int, minimum, maximum int) Value {
 	}
 }
 
+// UIDs accepts a comma-separated list of numeric user ids (empty: none).
+func UIDs(field func(*Config) *[]uint32) Value {
+	return Value{
+		Type:     "uid list",
+		Accepted: "comma-separated numeric uids from 0 to 4294967294, or empty",
+		set: func(c *Config, raw string) error {
+			var out []uint32
+			for part := range strings.SplitSeq(raw, ",") {
+				part = strings.TrimSpace(part)
+				if part == "" {
+					continue
+				}
+				n, err := strconv.ParseUint(part, 10, 32)
+				if err != nil || n == 1<<32-1 {
+					return reason("want comma-separated numeric uids from 0 to 4294967294")
+				}
+				out = append(out, uint32(n))
+			}
+			*field(c) = out
+			return nil
+		},
+		get: func(c *Config) string {
+			ids := *field(c)
+			parts := make([]string, len(ids))
+			for i, id := range ids {
+				parts[i] = strconv.FormatUint(uint64(id), 10)
+			}
+			return strings.Join(parts, ",")
+		},
+	}
+}
+
 // IntChoice accepts one of the listed integers.
 func IntChoice(field func(*Config) *int, choices ...int) Value {
 	names := make([]string, len(choices))

@@ -379,7 +379,7 @@ func (a *agent) servingComponents() ([]component, error) {
 	var cs []component
 	m := a.served.manager
 	if m != nil && !c.DisableEnvoy {
-		srv, err := sds.New(sds.Config{SocketPath: c.SDSSocket, Secrets: m, Logger: a.base, Registerer: a.reg})
+		srv, err := sds.New(sds.Config{SocketPath: c.SDSSocket, Secrets: m, MaxStreams: c.SDSMaxStreams, MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg})
 		if err != nil {
 			return nil, err
 		}
