@@ -1,13 +1,20 @@
 package sds
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -114,4 +121,97 @@ func TestAllowedUIDs(t *testing.T) {
 			t.Fatalf("logged %v, want uid %d pid %d", fields, me, os.Getpid())
 		}
 	})
+}
+
+// chainOf returns the inline certificate chain of the first resource of a
+// raw response.
+func chainOf(t *testing.T, resp *discoveryv3.DiscoveryResponse) []byte {
+	t.Helper()
+	if len(resp.GetResources()) == 0 {
+		t.Fatal("response holds no resource")
+	}
+	var s tlsv3.Secret
+	if err := resp.GetResources()[0].UnmarshalTo(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s.GetTlsCertificate().GetCertificateChain().GetInlineBytes()
+}
+
+// A stream whose client stops reading (small HTTP/2 windows, so the server's
+// sends soon block) must not delay rotations to the other streams, on other
+// connections or on its own; when it reads again it is brought to the newest
+// version without the ones it missed.
+func TestStuckStreamGetsOnlyNewestLater(t *testing.T) {
+	const rotations = 80
+	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second})
+	conn, err := grpc.NewClient("unix://"+f.socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	open := func() secretv3.SecretDiscoveryService_StreamSecretsClient {
+		s, err := secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: []string{"default"}}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	stuck := open()     // never read until the end
+	neighbour := open() // same connection, read at once
+	if _, err := neighbour.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	live := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}})
+	next(t, live)
+	waitMetric(t, f.srv.metrics.pushes.WithLabelValues(pushRequest), 3)
+
+	var newest []byte
+	var slowest time.Duration
+	for range rotations {
+		start := time.Now()
+		f.step(15 * time.Second)
+		newest = f.checkCert(next(t, live))
+		resp, err := neighbour.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(chainOf(t, resp), newest) {
+			t.Fatal("the stuck stream's neighbour got another certificate than the live stream")
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	t.Logf("slowest rotation to reach the other streams: %v", slowest)
+	if slowest > 5*time.Second {
+		t.Errorf("a rotation took %v to reach the other streams", slowest)
+	}
+	// Updates sent to the stuck stream: the total less the two live streams'.
+	sentStuck := int(metricValue(t, f.srv.metrics.pushes.WithLabelValues(pushUpdate))) - 2*rotations
+	if sentStuck >= rotations-1 {
+		t.Fatalf("the stuck stream was sent %d of %d updates; its sends never blocked", sentStuck, rotations)
+	}
+
+	// Reading again: what was queued before it blocked, then the newest.
+	got := 0
+	for {
+		resp, err := stuck.Recv()
+		if err != nil {
+			t.Fatalf("stuck stream after %d responses: %v", got, err)
+		}
+		got++
+		if bytes.Equal(chainOf(t, resp), newest) {
+			break
+		}
+	}
+	// The first response, the updates sent, at most one blocked in Send, the newest.
+	if got > sentStuck+3 {
+		t.Fatalf("stuck stream read %d responses, want at most %d: missed versions were queued", got, sentStuck+3)
+	}
+	t.Logf("stuck stream: %d updates sent before it blocked, %d responses read, %d versions skipped", sentStuck, got, rotations+1-got)
 }
