@@ -1,0 +1,209 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/outputcerts"
+	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/istioca"
+	"github.com/meshagent/meshagent/test/sdsclient"
+)
+
+var vmSA = istioca.ServiceAccount{Namespace: "vm", Name: "app"}
+
+const vmToken = "token-vm-app"
+
+// vmEnv is the environment of a CA-mode agent against ca.
+func vmEnv(ca *istioca.Server, dir string, extra ...string) []string {
+	return flEnv(append([]string{
+		"CA_ADDR=" + ca.Addr(),
+		"ISTIOD_SAN=" + istioca.DefaultServerName,
+		"POD_NAMESPACE=" + vmSA.Namespace,
+		"SERVICE_ACCOUNT=" + vmSA.Name,
+		"POD_NAME=vm-1",
+		"MESHAGENT_TOKEN_PATH=" + filepath.Join(dir, "istio-token"),
+		"SECRET_GRACE_PERIOD_RATIO_JITTER=0",
+	}, extra...)...)
+}
+
+func vmWriteToken(t *testing.T, dir string) {
+	t.Helper()
+	flWrite(t, filepath.Join(dir, "istio-token"), []byte(vmToken))
+}
+
+// vmLeaf parses the leaf of name in r.
+func vmLeaf(t *testing.T, r *sdsclient.Response, name string) *x509.Certificate {
+	t.Helper()
+	chain, _, ok := r.Cert(name)
+	if !ok {
+		return nil
+	}
+	certs, err := pki.ParseCertificates(chain)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return certs[0]
+}
+
+// vmNextLeaf waits for a response carrying a default certificate whose
+// serial is not in seen.
+func vmNextLeaf(t *testing.T, s *sdsclient.Stream, within time.Duration, seen map[string]bool) *x509.Certificate {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	for {
+		r, err := s.Next(ctx)
+		if err != nil {
+			t.Fatalf("no new workload certificate within %v: %v", within, err)
+		}
+		if l := vmLeaf(t, r, secretmanager.WorkloadCertName); l != nil && !seen[l.SerialNumber.String()] {
+			seen[l.SerialNumber.String()] = true
+			return l
+		}
+	}
+}
+
+// CA mode: a CA serving certificate from a new root is refused until the
+// CA_ROOT_CA bundle holds old and new roots; the bundle change reaches ROOTCA
+// subscribers and the next connection to the CA is accepted.
+func TestCARootRotation(t *testing.T) {
+	ca := istioca.Start(t, istioca.Config{Tokens: map[string]istioca.ServiceAccount{vmToken: vmSA}})
+	dir := agentproc.TempDir(t)
+	vmWriteToken(t, dir)
+	rootPath := filepath.Join(dir, "roots", "root-cert.pem")
+	flWrite(t, rootPath, ca.RootPEM())
+	p := agentproc.Start(t, dir, vmEnv(ca, dir, "CA_ROOT_CA="+rootPath, "SECRET_TTL=4s")...)
+	s := flStream(t, p.Socket(), secretmanager.WorkloadCertName, secretmanager.RootCertName)
+	seen := map[string]bool{}
+	vmNextLeaf(t, s, 15*time.Second, seen)
+
+	// The CA now presents a certificate from a root the agent does not trust.
+	newRoot := flCA(t)
+	serving, err := newRoot.ServerTLS([]string{istioca.DefaultServerName}, []net.IP{net.ParseIP("127.0.0.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca.SetServingCert(serving)
+	ca.Restart(t)
+	before := ca.Requests()
+	// Renewal is due within 2 s and fails at the handshake.
+	flNoCertChange(t, s, 3*time.Second, nil, "none")
+	if got := ca.Requests(); got != before {
+		t.Fatalf("the CA received %d requests over a connection the agent should have refused", got-before)
+	}
+
+	bundle := append(append([]byte{}, ca.RootPEM()...), newRoot.RootPEM()...)
+	flRename(t, rootPath, bundle)
+	ctx, cancel := context.WithTimeout(context.Background(), flDebounce+time.Second)
+	defer cancel()
+	for {
+		r, err := s.Next(ctx)
+		if err != nil {
+			t.Fatalf("ROOTCA did not change to the two-root bundle: %v", err)
+		}
+		if got, ok := r.TrustedCA(secretmanager.RootCertName); ok && bytes.Equal(got, bundle) {
+			break
+		}
+	}
+	vmNextLeaf(t, s, 15*time.Second, seen)
+	if ca.Requests() == before {
+		t.Fatal("a new certificate was served without a request to the CA")
+	}
+}
+
+// OUTPUT_CERTS: the files are written (key 0600), and an agent restarted
+// while the CA is down serves the certificate found there.
+func TestOutputCertsServedAfterRestart(t *testing.T) {
+	ca := istioca.Start(t, istioca.Config{Tokens: map[string]istioca.ServiceAccount{vmToken: vmSA}})
+	dir := agentproc.TempDir(t)
+	vmWriteToken(t, dir)
+	rootPath := filepath.Join(dir, "root-cert.pem")
+	flWrite(t, rootPath, ca.RootPEM())
+	out := filepath.Join(dir, "out")
+	env := vmEnv(ca, dir, "CA_ROOT_CA="+rootPath, "SECRET_TTL=1h", "OUTPUT_CERTS="+out)
+	p := agentproc.Start(t, dir, env...)
+	s := flStream(t, p.Socket(), secretmanager.WorkloadCertName)
+	leaf := vmNextLeaf(t, s, 15*time.Second, map[string]bool{})
+
+	var fileLeaf *x509.Certificate
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if pair, err := outputcerts.Load(out, ca.Identity(vmSA), time.Now()); err == nil {
+			fileLeaf = pair.Leaf()
+			if fileLeaf.SerialNumber.Cmp(leaf.SerialNumber) == 0 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("OUTPUT_CERTS does not hold the served certificate")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, err := os.Stat(filepath.Join(out, outputcerts.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("key mode %v, want 0600", st.Mode().Perm())
+	}
+	if b, err := os.ReadFile(filepath.Join(out, outputcerts.RootCertFile)); err != nil || !bytes.Equal(b, ca.RootPEM()) {
+		t.Errorf("root-cert.pem: %v", err)
+	}
+
+	p.Stop()
+	ca.Stop()
+	requests := ca.Requests()
+	p2 := agentproc.Start(t, dir, env...)
+	s2 := flStream(t, p2.Socket(), secretmanager.WorkloadCertName)
+	got := vmNextLeaf(t, s2, 15*time.Second, map[string]bool{})
+	if got.SerialNumber.Cmp(fileLeaf.SerialNumber) != 0 {
+		t.Fatalf("restarted agent served serial %x, OUTPUT_CERTS holds %x", got.SerialNumber, fileLeaf.SerialNumber)
+	}
+	if ca.Requests() != requests {
+		t.Fatal("the CA was asked although it is down")
+	}
+}
+
+// VM flow: PROV_CERT is the OUTPUT_CERTS directory and there is no token;
+// the agent renews over mTLS with the previous certificate three times in
+// a row.
+func TestVMRenewsOverMTLS(t *testing.T) {
+	ca := istioca.Start(t, istioca.Config{})
+	dir := agentproc.TempDir(t)
+	out := filepath.Join(dir, "etc", "certs")
+	const ttl = 3 * time.Second
+	chain, key := flIssue(t, ca.CA(), ca.Identity(vmSA), ttl)
+	flWrite(t, filepath.Join(out, outputcerts.CertChainFile), chain)
+	flWrite(t, filepath.Join(out, outputcerts.KeyFile), key)
+	flWrite(t, filepath.Join(out, outputcerts.RootCertFile), ca.RootPEM())
+
+	p := agentproc.Start(t, dir, vmEnv(ca, dir, "PROV_CERT="+out, "OUTPUT_CERTS="+out, "SECRET_TTL="+ttl.String())...)
+	s := flStream(t, p.Socket(), secretmanager.WorkloadCertName)
+	seen := map[string]bool{}
+	provisioned, err := pki.ParseCertificates(chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ { // the provisioned certificate, then three renewals
+		leaf := vmNextLeaf(t, s, 10*time.Second, seen)
+		if i == 0 && leaf.SerialNumber.Cmp(provisioned[0].SerialNumber) != 0 {
+			t.Errorf("first served serial %x, want the provisioned %x", leaf.SerialNumber, provisioned[0].SerialNumber)
+		}
+		t.Logf("served serial %x, valid until %v", leaf.SerialNumber, leaf.NotAfter.Format(time.RFC3339Nano))
+	}
+	if got := ca.Requests(); got < 3 {
+		t.Errorf("CA received %d requests, want at least 3", got)
+	}
+	if toks := ca.Tokens(); len(toks) != 0 {
+		t.Errorf("CA saw bearer tokens %q; the VM flow has none", toks)
+	}
+}
