@@ -3,8 +3,12 @@ package sds
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
 )
 
@@ -144,6 +149,8 @@ func chainOf(t *testing.T, resp *discoveryv3.DiscoveryResponse) []byte {
 func TestStuckStreamGetsOnlyNewestLater(t *testing.T) {
 	const rotations = 80
 	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second})
+	live := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}}) // f.dial waits for the socket
+	next(t, live)
 	conn, err := grpc.NewClient("unix://"+f.socket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
@@ -168,8 +175,6 @@ func TestStuckStreamGetsOnlyNewestLater(t *testing.T) {
 	if _, err := neighbour.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	live := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}})
-	next(t, live)
 	waitMetric(t, f.srv.metrics.pushes.WithLabelValues(pushRequest), 3)
 
 	var newest []byte
@@ -214,4 +219,90 @@ func TestStuckStreamGetsOnlyNewestLater(t *testing.T) {
 		t.Fatalf("stuck stream read %d responses, want at most %d: missed versions were queued", got, sentStuck+3)
 	}
 	t.Logf("stuck stream: %d updates sent before it blocked, %d responses read, %d versions skipped", sentStuck, got, rotations+1-got)
+}
+
+// rootSource serves any name as a trust bundle whose text is the name and
+// its version; Bump replaces one.
+type rootSource struct {
+	mu       sync.Mutex
+	versions map[string]uint64
+	watchers map[string][]chan struct{}
+}
+
+func newRootSource() *rootSource {
+	return &rootSource{versions: map[string]uint64{}, watchers: map[string][]chan struct{}{}}
+}
+
+func (r *rootSource) Secret(_ context.Context, name string) (*secretmanager.Secret, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v := r.versions[name]
+	return &secretmanager.Secret{Name: name, Roots: fmt.Appendf(nil, "%s/%d", name, v), Version: v}, nil
+}
+
+func (r *rootSource) Watch(name string) (<-chan struct{}, func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := make(chan struct{}, 1)
+	r.watchers[name] = append(r.watchers[name], ch)
+	return ch, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.watchers[name] = slices.DeleteFunc(r.watchers[name], func(c chan struct{}) bool { return c == ch })
+	}
+}
+
+func (r *rootSource) Bump(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.versions[name]++
+	for _, ch := range r.watchers[name] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Every watched name triggers a push, for one, two and more names (the
+// last wait on a reflect.Select rather than a plain select).
+func TestChangeOfAnyWatchedNamePushes(t *testing.T) {
+	src := newRootSource()
+	socket := filepath.Join(shortDir(t), "socket")
+	srv, err := New(Config{SocketPath: socket, Secrets: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer dcancel()
+	c, err := sdsclient.Dial(dctx, socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	for _, names := range [][]string{{"a"}, {"b", "c"}, {"d", "e", "f", "g"}} {
+		s, err := c.Stream(dctx, sdsclient.StreamConfig{Names: names})
+		if err != nil {
+			t.Fatal(err)
+		}
+		next(t, s)
+		for _, n := range names {
+			src.Bump(n)
+			r := next(t, s)
+			got, _ := r.TrustedCA(n)
+			if want := n + "/1"; string(got) != want {
+				t.Fatalf("names %v: after a change of %s got %q, want %q", names, n, got, want)
+			}
+		}
+		s.Close()
+	}
 }

@@ -10,6 +10,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -117,13 +118,21 @@ func (st *streamState) changed(secrets []*secretmanager.Secret) bool {
 	return false
 }
 
-// Fixed positions of the select cases of a stream; watch channels follow.
-const (
-	caseDone = iota
-	caseRequest
-	caseRecvErr
-	caseWatches
-)
+// streamLog logs with the stream's id. It adds the id to each entry rather
+// than cloning the logger (zap's With copies an encoder per stream).
+type streamLog struct {
+	base *zap.Logger
+	id   uint64
+}
+
+func (l streamLog) Debug(msg string, fields ...zap.Field) { l.write(zap.DebugLevel, msg, fields) }
+func (l streamLog) Warn(msg string, fields ...zap.Field)  { l.write(zap.WarnLevel, msg, fields) }
+
+func (l streamLog) write(lvl zapcore.Level, msg string, fields []zap.Field) {
+	if ce := l.base.Check(lvl, msg); ce != nil {
+		ce.Write(append(fields, zap.Uint64(keyStream, l.id))...)
+	}
+}
 
 // StreamSecrets serves one SDS stream. One goroutine reads requests; this
 // one decides, reads secrets and sends, so a slow client only slows itself.
@@ -136,7 +145,7 @@ func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecr
 		return status.Errorf(codes.ResourceExhausted, "too many SDS streams: at most %d (MaxStreams) are served at once", s.cfg.MaxStreams)
 	}
 	defer s.open.Add(-1)
-	log := s.log.With(zap.Uint64(keyStream, s.streamIDs.Add(1)))
+	log := streamLog{base: s.log, id: s.streamIDs.Add(1)}
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
 
@@ -169,49 +178,100 @@ func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecr
 	return err
 }
 
+// Fixed positions of the select cases of a stream with more than two
+// watched names; watch channels follow.
+const (
+	caseDone = iota
+	caseRequest
+	caseRecvErr
+	caseWatches
+)
+
 func (s *Server) serveStream(ctx context.Context, stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState,
-	reqs <-chan *discoveryv3.DiscoveryRequest, recvErr <-chan error, log *zap.Logger) error {
-	base := []reflect.SelectCase{
-		caseDone:    {Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-		caseRequest: {Dir: reflect.SelectRecv, Chan: reflect.ValueOf(reqs)},
-		caseRecvErr: {Dir: reflect.SelectRecv, Chan: reflect.ValueOf(recvErr)},
-	}
-	cases := base
+	reqs <-chan *discoveryv3.DiscoveryRequest, recvErr <-chan error, log streamLog) error {
+	// Streams watch one or two names almost always ("default", "ROOTCA"): a
+	// plain select on w0 and w1 (nil when unused) serves them without
+	// reflection; more names use reflect.Select over cases.
+	var (
+		w0, w1 <-chan struct{}
+		cases  []reflect.SelectCase
+	)
 	for {
-		chosen, v, _ := reflect.Select(cases)
-		switch chosen {
-		case caseDone:
-			return status.FromContextError(ctx.Err()).Err()
-		case caseRecvErr:
-			err, _ := v.Interface().(error)
-			if errors.Is(err, io.EOF) {
-				return nil
+		var (
+			req    *discoveryv3.DiscoveryRequest
+			change bool
+		)
+		if cases == nil {
+			select {
+			case <-ctx.Done():
+				return status.FromContextError(ctx.Err()).Err()
+			case err := <-recvErr:
+				return endOfRecv(err)
+			case req = <-reqs:
+			case <-w0:
+				change = true
+			case <-w1:
+				change = true
 			}
-			return err
-		case caseRequest:
-			req, _ := v.Interface().(*discoveryv3.DiscoveryRequest)
-			resubscribed, err := s.handleRequest(ctx, stream, st, req, log)
-			if err != nil {
-				return err
+		} else {
+			chosen, v, _ := reflect.Select(cases)
+			switch chosen {
+			case caseDone:
+				return status.FromContextError(ctx.Err()).Err()
+			case caseRecvErr:
+				err, _ := v.Interface().(error)
+				return endOfRecv(err)
+			case caseRequest:
+				req, _ = v.Interface().(*discoveryv3.DiscoveryRequest)
+			default:
+				change = true
 			}
-			if resubscribed {
-				cases = base[:caseWatches:caseWatches]
-				for _, n := range st.names {
-					cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(st.watches[n].ch)})
-				}
-			}
-		default:
+		}
+		if change {
 			if err := s.push(ctx, stream, st, log); err != nil {
 				return err
 			}
+			continue
+		}
+		resubscribed, err := s.handleRequest(ctx, stream, st, req, log)
+		if err != nil {
+			return err
+		}
+		if !resubscribed {
+			continue
+		}
+		w0, w1, cases = nil, nil, nil
+		switch n := len(st.names); {
+		case n > 2:
+			cases = []reflect.SelectCase{
+				caseDone:    {Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+				caseRequest: {Dir: reflect.SelectRecv, Chan: reflect.ValueOf(reqs)},
+				caseRecvErr: {Dir: reflect.SelectRecv, Chan: reflect.ValueOf(recvErr)},
+			}
+			for _, name := range st.names {
+				cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(st.watches[name].ch)})
+			}
+		case n == 2:
+			w0, w1 = st.watches[st.names[0]].ch, st.watches[st.names[1]].ch
+		case n == 1:
+			w0 = st.watches[st.names[0]].ch
 		}
 	}
+}
+
+// endOfRecv turns the receive loop's error into the stream's result: the
+// client closing its side ends the stream cleanly.
+func endOfRecv(err error) error {
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
 }
 
 // handleRequest acts on one request and reports whether the subscription
 // changed.
 func (s *Server) handleRequest(ctx context.Context, stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState,
-	req *discoveryv3.DiscoveryRequest, log *zap.Logger) (bool, error) {
+	req *discoveryv3.DiscoveryRequest, log streamLog) (bool, error) {
 	switch st.classify(req) {
 	case actBadType:
 		return false, checkType(req.GetTypeUrl())
@@ -244,7 +304,7 @@ func (s *Server) handleRequest(ctx context.Context, stream secretv3.SecretDiscov
 }
 
 // push sends the subscribed secrets again if any of them changed.
-func (s *Server) push(ctx context.Context, stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState, log *zap.Logger) error {
+func (s *Server) push(ctx context.Context, stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState, log streamLog) error {
 	secrets, err := s.resolve(ctx, st.names)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -261,7 +321,7 @@ func (s *Server) push(ctx context.Context, stream secretv3.SecretDiscoveryServic
 }
 
 func (s *Server) send(stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState,
-	secrets []*secretmanager.Secret, reason string, log *zap.Logger) error {
+	secrets []*secretmanager.Secret, reason string, log streamLog) error {
 	resp, err := s.response(st.names, secrets)
 	if err != nil {
 		return err
