@@ -25,11 +25,24 @@
 // and "ROOTCA"), the two secrets this agent always holds, like SPIRE's
 // "everything" without exposing provider-backed names nobody asked for.
 //
+// Limits and peers: at most Config.MaxStreams streams are served at once (one
+// more is refused with ResourceExhausted naming the limit, counted in
+// meshagent_sds_refused_total and logged); gRPC refuses a request larger than
+// Config.MaxRecvBytes with ResourceExhausted. The server's transport
+// credentials add no security (the socket is local) but read each new
+// connection's SO_PEERCRED (uid, gid, pid; Linux only), log it, and carry it
+// to the RPCs (PeerCredFromContext); with Config.AllowedUIDs set, interceptors
+// refuse every other peer with PermissionDenied.
+//
 // Concurrency: each stream has one goroutine reading requests and the
 // handler goroutine, which alone owns the stream's state, reads secrets and
-// sends. Secret changes arrive on the source's one-slot watch channels; after
-// a signal the stream sends the newest versions only, and only if they differ
-// from what it last sent. A slow client blocks only its own handler, never
-// the publisher or other streams. The Server itself holds only atomic
-// counters; New starts nothing.
+// sends. It waits with a plain select when it watches one or two names (the
+// usual case) and with reflect.Select beyond. Secret changes arrive on the
+// source's one-slot watch channels, so a stream's queue of changes is one
+// signal deep: after a signal the stream sends the newest versions only, and
+// only if they differ from what it last sent. A slow or stuck client blocks
+// only its own handler (in Send, once gRPC's flow-control windows are full),
+// never the publisher or other streams; when it reads again it gets what was
+// already queued in gRPC and then the newest versions, skipping those it
+// missed. The Server itself holds only atomic counters; New starts nothing.
 package sds
