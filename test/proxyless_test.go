@@ -67,23 +67,24 @@ const (
 	pxSecretTTL  = 10 * time.Second
 )
 
-// pxAgentBinary builds cmd/agent once per test binary run, unless
+// pxAgentBinary builds cmd/agent into a temporary directory, unless
 // MESHAGENT_TEST_AGENT_BIN names an agent binary already built.
-var pxAgentBinary = sync.OnceValues(func() (string, error) {
+func pxAgentBinary(t *testing.T) string {
+	t.Helper()
 	if bin := os.Getenv("MESHAGENT_TEST_AGENT_BIN"); bin != "" {
-		return filepath.Abs(bin)
+		abs, err := filepath.Abs(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return abs
 	}
-	dir, err := os.MkdirTemp("", "pxbin")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "meshagent")
+	bin := filepath.Join(t.TempDir(), "meshagent")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/meshagent/meshagent/cmd/agent").CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("go build: %v: %s", err, out)
+		t.Fatalf("building the agent: %v: %s", err, out)
 	}
-	return bin, nil
-})
+	return bin
+}
 
 // pxAgent is one agent process with its own working directory.
 type pxAgent struct {
@@ -447,10 +448,7 @@ func pxServerSerial(t *testing.T, p *peer.Peer) string {
 }
 
 func TestProxylessGRPCWithAgentBootstraps(t *testing.T) {
-	bin, err := pxAgentBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := pxAgentBinary(t)
 	ca := istioca.Start(t, istioca.Config{})
 	xs := xdsserver.Start(t, xdsserver.Config{CA: ca.CA(), ServerNames: []string{istioca.DefaultServerName}, Tokens: []string{"token-server", "token-client", "token-other"}})
 	rootPath := filepath.Join(t.TempDir(), "root-cert.pem")
