@@ -9,7 +9,7 @@ RUN_DIR   := .run
 FUZZTIME  ?= 5s
 FUZZ_PKGS ?= ./...
 
-.PHONY: build run test vet fmt-check bench docs fuzz proto clean
+.PHONY: build run test vet fmt-check bench soak docs fuzz proto clean
 
 ## build: compile the agent into bin/meshagent
 build:
@@ -35,6 +35,10 @@ fmt-check:
 bench: build
 	$(GO) run ./cmd/meshbench -agent $(abspath $(BIN))
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./xdsproxy ./sds ./secretmanager
+
+## soak: fault-injection soak of bin/meshagent (default 3 minutes, at most 5); prints SOAK figures
+soak: build
+	$(GO) run ./cmd/meshsoak -agent $(abspath $(BIN))
 
 ## docs: regenerate docs/configuration.md from the settings registry
 docs:

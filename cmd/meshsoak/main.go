@@ -1,0 +1,305 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/test/istioca"
+	"github.com/meshagent/meshagent/test/sdsclient"
+	"github.com/meshagent/meshagent/test/xdsserver"
+)
+
+const (
+	maxDuration = 5 * time.Minute
+	numClients  = 200
+	// grace is how long a new client may go without a certificate.
+	grace = 10 * time.Second
+	// Tolerances of the end-of-soak checks.
+	goroutineTol = 10
+	fdTol        = 5
+	rssFrac      = 0.5
+	rssSlackKB   = 24 << 10
+	settleFor    = 20 * time.Second
+)
+
+type options struct {
+	agent    string
+	duration time.Duration
+	seed     uint64
+	keep     bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	fs := flag.NewFlagSet("meshsoak", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options
+	fs.StringVar(&o.agent, "agent", "bin/meshagent", "meshagent binary to run")
+	fs.DurationVar(&o.duration, "duration", 3*time.Minute, "how long to inject faults (at most 5m)")
+	fs.Uint64Var(&o.seed, "seed", 0, "random seed; 0 picks one")
+	fs.BoolVar(&o.keep, "keep", false, "keep the agent's working directory")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if o.duration <= 0 || o.duration > maxDuration {
+		return o, fmt.Errorf("-duration %s: must be positive and at most %s", o.duration, maxDuration)
+	}
+	if o.seed == 0 {
+		o.seed = rand.Uint64()
+	}
+	return o, nil
+}
+
+func main() {
+	opts, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "meshsoak:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, opts, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// figures are what a soak prints.
+type figures struct {
+	checks, clientChecks          int
+	goroutinesBase, goroutinesEnd int
+	fdsBase, fdsEnd               int
+	rssStart, rssLoad, rssEnd     int64
+	connects, slow, adsStreams    int64
+	chaos                         chaosCounts
+	caRequests                    int
+}
+
+func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "meshsoak: "+format+"\n", args...) }
+	raiseFileLimit()
+	dir, err := os.MkdirTemp("", "meshsoak-")
+	if err != nil {
+		logf("%v", err)
+		return 1
+	}
+	if opts.keep {
+		logf("working directory %s", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	tb := &serverTB{}
+	defer tb.Close()
+	var ca *istioca.Server
+	var xds *xdsserver.Server
+	if err := guard(func() {
+		ca = istioca.Start(tb, istioca.Config{
+			TrustDomain: soakDomain,
+			Tokens:      map[string]istioca.ServiceAccount{soakToken: {Namespace: soakNS, Name: soakSA}},
+		})
+		xds = xdsserver.Start(tb, xdsserver.Config{CA: ca.CA(), ServerNames: []string{istioca.DefaultServerName}, Tokens: []string{soakToken}})
+	}); err != nil {
+		logf("starting test servers: %v", err)
+		return 1
+	}
+	a, err := startAgent(agentParams{binary: opts.agent, dir: dir, caAddr: ca.Addr(), xdsAddr: xds.Addr(), serverName: istioca.DefaultServerName, rootPEM: ca.RootPEM()})
+	if err != nil {
+		logf("%v", err)
+		return 1
+	}
+	defer a.stop(5 * time.Second)
+	logf("agent pid %d, seed %d, duration %s", a.pid(), opts.seed, opts.duration)
+
+	led := newLedger()
+	var f figures
+	if err := warmUp(ctx, a); err != nil {
+		logf("agent did not serve a certificate: %v", err)
+		logf("agent log: %s", tail(a.path(agentLog)))
+		return 1
+	}
+	if f.goroutinesBase, f.fdsBase, f.rssStart, err = measure(ctx, a); err != nil {
+		logf("baseline: %v", err)
+		return 1
+	}
+	logf("baseline: goroutines %d, fds %d, rss %d kB", f.goroutinesBase, f.fdsBase, f.rssStart)
+
+	ch, err := newChaos(tb, ca, xds, a.path(rootFile), logf)
+	if err != nil {
+		logf("%v", err)
+		return 1
+	}
+	rng := rand.New(rand.NewPCG(opts.seed, 1))
+	pool := &clientPool{socket: a.path(sdsSocket), led: led}
+	for range numClients {
+		pool.slots = append(pool.slots, &slot{})
+	}
+	loadCtx, endLoad := context.WithTimeout(ctx, opts.duration)
+	defer endLoad()
+	var wg sync.WaitGroup
+	for i := range numClients {
+		r := rand.New(rand.NewPCG(rng.Uint64(), uint64(i)))
+		wg.Go(func() { pool.run(loadCtx, i, r) })
+	}
+	var adsOpened int
+	wg.Go(func() { adsOpened = runADS(loadCtx, a.path(xdsSocket)) })
+	var chaosErr error
+	chaosRng := rand.New(rand.NewPCG(rng.Uint64(), 2))
+	wg.Go(func() { chaosErr = ch.run(loadCtx, chaosRng) })
+
+	// Continuous checks.
+	tick := time.NewTicker(time.Second)
+	loadRSSAt := time.Now().Add(opts.duration / 3)
+	for loadCtx.Err() == nil {
+		select {
+		case <-loadCtx.Done():
+		case <-tick.C:
+		}
+		if err := a.exitedErr(); err != nil {
+			led.Violate("agent_exited", "%v", err)
+			break
+		}
+		f.checks++
+		f.clientChecks += pool.check(time.Now(), grace)
+		if f.rssLoad == 0 && time.Now().After(loadRSSAt) {
+			f.rssLoad, _ = rssKB(a.pid())
+		}
+	}
+	tick.Stop()
+	endLoad()
+	wg.Wait()
+	if chaosErr != nil {
+		logf("fault injection failed: %v", chaosErr)
+		led.Violate("soak", "fault injection: %v", chaosErr)
+	}
+	f.chaos, f.connects, f.slow, f.adsStreams, f.caRequests = ch.counts, pool.connects.Load(), pool.slowOnes.Load(), int64(adsOpened), ca.Requests()
+	if err := a.exitedErr(); err != nil {
+		led.Violate("agent_exited", "%v", err)
+	} else {
+		settle(ctx, a, &f, logf)
+		if !within(int64(f.goroutinesBase), int64(f.goroutinesEnd), goroutineTol) {
+			led.Violate("goroutines", "baseline %d, end %d (tolerance %d)", f.goroutinesBase, f.goroutinesEnd, goroutineTol)
+		}
+		if !within(int64(f.fdsBase), int64(f.fdsEnd), fdTol) {
+			led.Violate("fds", "baseline %d, end %d (tolerance %d)", f.fdsBase, f.fdsEnd, fdTol)
+		}
+		if !rssWithin(f.rssStart, f.rssEnd, rssFrac, rssSlackKB) {
+			led.Violate("rss", "start %d kB, end %d kB (tolerance +%.0f%% +%d kB)", f.rssStart, f.rssEnd, rssFrac*100, rssSlackKB)
+		}
+	}
+	report(stdout, opts, f, led)
+	if led.Total() > 0 {
+		logf("agent log: %s", tail(a.path(agentLog)))
+		return 1
+	}
+	return 0
+}
+
+// warmUp waits until the agent serves a valid "default" to one client.
+func warmUp(ctx context.Context, a *agent) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c, err := sdsclient.Dial(ctx, a.path(sdsSocket))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	st, err := c.Stream(ctx, sdsclient.StreamConfig{Names: []string{secretmanager.WorkloadCertName}})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	r, err := st.Next(ctx)
+	if err != nil {
+		return err
+	}
+	chain, key, _ := r.Cert(secretmanager.WorkloadCertName)
+	if err := checkHeld(held{chain, key}, time.Now()); err != nil {
+		return err
+	}
+	// Let the closed stream and connection wind down before the baseline.
+	sleepCtx(ctx, 2*time.Second)
+	return nil
+}
+
+func measure(ctx context.Context, a *agent) (goroutines, fds int, rss int64, err error) {
+	if goroutines, err = a.goroutines(ctx); err != nil {
+		return
+	}
+	if fds, err = fdCount(a.pid()); err != nil {
+		return
+	}
+	rss, err = rssKB(a.pid())
+	return
+}
+
+// settle polls the end figures until goroutines and fds are back within
+// tolerance or settleFor passes; the last reading stays in f.
+func settle(ctx context.Context, a *agent, f *figures, logf func(string, ...any)) {
+	deadline := time.Now().Add(settleFor)
+	for {
+		g, fds, rss, err := measure(ctx, a)
+		if err != nil {
+			logf("end figures: %v", err)
+		} else {
+			f.goroutinesEnd, f.fdsEnd, f.rssEnd = g, fds, rss
+			if within(int64(f.goroutinesBase), int64(g), goroutineTol) && within(int64(f.fdsBase), int64(fds), fdTol) {
+				return
+			}
+		}
+		if time.Now().After(deadline) || !sleepCtx(ctx, 500*time.Millisecond) {
+			return
+		}
+	}
+}
+
+func report(w io.Writer, opts options, f figures, led *ledger) {
+	fmt.Fprintf(w, "SOAK duration %s seed %d clients %d secret_ttl %s\n", opts.duration, opts.seed, numClients, secretTTL)
+	fmt.Fprintf(w, "SOAK violations %d (checks %d, client checks %d)\n", led.Total(), f.checks, f.clientChecks)
+	for _, l := range led.Lines() {
+		fmt.Fprintf(w, "SOAK   %s\n", l)
+	}
+	fmt.Fprintf(w, "SOAK goroutines baseline %d end %d (tolerance %d)\n", f.goroutinesBase, f.goroutinesEnd, goroutineTol)
+	fmt.Fprintf(w, "SOAK fds baseline %d end %d (tolerance %d)\n", f.fdsBase, f.fdsEnd, fdTol)
+	fmt.Fprintf(w, "SOAK rss start %d kB under-load %d kB end %d kB (tolerance +%.0f%% +%d kB)\n", f.rssStart, f.rssLoad, f.rssEnd, rssFrac*100, rssSlackKB)
+	c := f.chaos
+	fmt.Fprintf(w, "SOAK faults ca_restarts %d ca_slow %d ca_bad %d xds_flaps %d root_rewrites %d root_extra %d\n",
+		c.CARestarts, c.CASlow, c.CABad, c.XDSFlaps, c.RootRewrites, c.RootExtras)
+	fmt.Fprintf(w, "SOAK clients connects %d slow_readers %d ads_streams %d ca_requests %d\n", f.connects, f.slow, f.adsStreams, f.caRequests)
+	if led.Total() == 0 {
+		fmt.Fprintln(w, "SOAK PASS")
+	} else {
+		fmt.Fprintln(w, "SOAK FAIL")
+	}
+}
+
+// tail is the end of a log file, for error messages.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return string(b)
+}
+
+// raiseFileLimit lifts the soft open-file limit to the hard one; 200 clients
+// and the agent (which inherits it) need a few hundred descriptors.
+func raiseFileLimit() {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err == nil && l.Cur < l.Max {
+		l.Cur = l.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	}
+}
