@@ -22,8 +22,9 @@ type held struct {
 
 // checkHeld says what is wrong with a held workload certificate at now: no
 // certificate, a chain or key that does not parse, a key that does not match
-// the leaf, or a leaf outside its validity.
-func checkHeld(h held, now time.Time) error {
+// the leaf, a leaf naming another identity than want, or a leaf outside its
+// validity.
+func checkHeld(h held, want pki.Identity, now time.Time) error {
 	if len(h.Chain) == 0 {
 		return errors.New("no certificate")
 	}
@@ -38,6 +39,9 @@ func checkHeld(h held, now time.Time) error {
 	leaf := certs[0]
 	if !pki.PublicKeysEqual(key.Public(), leaf.PublicKey) {
 		return errors.New("key does not match leaf")
+	}
+	if id, err := pki.IdentityOf(leaf); err != nil || id != want {
+		return fmt.Errorf("leaf names %+v (%v), want %+v", id, err, want)
 	}
 	if now.Before(leaf.NotBefore) {
 		return fmt.Errorf("leaf not valid before %s", leaf.NotBefore.UTC().Format(time.RFC3339))

@@ -12,11 +12,16 @@ import (
 // issue returns a PEM chain and key for a fresh key, valid from nb to na.
 func issue(t *testing.T, ca *localca.CA, nb, na time.Time) (chain, key []byte) {
 	t.Helper()
+	return issueFor(t, ca, pki.SPIFFEIdentity("cluster.local", "soak", "meshsoak"), nb, na)
+}
+
+func issueFor(t *testing.T, ca *localca.CA, id pki.Identity, nb, na time.Time) (chain, key []byte) {
+	t.Helper()
 	k, err := pki.GenerateKey(pki.ECP256)
 	if err != nil {
 		t.Fatal(err)
 	}
-	certs, err := ca.Issue(localca.Leaf{PublicKey: k.Public(), Identity: pki.SPIFFEIdentity("cluster.local", "soak", "meshsoak"), NotBefore: nb, NotAfter: na})
+	certs, err := ca.Issue(localca.Leaf{PublicKey: k.Public(), Identity: id, NotBefore: nb, NotAfter: na})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,6 +41,8 @@ func TestCheckHeld(t *testing.T) {
 	chain, key := issue(t, ca, now.Add(-time.Minute), now.Add(30*time.Second))
 	otherChain, otherKey := issue(t, ca, now.Add(-time.Minute), now.Add(30*time.Second))
 	expChain, expKey := issue(t, ca, now.Add(-time.Hour), now.Add(-time.Second))
+	otherIDChain, otherIDKey := issueFor(t, ca, pki.SPIFFEIdentity("cluster.local", "soak", "intruder"), now.Add(-time.Minute), now.Add(30*time.Second))
+	want := pki.SPIFFEIdentity("cluster.local", "soak", "meshsoak")
 
 	cases := []struct {
 		name string
@@ -50,12 +57,13 @@ func TestCheckHeld(t *testing.T) {
 		{"expires while held", held{chain, key}, now.Add(31 * time.Second), "expired"},
 		{"not yet valid", held{chain, key}, now.Add(-2 * time.Minute), "not valid before"},
 		{"nothing", held{}, now, "no certificate"},
+		{"other identity", held{otherIDChain, otherIDKey}, now, "want"},
 		{"garbage chain", held{[]byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"), key}, now, "chain"},
 		{"garbage key", held{chain, []byte("nope")}, now, "key"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			err := checkHeld(c.h, c.at)
+			err := checkHeld(c.h, want, c.at)
 			switch {
 			case c.want == "" && err != nil:
 				t.Fatalf("checkHeld: %v, want nil", err)

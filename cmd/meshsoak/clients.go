@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
 )
@@ -49,6 +50,7 @@ func (s *slot) snapshot() (bool, time.Time, held) {
 // clientPool runs the SDS clients.
 type clientPool struct {
 	socket   string
+	identity pki.Identity
 	slots    []*slot
 	led      *ledger
 	connects atomic.Int64
@@ -132,7 +134,7 @@ func (p *clientPool) check(now time.Time, grace time.Duration) (checked int) {
 			continue
 		}
 		checked++
-		if err := checkHeld(h, now); err != nil {
+		if err := checkHeld(h, p.identity, now); err != nil {
 			p.led.Violate("sds_default", "client %d: %v", i, err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -30,7 +31,14 @@ const (
 	rssFrac      = 0.5
 	rssSlackKB   = 24 << 10
 	settleFor    = 20 * time.Second
+	// RSS after the load may exceed RSS a third of the way into it by this
+	// much: the client churn is steady, so more means memory kept per client.
+	loadGrowthFrac    = 0.25
+	loadGrowthSlackKB = 8 << 10
 )
+
+// soakIdentity is the identity the agent's certificates must name.
+var soakIdentity = pki.SPIFFEIdentity(soakDomain, soakNS, soakSA)
 
 type options struct {
 	agent    string
@@ -76,13 +84,13 @@ func main() {
 
 // figures are what a soak prints.
 type figures struct {
-	checks, clientChecks          int
-	goroutinesBase, goroutinesEnd int
-	fdsBase, fdsEnd               int
-	rssStart, rssLoad, rssEnd     int64
-	connects, slow, adsStreams    int64
-	chaos                         chaosCounts
-	caRequests                    int
+	checks, clientChecks                  int
+	goroutinesBase, goroutinesEnd         int
+	fdsBase, fdsEnd                       int
+	rssStart, rssLoad, rssLoadEnd, rssEnd int64
+	connects, slow, adsStreams            int64
+	chaos                                 chaosCounts
+	caRequests                            int
 }
 
 func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
@@ -139,7 +147,7 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		return 1
 	}
 	rng := rand.New(rand.NewPCG(opts.seed, 1))
-	pool := &clientPool{socket: a.path(sdsSocket), led: led}
+	pool := &clientPool{socket: a.path(sdsSocket), identity: soakIdentity, led: led}
 	for range numClients {
 		pool.slots = append(pool.slots, &slot{})
 	}
@@ -175,6 +183,7 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		}
 	}
 	tick.Stop()
+	f.rssLoadEnd, _ = rssKB(a.pid())
 	endLoad()
 	wg.Wait()
 	if chaosErr != nil {
@@ -191,6 +200,9 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		}
 		if !within(int64(f.fdsBase), int64(f.fdsEnd), fdTol) {
 			led.Violate("fds", "baseline %d, end %d (tolerance %d)", f.fdsBase, f.fdsEnd, fdTol)
+		}
+		if f.rssLoad > 0 && !rssWithin(f.rssLoad, f.rssLoadEnd, loadGrowthFrac, loadGrowthSlackKB) {
+			led.Violate("rss_load", "under load %d kB, at end of load %d kB (tolerance +%.0f%% +%d kB)", f.rssLoad, f.rssLoadEnd, loadGrowthFrac*100, loadGrowthSlackKB)
 		}
 		if !rssWithin(f.rssStart, f.rssEnd, rssFrac, rssSlackKB) {
 			led.Violate("rss", "start %d kB, end %d kB (tolerance +%.0f%% +%d kB)", f.rssStart, f.rssEnd, rssFrac*100, rssSlackKB)
@@ -223,7 +235,7 @@ func warmUp(ctx context.Context, a *agent) error {
 		return err
 	}
 	chain, key, _ := r.Cert(secretmanager.WorkloadCertName)
-	if err := checkHeld(held{chain, key}, time.Now()); err != nil {
+	if err := checkHeld(held{chain, key}, soakIdentity, time.Now()); err != nil {
 		return err
 	}
 	// Let the closed stream and connection wind down before the baseline.
@@ -270,7 +282,8 @@ func report(w io.Writer, opts options, f figures, led *ledger) {
 	}
 	fmt.Fprintf(w, "SOAK goroutines baseline %d end %d (tolerance %d)\n", f.goroutinesBase, f.goroutinesEnd, goroutineTol)
 	fmt.Fprintf(w, "SOAK fds baseline %d end %d (tolerance %d)\n", f.fdsBase, f.fdsEnd, fdTol)
-	fmt.Fprintf(w, "SOAK rss start %d kB under-load %d kB end %d kB (tolerance +%.0f%% +%d kB)\n", f.rssStart, f.rssLoad, f.rssEnd, rssFrac*100, rssSlackKB)
+	fmt.Fprintf(w, "SOAK rss start %d kB, a third into the load %d kB, end of load %d kB, end %d kB (tolerance end/start +%.0f%% +%d kB, load growth +%.0f%% +%d kB)\n",
+		f.rssStart, f.rssLoad, f.rssLoadEnd, f.rssEnd, rssFrac*100, rssSlackKB, loadGrowthFrac*100, loadGrowthSlackKB)
 	c := f.chaos
 	fmt.Fprintf(w, "SOAK faults ca_restarts %d ca_slow %d ca_bad %d xds_flaps %d root_rewrites %d root_extra %d\n",
 		c.CARestarts, c.CASlow, c.CABad, c.XDSFlaps, c.RootRewrites, c.RootExtras)
