@@ -91,6 +91,7 @@ type figures struct {
 	connects, slow, adsStreams            int64
 	chaos                                 chaosCounts
 	caRequests                            int
+	upstream                              xdsserver.Counts
 }
 
 func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
@@ -191,6 +192,7 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		led.Violate("soak", "fault injection: %v", chaosErr)
 	}
 	f.chaos, f.connects, f.slow, f.adsStreams, f.caRequests = ch.counts, pool.connects.Load(), pool.slowOnes.Load(), int64(adsOpened), ca.Requests()
+	f.upstream = xds.Streams()
 	if err := a.exitedErr(); err != nil {
 		led.Violate("agent_exited", "%v", err)
 	} else {
@@ -287,7 +289,8 @@ func report(w io.Writer, opts options, f figures, led *ledger) {
 	c := f.chaos
 	fmt.Fprintf(w, "SOAK faults ca_restarts %d ca_slow %d ca_bad %d xds_flaps %d root_rewrites %d root_extra %d\n",
 		c.CARestarts, c.CASlow, c.CABad, c.XDSFlaps, c.RootRewrites, c.RootExtras)
-	fmt.Fprintf(w, "SOAK clients connects %d slow_readers %d ads_streams %d ca_requests %d\n", f.connects, f.slow, f.adsStreams, f.caRequests)
+	fmt.Fprintf(w, "SOAK clients connects %d slow_readers %d ads_streams %d upstream_streams %d (rejected %d) ca_requests %d\n",
+		f.connects, f.slow, f.adsStreams, f.upstream.Opened, f.upstream.Rejected, f.caRequests)
 	if led.Total() == 0 {
 		fmt.Fprintln(w, "SOAK PASS")
 	} else {
