@@ -44,7 +44,9 @@ func flIssue(t *testing.T, ca *localca.CA, id pki.Identity, ttl time.Duration) (
 	if err != nil {
 		t.Fatal(err)
 	}
-	certs, err := ca.Issue(localca.Leaf{PublicKey: k.Public(), Identity: id, TTL: ttl})
+	// NotBefore close to now, so renewal at a share of the lifetime falls
+	// where ttl suggests (the CA's default backdates by a minute).
+	certs, err := ca.Issue(localca.Leaf{PublicKey: k.Public(), Identity: id, NotBefore: time.Now().Add(-time.Second), TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}

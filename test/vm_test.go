@@ -181,7 +181,9 @@ func TestVMRenewsOverMTLS(t *testing.T) {
 	dir := agentproc.TempDir(t)
 	out := filepath.Join(dir, "etc", "certs")
 	const ttl = 3 * time.Second
-	chain, key := flIssue(t, ca.CA(), ca.Identity(vmSA), ttl)
+	// The provisioned certificate lives longer, so it is still the one held
+	// when the stream opens (renewal at half its lifetime).
+	chain, key := flIssue(t, ca.CA(), ca.Identity(vmSA), 8*time.Second)
 	flWrite(t, filepath.Join(out, outputcerts.CertChainFile), chain)
 	flWrite(t, filepath.Join(out, outputcerts.KeyFile), key)
 	flWrite(t, filepath.Join(out, outputcerts.RootCertFile), ca.RootPEM())

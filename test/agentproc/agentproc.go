@@ -101,7 +101,10 @@ func Start(t testing.TB, dir string, env ...string) *Proc {
 		p.Stop()
 		if t.Failed() {
 			l := p.Logs()
-			t.Logf("agent logs (tail):\n%s", l[max(0, len(l)-8000):])
+			if len(l) > 16000 {
+				l = l[:6000] + "\n[...]\n" + l[len(l)-10000:]
+			}
+			t.Logf("agent logs:\n%s", l)
 		}
 	})
 	return p
