@@ -14,7 +14,6 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -264,8 +263,8 @@ func dedupe(names []string) []string {
 }
 
 func checkType(typeURL string) error {
-	if typeURL != "" && typeURL != resourcev3.SecretType {
-		return status.Errorf(codes.InvalidArgument, "type %.200q is not served here, only %s", typeURL, resourcev3.SecretType)
+	if typeURL != "" && typeURL != secretTypeURL {
+		return status.Errorf(codes.InvalidArgument, "type %.200q is not served here, only %s", typeURL, secretTypeURL)
 	}
 	return nil
 }
@@ -299,7 +298,7 @@ func (s *Server) response(names []string, secrets []*secretmanager.Secret) (*dis
 	return &discoveryv3.DiscoveryResponse{
 		VersionInfo: s.nextVersion(),
 		Resources:   resources,
-		TypeUrl:     resourcev3.SecretType,
+		TypeUrl:     secretTypeURL,
 		Nonce:       rand.Text(),
 	}, nil
 }
@@ -316,3 +315,8 @@ func (s *Server) countError(err error) {
 	}
 	s.metrics.errors.WithLabelValues(code.String()).Inc()
 }
+
+// secretTypeURL is the type of every resource served here. It is spelled out
+// rather than taken from go-control-plane's resource package, which links
+// every Envoy API into the binary.
+const secretTypeURL = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
