@@ -42,9 +42,9 @@ type agent struct {
 	served *served
 }
 
-// errSourceUnavailable: the chosen certificate source is not built into this
-// binary yet.
-var errSourceUnavailable = errors.New("certificate source not available in this build")
+// errSourceUnavailable: a mode without a certificate source (a mode added to
+// selectMode but not to certificateSource).
+var errSourceUnavailable = errors.New("no certificate source for this mode")
 
 // runAgent runs the agent until ctx ends, SIGINT or SIGTERM arrives, a loopback
 // caller POSTs /quitquitquit (all return nil) or a component fails.
