@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,8 +96,19 @@ func TestCARootRotation(t *testing.T) {
 	ca.SetServingCert(serving)
 	ca.Restart(t)
 	before := ca.Requests()
-	// Renewal is due within 2 s and fails at the handshake.
-	flNoCertChange(t, s, 3*time.Second, nil, "none")
+	// Renewal is due within 2 s and fails at the handshake: wait for the
+	// agent to report a failed request.
+	logged := len(p.Logs())
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(p.Logs()[logged:], "certificate request failed") {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent reported no failed request to a CA with an untrusted certificate")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(p.Logs()[logged:], "x509") {
+		t.Error("the failed request does not name a certificate verification error")
+	}
 	if got := ca.Requests(); got != before {
 		t.Fatalf("the CA received %d requests over a connection the agent should have refused", got-before)
 	}
