@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -256,6 +259,24 @@ func TestFilesMountedCerts(t *testing.T) {
 	flRename(t, filepath.Join(certs, "key.pem"), key)
 	flRename(t, filepath.Join(certs, "cert-chain.pem"), chain)
 	flWaitCert(t, s, flDebounce+time.Second, chain, secretmanager.WorkloadCertName)
+
+	// Names that cannot be served are refused with InvalidArgument.
+	fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer fcancel()
+	c, err := sdsclient.Dial(fctx, p.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, name := range []string{
+		secretmanager.FileCertPrefix + filepath.Join(dir, "missing.pem") + "~" + filepath.Join(dir, "missing-key.pem"),
+		secretmanager.FileCertPrefix + "no-key-path",
+		secretmanager.FileRootPrefix + filepath.Join(dir, "missing-root.pem"),
+	} {
+		if _, err := c.Fetch(fctx, name); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%q: %v, want InvalidArgument", name, err)
+		}
+	}
 
 	// A new root bundle (old and new roots) reaches ROOTCA.
 	ca2 := flCA(t)
