@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/test/istioca"
+	"github.com/meshagent/meshagent/test/programtb"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
@@ -29,7 +30,7 @@ const (
 
 // fixture is the test CA and control plane the agents talk to, on loopback.
 type fixture struct {
-	tb     *fixtureTB
+	tb     *programtb.TB
 	ca     *istioca.Server
 	xds    *xdsserver.Server
 	issued issueLog
@@ -64,8 +65,8 @@ func (l *issueLog) latestBefore(t time.Time) (time.Time, bool) {
 
 // startFixture starts the test CA and control plane. Close stops them.
 func startFixture() (*fixture, error) {
-	f := &fixture{tb: &fixtureTB{}}
-	err := catchFixture(func() {
+	f := &fixture{tb: programtb.New("meshbench")}
+	err := programtb.Guard(func() {
 		f.ca = istioca.Start(f.tb, istioca.Config{
 			TrustDomain: benchTrustDomain,
 			Tokens:      map[string]istioca.ServiceAccount{benchToken: {Namespace: benchNamespace, Name: benchServiceAccount}},

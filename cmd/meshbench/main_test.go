@@ -122,28 +122,3 @@ func TestIssueLog(t *testing.T) {
 		t.Error("found an issuance before the first")
 	}
 }
-
-func TestFixtureTB(t *testing.T) {
-	tb := &fixtureTB{}
-	var order []int
-	tb.Cleanup(func() { order = append(order, 1) })
-	tb.Cleanup(func() { order = append(order, 2) })
-	err := catchFixture(func() { tb.Fatalf("bad %d", 7) })
-	if err == nil || err.Error() != "bad 7" {
-		t.Errorf("catchFixture = %v", err)
-	}
-	if err := catchFixture(func() {}); err != nil {
-		t.Errorf("catchFixture of a clean run = %v", err)
-	}
-	tb.Close()
-	tb.Close()
-	if len(order) != 2 || order[0] != 2 || order[1] != 1 {
-		t.Errorf("cleanups ran in order %v, want [2 1] once", order)
-	}
-	defer func() {
-		if r := recover(); r != "other" {
-			t.Errorf("recovered %v, want the original panic", r)
-		}
-	}()
-	_ = catchFixture(func() { panic("other") })
-}

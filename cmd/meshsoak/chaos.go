@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/test/istioca"
+	"github.com/meshagent/meshagent/test/programtb"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
@@ -21,7 +22,7 @@ type chaosCounts struct {
 // chaos injects one fault at a time, with a quiet gap between faults, so a
 // certificate valid for 30 s is never starved by design.
 type chaos struct {
-	tb       *serverTB
+	tb       *programtb.TB
 	ca       *istioca.Server
 	xds      *xdsserver.Server
 	rootPath string
@@ -31,7 +32,7 @@ type chaos struct {
 	counts   chaosCounts
 }
 
-func newChaos(tb *serverTB, ca *istioca.Server, xds *xdsserver.Server, rootPath string, logf func(string, ...any)) (*chaos, error) {
+func newChaos(tb *programtb.TB, ca *istioca.Server, xds *xdsserver.Server, rootPath string, logf func(string, ...any)) (*chaos, error) {
 	other, err := localca.New(localca.Config{})
 	if err != nil {
 		return nil, fmt.Errorf("creating extra root: %w", err)
@@ -107,14 +108,14 @@ func (c *chaos) heal() {
 }
 
 func (c *chaos) restartCA() error {
-	if err := guard(func() { c.ca.Restart(c.tb) }); err != nil {
+	if err := programtb.Guard(func() { c.ca.Restart(c.tb) }); err != nil {
 		return fmt.Errorf("restarting CA: %w", err)
 	}
 	return nil
 }
 
 func (c *chaos) restartXDS() error {
-	if err := guard(func() { c.xds.Restart(c.tb) }); err != nil {
+	if err := programtb.Guard(func() { c.xds.Restart(c.tb) }); err != nil {
 		return fmt.Errorf("restarting control plane: %w", err)
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
+	"github.com/meshagent/meshagent/test/programtb"
 	"github.com/meshagent/meshagent/test/sdsclient"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
@@ -107,11 +108,11 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	tb := &serverTB{}
+	tb := programtb.New("meshsoak")
 	defer tb.Close()
 	var ca *istioca.Server
 	var xds *xdsserver.Server
-	if err := guard(func() {
+	if err := programtb.Guard(func() {
 		ca = istioca.Start(tb, istioca.Config{
 			TrustDomain: soakDomain,
 			Tokens:      map[string]istioca.ServiceAccount{soakToken: {Namespace: soakNS, Name: soakSA}},
