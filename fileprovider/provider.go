@@ -107,6 +107,9 @@ func (p *Provider) Run(ctx context.Context) error {
 // watchers, under the active Run's context. p.mu is held.
 func (p *Provider) startLocked(e *entry) {
 	ctx, errc := p.ctx, p.errc
+	// Take the value's change channel before the watcher can replace the
+	// value, so a change made while the goroutines start is still signalled.
+	_, _, changed := e.current()
 	p.wg.Go(func() {
 		if err := e.run(ctx); err != nil {
 			select {
@@ -115,7 +118,7 @@ func (p *Provider) startLocked(e *entry) {
 			}
 		}
 	})
-	p.wg.Go(func() { e.follow(ctx) })
+	p.wg.Go(func() { e.follow(ctx, changed) })
 }
 
 var _ secretmanager.Provider = (*Provider)(nil)
@@ -310,8 +313,7 @@ func (e *entry) watch() (<-chan struct{}, func()) {
 }
 
 // follow signals the watchers after every change of the source's value.
-func (e *entry) follow(ctx context.Context) {
-	_, _, changed := e.current()
+func (e *entry) follow(ctx context.Context, changed <-chan struct{}) {
 	for {
 		select {
 		case <-ctx.Done():
