@@ -205,6 +205,20 @@ func httpGet(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// waitReady polls /healthz/ready until it answers 200 (the first certificate
+// is held) or 10 s pass, and returns the last answer.
+func waitReady(t *testing.T, base string) (int, string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := httpGet(t, base+"/healthz/ready")
+		if code == 200 || time.Now().After(deadline) {
+			return code, body
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func TestRunDevServesStatusAndStopsOnCancel(t *testing.T) {
 	t.Chdir(t.TempDir())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -213,7 +227,7 @@ func TestRunDevServesStatusAndStopsOnCancel(t *testing.T) {
 	if code, body := httpGet(t, base+"/healthz/live"); code != 200 {
 		t.Errorf("live: %d %q", code, body)
 	}
-	if code, body := httpGet(t, base+"/healthz/ready"); code != 200 {
+	if code, body := waitReady(t, base); code != 200 {
 		t.Errorf("ready: %d %q", code, body)
 	}
 	if code, body := httpGet(t, base+"/debug/certs"); code != 200 || !strings.Contains(body, `"source": "dev-ca"`) {

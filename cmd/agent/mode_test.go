@@ -156,13 +156,7 @@ func TestRunRemovesStaleSocket(t *testing.T) {
 	sock := filepath.Join(dir, "uds", "socket")
 	staleSocket(t, sock)
 	base, wait, log := startAgent(t, context.Background(), []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_SDS_SOCKET=" + sock}, "--dev")
-	ready := 0
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if ready, _ = httpGet(t, base+"/healthz/ready"); ready == 200 {
-			break
-		}
-	}
-	if ready != 200 {
+	if ready, _ := waitReady(t, base); ready != 200 {
 		t.Errorf("ready %d: the dev agent should hold a certificate", ready)
 	}
 	if st, err := os.Lstat(sock); err != nil || st.Mode().Type() != os.ModeSocket {
@@ -183,7 +177,7 @@ func TestRunLeavesExternalSocket(t *testing.T) {
 	sock := filepath.Join(dir, "uds", "socket")
 	serveGRPC(t, sock)
 	base, wait, log := startAgent(t, context.Background(), []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_SDS_SOCKET=" + sock, "MESHAGENT_XDS_PROXY=false"})
-	if code, _ := httpGet(t, base+"/healthz/ready"); code != 200 {
+	if code, _ := waitReady(t, base); code != 200 {
 		t.Errorf("ready %d", code)
 	}
 	quit(t, base)

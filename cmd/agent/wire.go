@@ -386,12 +386,15 @@ func (a *agent) servingComponents() ([]component, error) {
 		cs = append(cs, component{name: "sds", run: srv.Run})
 	}
 	if c.XDSProxy {
-		xp, err := a.xdsProxy()
+		xp, rootsRun, err := a.xdsProxy()
 		if err != nil {
 			return nil, err
 		}
 		a.status.AddReadiness("xds_upstream", xp.Ready)
 		cs = append(cs, component{name: "xdsproxy", run: xp.Run})
+		if rootsRun != nil {
+			cs = append(cs, component{name: "xds_root_watcher", run: rootsRun})
+		}
 	}
 	if m != nil && c.OutputCerts != "" {
 		w, err := outputcerts.New(outputcerts.Config{Dir: c.OutputCerts, Logger: a.base, Registerer: a.reg})
@@ -406,7 +409,9 @@ func (a *agent) servingComponents() ([]component, error) {
 	return cs, nil
 }
 
-func (a *agent) xdsProxy() (*xdsproxy.Proxy, error) {
+// xdsProxy builds the proxy and, when the xDS root is a file of its own, the
+// component that follows it (SPEC 7).
+func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error) {
 	c := a.cfg
 	md := map[string]string{}
 	for k, v := range c.XDSHeaders {
@@ -415,18 +420,21 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, error) {
 	if c.ClusterID != "" {
 		md["ClusterID"] = c.ClusterID
 	}
-	var roots caclient.RootSource
-	switch {
-	case c.XDSRoot == c.CARoot && a.served.caRoots != nil:
+	var (
+		roots    caclient.RootSource
+		rootsRun func(context.Context) error
+	)
+	if c.XDSRoot == c.CARoot && a.served.caRoots != nil {
 		roots = a.served.caRoots
-	default:
-		r, err := a.staticRoots(c.XDSRoot)
-		if err != nil {
-			return nil, err
-		}
-		roots = r
+	} else if r, run, err := a.watchedRoots("xds_root", c.XDSRoot); err == nil {
+		roots, rootsRun = r, run
+	} else {
+		// Not fatal: the proxy then cannot verify the control plane and
+		// says so at every attempt.
+		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(keyPath, c.XDSRoot), zap.Error(err))
+		roots = caclient.StaticRoots{Pool: pki.CertPool(nil)}
 	}
-	return xdsproxy.New(xdsproxy.Config{
+	xp, err := xdsproxy.New(xdsproxy.Config{
 		SocketPath: c.XDSSocket,
 		Upstream: caclient.TransportConfig{
 			Addr:              c.DiscoveryAddress,
@@ -441,30 +449,10 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, error) {
 		Logger:     a.base,
 		Registerer: a.reg,
 	})
-}
-
-// staticRoots loads the xDS root when it differs from the CA root. A missing
-// file is not fatal: the proxy then cannot verify the control plane and says
-// so at every attempt.
-func (a *agent) staticRoots(path string) (caclient.RootSource, error) {
-	var (
-		b   *certfile.Bundle
-		err error
-	)
-	if path == settings.SystemRoots {
-		p, perr := certfile.SystemBundlePath()
-		if perr != nil {
-			return nil, perr
-		}
-		b, err = certfile.LoadSystemBundle(p)
-	} else {
-		b, err = certfile.LoadBundle(path)
-	}
 	if err != nil {
-		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(keyPath, path), zap.Error(err))
-		return caclient.StaticRoots{Pool: pki.CertPool(nil)}, nil
+		return nil, nil, err
 	}
-	return caclient.StaticRoots{Pool: b.Pool()}, nil
+	return xp, rootsRun, nil
 }
 
 // writeOutputCerts writes the latest certificate and roots after every
