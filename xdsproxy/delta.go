@@ -22,7 +22,7 @@ type deltaTracker struct {
 	node  *core.Node
 	order []string
 	subs  map[string]*deltaSub
-	logs  map[string]*responseLog
+	logs  responseLogs
 }
 
 // deltaSub is the client's subscription to one type.
@@ -40,19 +40,7 @@ type deltaSub struct {
 }
 
 func newDeltaTracker() *deltaTracker {
-	return &deltaTracker{subs: map[string]*deltaSub{}, logs: map[string]*responseLog{}}
-}
-
-func (t *deltaTracker) log(typeURL string) (*responseLog, error) {
-	l, ok := t.logs[typeURL]
-	if !ok {
-		if len(t.logs) >= maxTypes {
-			return nil, errTooManyTypes
-		}
-		l = &responseLog{}
-		t.logs[typeURL] = l
-	}
-	return l, nil
+	return &deltaTracker{subs: map[string]*deltaSub{}, logs: responseLogs{}}
 }
 
 func (t *deltaTracker) request(raw []byte, gen uint64) (verdict, []byte, error) {
@@ -66,7 +54,7 @@ func (t *deltaTracker) request(raw []byte, gen uint64) (verdict, []byte, error) 
 	if t.node == nil && req.Node != nil {
 		t.node = req.Node
 	}
-	l, err := t.log(req.TypeUrl)
+	l, err := t.logs.get(req.TypeUrl)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -128,7 +116,7 @@ func (t *deltaTracker) response(data mem.BufferSlice, gen uint64) error {
 	if err != nil {
 		return err
 	}
-	l, err := t.log(info.typeURL)
+	l, err := t.logs.get(info.typeURL)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,7 @@ type sotwTracker struct {
 	node  *core.Node
 	order []string // type URLs in the order the client first asked for them
 	subs  map[string]*sotwSub
-	logs  map[string]*responseLog
+	logs  responseLogs
 }
 
 // sotwSub is the client's subscription to one type.
@@ -33,19 +33,7 @@ type sotwSub struct {
 }
 
 func newSotwTracker() *sotwTracker {
-	return &sotwTracker{subs: map[string]*sotwSub{}, logs: map[string]*responseLog{}}
-}
-
-func (t *sotwTracker) log(typeURL string) (*responseLog, error) {
-	l, ok := t.logs[typeURL]
-	if !ok {
-		if len(t.logs) >= maxTypes {
-			return nil, errTooManyTypes
-		}
-		l = &responseLog{}
-		t.logs[typeURL] = l
-	}
-	return l, nil
+	return &sotwTracker{subs: map[string]*sotwSub{}, logs: responseLogs{}}
 }
 
 func (t *sotwTracker) request(raw []byte, gen uint64) (verdict, []byte, error) {
@@ -59,7 +47,7 @@ func (t *sotwTracker) request(raw []byte, gen uint64) (verdict, []byte, error) {
 	if t.node == nil && req.Node != nil {
 		t.node = req.Node
 	}
-	l, err := t.log(req.TypeUrl)
+	l, err := t.logs.get(req.TypeUrl)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -101,7 +89,7 @@ func (t *sotwTracker) response(data mem.BufferSlice, gen uint64) error {
 	if err != nil {
 		return err
 	}
-	l, err := t.log(info.typeURL)
+	l, err := t.logs.get(info.typeURL)
 	if err != nil {
 		return err
 	}

@@ -56,6 +56,22 @@ type sentResponse struct {
 	removed []string              // delta only: names it removed
 }
 
+// responseLogs holds one responseLog per type URL, at most maxTypes of them.
+type responseLogs map[string]*responseLog
+
+// get returns the log of typeURL, making it on first use.
+func (m responseLogs) get(typeURL string) (*responseLog, error) {
+	l, ok := m[typeURL]
+	if !ok {
+		if len(m) >= maxTypes {
+			return nil, errTooManyTypes
+		}
+		l = &responseLog{}
+		m[typeURL] = l
+	}
+	return l, nil
+}
+
 // responseLog is the per-type record of forwarded responses, oldest first.
 type responseLog struct {
 	sent        []sentResponse
