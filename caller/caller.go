@@ -1,0 +1,53 @@
+package caller
+
+import (
+	"context"
+	"strconv"
+)
+
+// Cred is what the kernel reports of the process that connected to a Unix
+// socket (SO_PEERCRED), read when it connected.
+type Cred struct {
+	UID, GID uint32
+	PID      int32
+}
+
+// String formats the credentials as uid=.. gid=.. pid=...
+func (c Cred) String() string {
+	return "uid=" + strconv.FormatUint(uint64(c.UID), 10) + " gid=" + strconv.FormatUint(uint64(c.GID), 10) +
+		" pid=" + strconv.FormatInt(int64(c.PID), 10)
+}
+
+// Info is the caller of an RPC as the agent resolved it.
+type Info struct {
+	// Cred are the kernel's credentials of the connection.
+	Cred Cred
+	// Identity is the workload identity the caller is entitled to (a SPIFFE
+	// ID, or Linkerd's DNS identity). Empty means the agent's own identity
+	// (a sidecar or VM agent serves one workload).
+	Identity string
+	// Pod is "<namespace>/<name>" of the caller's pod and PodUID its UID, in
+	// node mode; empty otherwise.
+	Pod, PodUID string
+}
+
+// Resolver decides who the process behind a connection is.
+type Resolver interface {
+	// Resolve maps the kernel's credentials of a connection to the caller.
+	// An error refuses the caller; its text names the reason and is shown to
+	// the caller with PermissionDenied, so it must not reveal other callers.
+	Resolve(ctx context.Context, cred Cred) (Info, error)
+}
+
+type ctxKey struct{}
+
+// NewContext returns ctx carrying info.
+func NewContext(ctx context.Context, info Info) context.Context {
+	return context.WithValue(ctx, ctxKey{}, info)
+}
+
+// FromContext returns the caller carried by ctx, if any.
+func FromContext(ctx context.Context) (Info, bool) {
+	info, ok := ctx.Value(ctxKey{}).(Info)
+	return info, ok
+}
