@@ -117,10 +117,8 @@ func newCoreAgent(t testing.TB, o coreOpts) *coreAgent {
 			Token:      credfetcher.File{Path: tokenPath},
 			Metadata:   map[string]string{"ClusterID": "Kubernetes"},
 		},
-		// Retries are the manager's, on its clock.
-		MaxAttempts: 1,
-		Logger:      logger,
-		Registerer:  a.reg,
+		Logger:     logger,
+		Registerer: a.reg,
 	}
 	if o.caClientFn != nil {
 		o.caClientFn(&icfg)
