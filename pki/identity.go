@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // Identity is the name a workload certificate is issued for: either a SPIFFE ID
@@ -64,4 +66,22 @@ func (i Identity) URI() (*url.URL, error) {
 		return nil, fmt.Errorf("SPIFFE ID %q: want spiffe://<trust-domain>/<path>", i.SPIFFEID)
 	}
 	return u, nil
+}
+
+// ParseIdentity reads an identity as String prints it: a spiffe:// URI is a
+// SPIFFE ID (checked with go-spiffe's spiffeid rules), anything else a
+// DNS-like name (Linkerd).
+func ParseIdentity(s string) (Identity, error) {
+	if strings.HasPrefix(s, "spiffe://") {
+		id, err := spiffeid.FromString(s)
+		if err != nil {
+			return Identity{}, fmt.Errorf("SPIFFE ID %.200q: %w", s, err)
+		}
+		return Identity{SPIFFEID: id.String()}, nil
+	}
+	id := Identity{DNSName: s}
+	if err := id.Validate(); err != nil {
+		return Identity{}, err
+	}
+	return id, nil
 }

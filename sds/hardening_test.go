@@ -240,7 +240,7 @@ func (r *rootSource) Secret(_ context.Context, name string) (*secretmanager.Secr
 	return &secretmanager.Secret{Name: name, Roots: fmt.Appendf(nil, "%s/%d", name, v), Version: v}, nil
 }
 
-func (r *rootSource) Watch(name string) (<-chan struct{}, func()) {
+func (r *rootSource) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := make(chan struct{}, 1)

@@ -5,6 +5,7 @@ const (
 	keySocket       = "socket"
 	keyStream       = "stream"
 	keyNames        = "names"
+	keyName         = "name"
 	keyNonce        = "nonce"
 	keyVersion      = "version"
 	keyCode         = "code"

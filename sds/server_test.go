@@ -596,7 +596,7 @@ func (staticSource) Secret(_ context.Context, name string) (*secretmanager.Secre
 	return nil, secretmanager.ErrUnknownResource
 }
 
-func (staticSource) Watch(string) (<-chan struct{}, func()) { return nil, func() {} }
+func (staticSource) Watch(context.Context, string) (<-chan struct{}, func()) { return nil, func() {} }
 
 func TestNoPrivateKeyOnDisk(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
@@ -635,7 +635,7 @@ func FuzzClassify(f *testing.F) {
 		}
 		st := &streamState{}
 		if subscribed {
-			st.subscribe(staticSource{}, []string{"default"}, []string{"default"})
+			st.subscribe(context.Background(), staticSource{}, []string{"default"}, []string{"default"})
 			st.nonce = "n1"
 		}
 		a := st.classify(req)

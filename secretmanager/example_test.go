@@ -32,7 +32,7 @@ func Example() {
 		panic(err)
 	}
 	// Subscribe before Run, so no publication is missed.
-	changed, stop := m.Watch(secretmanager.WorkloadCertName)
+	changed, stop := m.Watch(context.Background(), secretmanager.WorkloadCertName)
 	defer stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
