@@ -37,8 +37,8 @@ const (
 // stream's own goroutine.
 type streamState struct {
 	subscribed bool
-	requested  []string // the names of the last accepted request, sorted and unique
-	names      []string // the names served: requested, or the defaults
+	requested  []string          // the names of the last accepted request, sorted and unique
+	names      []string          // the names served: requested, or the defaults
 	nonce      string            // nonce of our latest response
 	sent       map[string]uint64 // version of each name last sent on the stream
 	missing    map[string]bool   // names not available at the last look

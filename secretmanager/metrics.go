@@ -18,10 +18,10 @@ const (
 )
 
 type metrics struct {
-	expiry    *prometheus.GaugeVec
-	renewAt   *prometheus.GaugeVec
-	renewals  *prometheus.CounterVec
-	rejected  *prometheus.CounterVec
+	expiry     *prometheus.GaugeVec
+	renewAt    *prometheus.GaugeVec
+	renewals   *prometheus.CounterVec
+	rejected   *prometheus.CounterVec
 	caLatency  prometheus.Histogram
 	identities prometheus.Gauge
 	inFlight   prometheus.Gauge
