@@ -106,10 +106,12 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 		TTL:         c.SecretTTL,
 		GraceRatio:  c.GraceRatio,
 		GraceJitter: c.GraceJitter,
-		OnPublish:   a.served.onPublish,
-		Source:      source,
-		Logger:      a.base,
-		Registerer:  a.reg,
+		// Sidecar: one identity; the bound matters once callers carry their own.
+		MaxConcurrentCSRs: c.CAMaxConcurrentCSRs,
+		OnPublish:         a.served.onPublish,
+		Source:            source,
+		Logger:            a.base,
+		Registerer:        a.reg,
 	}
 	a.served.files = fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
 	mc.Providers = map[string]secretmanager.Provider{
