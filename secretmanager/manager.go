@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -175,6 +174,8 @@ type entry struct {
 	due      time.Time // when the next request may start (zero: now)
 	failures int       // consecutive failed requests: its own backoff
 
+	gen uint64 // bumped at every (re)queueing: older queue items are stale
+
 	subs      map[chan struct{}]struct{} // Watch subscribers and waiting callers
 	waiters   int                        // callers blocked in Secret
 	pins      int                        // Prefetch holds
@@ -238,6 +239,9 @@ type Manager struct {
 	mu          sync.Mutex
 	entries     map[pki.Identity]*entry
 	own         *entry // nil when no own identity is configured
+	timers      heap[timed]  // entries by due time
+	ready       heap[ranked] // due entries waiting for a CSR slot, best first
+	idle        heap[timed]  // unused entries by the time they may be dropped
 	inFlight    int
 	version     uint64
 	roots       *Secret
@@ -339,6 +343,9 @@ func New(cfg Config) (*Manager, error) {
 		clock:    cfg.Clock,
 		wake:     make(chan struct{}, 1),
 		entries:  make(map[pki.Identity]*entry),
+		timers:   heap[timed]{less: timedLess},
+		ready:    heap[ranked]{less: rankedLess},
+		idle:     heap[timed]{less: timedLess},
 		rootSubs: make(map[chan struct{}]struct{}),
 	}
 	b := cfg.Roots.Bundle()
@@ -371,6 +378,7 @@ func (m *Manager) loadInitial(in *Secret) {
 	if m.cfg.CA != nil {
 		h.secret.RenewAt = RenewAt(h.chain[0].NotBefore, h.secret.NotAfter, m.policy, m.rand())
 		m.own.due = h.secret.RenewAt
+		m.enqueueLocked(m.own)
 	}
 	m.version++
 	h.secret.Version = m.version
@@ -402,16 +410,42 @@ func (m *Manager) entryLocked(id pki.Identity, now time.Time) *entry {
 	if e := m.entries[id]; e != nil {
 		return e
 	}
-	e := &entry{id: id, subs: make(map[chan struct{}]struct{}), idleSince: now}
+	e := &entry{id: id, subs: make(map[chan struct{}]struct{})}
 	m.entries[id] = e
 	m.metrics.identities.Set(float64(len(m.entries)))
+	m.enqueueLocked(e)
+	m.released(e, now)
 	return e
 }
 
+// enqueueLocked (re)queues e at its due time; items queued for it before
+// are stale from now on. Called with mu held whenever e's due time or its
+// claim on a slot changes: made, used again, finished, roots changed.
+func (m *Manager) enqueueLocked(e *entry) {
+	if m.cfg.CA == nil {
+		return // nothing is ever requested
+	}
+	e.gen++
+	m.timers.push(timed{e: e, gen: e.gen, at: e.due})
+}
+
+// acquired records that someone took hold of e (a subscriber, a waiting
+// caller, a Prefetch); wasUsed says whether e was in use before. Called with
+// mu held, after the hold was counted. An entry used again is queued anew
+// (the queues forget unused entries); one without a valid certificate too,
+// since its rank may have risen. A renewal already queued stays as it is.
+func (m *Manager) acquired(e *entry, wasUsed bool) {
+	if !e.inFlight && (!wasUsed || e.valid(m.clock.Now()) == nil) {
+		m.enqueueLocked(e)
+		m.poke()
+	}
+}
+
 // released records that someone let go of e. Called with mu held.
-func (m *Manager) released(e *entry) {
+func (m *Manager) released(e *entry, now time.Time) {
 	if !e.used() {
-		e.idleSince = m.clock.Now()
+		e.idleSince = now
+		m.idle.push(timed{e: e, at: now.Add(m.cfg.IdleGrace)})
 		m.poke() // the sweep needs a timer for it
 	}
 }
@@ -468,55 +502,66 @@ func stopTimer(t clock.Timer) {
 	}
 }
 
-// candidate is a due entry and its rank, fixed for one scheduling pass.
-type candidate struct {
-	e    *entry
-	prio priority
-}
-
 // schedule drops the entries idle past the grace period and starts a
 // request for each due entry while fewer than MaxConcurrentCSRs are in
 // flight: highest priority first, then earliest due. It returns when it
-// must look again (ok false: only when woken). The scan is O(entries).
+// must look again (ok false: only when woken). It works on three queues
+// (by due time, ready by rank, idle by drop time) with lazy deletion, so a
+// pass costs O(log n) per entry it moves, not a scan of every identity.
 func (m *Manager) schedule(ctx context.Context, wg *sync.WaitGroup) (next time.Time, ok bool) {
 	now := m.clock.Now()
-	later := func(t time.Time) {
-		if !ok || t.Before(next) {
-			next, ok = t, true
-		}
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var due []candidate
-	for id, e := range m.entries {
-		if !e.used() {
-			if drop := e.idleSince.Add(m.cfg.IdleGrace); !drop.After(now) {
-				delete(m.entries, id)
-				m.metrics.dropped.Inc()
-				m.log.Debug("identity dropped: unused", zap.String(keyIdentity, id.String()))
-			} else {
-				later(drop)
-			}
+	// Drop the entries unused for the grace period.
+	for m.idle.len() > 0 {
+		it := m.idle.peek()
+		e := it.e
+		if m.entries[e.id] != e || e.used() || !e.idleSince.Add(m.cfg.IdleGrace).Equal(it.at) {
+			m.idle.pop() // stale: dropped already, used again, or idle since later
 			continue
 		}
-		if m.cfg.CA == nil || e.inFlight {
-			continue
+		if it.at.After(now) {
+			next, ok = it.at, true
+			break
 		}
-		if e.due.After(now) {
-			later(e.due)
-			continue
-		}
-		due = append(due, candidate{e: e, prio: e.priority(now)})
+		m.idle.pop()
+		delete(m.entries, e.id)
+		m.metrics.dropped.Inc()
+		m.log.Debug("identity dropped: unused", zap.String(keyIdentity, e.id.String()))
 	}
 	m.metrics.identities.Set(float64(len(m.entries)))
-	free := m.cfg.MaxConcurrentCSRs - m.inFlight
-	if len(due) > free {
-		// The rest wait for a slot: every finished request wakes Run.
-		sortCandidates(due)
-		due = due[:max(free, 0)]
+	if m.cfg.CA == nil {
+		return next, ok
 	}
-	for _, c := range due {
-		e := c.e
+	// Move the entries that fell due to the ready queue, ranked now.
+	for m.timers.len() > 0 {
+		it := m.timers.peek()
+		if it.gen != it.e.gen || !m.startable(it.e) {
+			m.timers.pop()
+			continue
+		}
+		if it.at.After(now) {
+			if !ok || it.at.Before(next) {
+				next, ok = it.at, true
+			}
+			break
+		}
+		m.timers.pop()
+		m.ready.push(ranked{e: it.e, gen: it.gen, prio: it.e.priority(now), due: it.e.due})
+	}
+	// Start the best of them while slots are free; the rest wait for a
+	// slot (every finished request wakes Run).
+	for m.inFlight < m.cfg.MaxConcurrentCSRs && m.ready.len() > 0 {
+		it := m.ready.pop()
+		e := it.e
+		if it.gen != e.gen || !m.startable(e) {
+			continue
+		}
+		if p := e.priority(now); p != it.prio {
+			it.prio = p // ranked when it fell due; re-rank
+			m.ready.push(it)
+			continue
+		}
 		e.inFlight = true
 		m.inFlight++
 		wg.Go(func() { m.sign(ctx, e) })
@@ -525,19 +570,10 @@ func (m *Manager) schedule(ctx context.Context, wg *sync.WaitGroup) (next time.T
 	return next, ok
 }
 
-// sortCandidates orders by priority (highest first), then due time
-// (earliest first), then identity, so the order is deterministic.
-func sortCandidates(cs []candidate) {
-	cmp := func(a, b candidate) int {
-		switch {
-		case a.prio != b.prio:
-			return int(b.prio) - int(a.prio)
-		case !a.e.due.Equal(b.e.due):
-			return a.e.due.Compare(b.e.due)
-		}
-		return strings.Compare(a.e.id.String(), b.e.id.String())
-	}
-	slices.SortFunc(cs, cmp)
+// startable reports whether a request may start for e: it is still held,
+// in use and has none out. Called with mu held.
+func (m *Manager) startable(e *entry) bool {
+	return !e.inFlight && e.used() && m.entries[e.id] == e
 }
 
 // sign runs one request for e outside any lock and records its result.
@@ -632,6 +668,7 @@ func (m *Manager) finish(e *entry, s *Secret, h *held, err error) {
 		wait := m.backoff.Delay(e.failures, m.rand())
 		e.failures++
 		e.due = now.Add(wait)
+		m.enqueueLocked(e)
 		attempt := e.failures
 		m.mu.Unlock()
 		m.logFailure(e.id, err, attempt, wait)
@@ -640,6 +677,7 @@ func (m *Manager) finish(e *entry, s *Secret, h *held, err error) {
 	m.version++
 	s.Version = m.version
 	e.cert, e.lastErr, e.failures, e.due = h, nil, 0, s.RenewAt
+	m.enqueueLocked(e)
 	own := e.own
 	m.mu.Unlock()
 	m.metrics.renewals.WithLabelValues(resultSuccess).Inc()
@@ -759,6 +797,9 @@ func (m *Manager) recheckLeaves() {
 	for _, c := range stale {
 		if c.e.cert == c.h && m.entries[c.e.id] == c.e {
 			c.e.due, c.e.failures = time.Time{}, 0
+			if !c.e.inFlight {
+				m.enqueueLocked(c.e)
+			}
 			m.log.Warn("certificate does not chain to the new roots; renewing", zap.String(keyIdentity, c.e.id.String()))
 		}
 	}
@@ -823,15 +864,16 @@ func (m *Manager) workloadSecret(ctx context.Context) (*Secret, error) {
 		return nil, waitError(id, ctx.Err(), lastErr)
 	}
 	ch := make(chan struct{}, 1)
+	was := e.used()
 	e.subs[ch] = struct{}{}
 	e.waiters++
+	m.acquired(e, was)
 	m.mu.Unlock()
-	m.poke() // its priority rose
 	defer func() {
 		m.mu.Lock()
 		delete(e.subs, ch)
 		e.waiters--
-		m.released(e)
+		m.released(e, m.clock.Now())
 		m.mu.Unlock()
 	}()
 	for {
@@ -876,15 +918,16 @@ func (m *Manager) Watch(ctx context.Context, name string) (<-chan struct{}, func
 		ch := make(chan struct{}, 1)
 		m.mu.Lock()
 		e := m.entryLocked(id, m.clock.Now())
+		was := e.used()
 		e.subs[ch] = struct{}{}
+		m.acquired(e, was)
 		m.mu.Unlock()
-		m.poke()
 		var once sync.Once
 		return ch, func() {
 			once.Do(func() {
 				m.mu.Lock()
 				delete(e.subs, ch)
-				m.released(e)
+				m.released(e, m.clock.Now())
 				m.mu.Unlock()
 			})
 		}
@@ -920,9 +963,10 @@ func (m *Manager) Prefetch(id pki.Identity) error {
 	}
 	m.mu.Lock()
 	e := m.entryLocked(id, m.clock.Now())
+	was := e.used()
 	e.pins++
+	m.acquired(e, was)
 	m.mu.Unlock()
-	m.poke()
 	return nil
 }
 
@@ -933,7 +977,7 @@ func (m *Manager) Release(id pki.Identity) {
 	defer m.mu.Unlock()
 	if e := m.entries[id]; e != nil && e.pins > 0 {
 		e.pins--
-		m.released(e)
+		m.released(e, m.clock.Now())
 	}
 }
 
