@@ -180,7 +180,9 @@ func newCache(t *testing.T, mutate func(*Config)) *cache {
 	return c
 }
 
-func ident(n int) pki.Identity { return pki.SPIFFEIdentity("cluster.local", "ns", fmt.Sprintf("sa%d", n)) }
+func ident(n int) pki.Identity {
+	return pki.SPIFFEIdentity("cluster.local", "ns", fmt.Sprintf("sa%d", n))
+}
 
 func callerCtx(ctx context.Context, id pki.Identity) context.Context {
 	return caller.NewContext(ctx, caller.Info{Identity: id.String()})

@@ -238,7 +238,7 @@ type Manager struct {
 
 	mu          sync.Mutex
 	entries     map[pki.Identity]*entry
-	own         *entry // nil when no own identity is configured
+	own         *entry       // nil when no own identity is configured
 	timers      heap[timed]  // entries by due time
 	ready       heap[ranked] // due entries waiting for a CSR slot, best first
 	idle        heap[timed]  // unused entries by the time they may be dropped

@@ -423,6 +423,13 @@ func TestCoreManyStreamsOneCSR(t *testing.T) {
 		wg.Go(func() { streams[i] = a.stream(a.dial(), "default", "ROOTCA") })
 	}
 	wg.Wait()
+	// No certificate yet: each stream gets ROOTCA alone, without waiting
+	// for default (SPEC 13: every name resolves on its own).
+	for _, s := range streams {
+		if r := coreNext(t, s); len(r.Names) != 1 || r.Names[0] != "ROOTCA" {
+			t.Fatalf("first response holds %v, want ROOTCA alone", r.Names)
+		}
+	}
 	a.startManager()
 	var first []byte
 	for _, s := range streams {
