@@ -244,6 +244,13 @@ func (f *fixture) checkCert(r *sdsclient.Response) []byte {
 func TestDefaultAndROOTCA(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	c := f.dial()
+	// Hold a certificate first: otherwise ROOTCA may be answered alone
+	// before it exists (every name resolves on its own).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := f.mgr.Secret(ctx, "default"); err != nil {
+		t.Fatal(err)
+	}
 
 	both := f.stream(c, sdsclient.StreamConfig{Names: []string{"default", "ROOTCA"}})
 	r := next(t, both)
@@ -276,8 +283,6 @@ func TestDefaultAndROOTCA(t *testing.T) {
 		t.Fatalf("empty request served %v", all.Names)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	fr, err := c.Fetch(ctx, "default", "default", "ROOTCA")
 	if err != nil {
 		t.Fatal(err)

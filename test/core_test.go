@@ -24,6 +24,7 @@ import (
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -46,6 +47,7 @@ type coreAgent struct {
 	ca     *istioca.Server
 	id     pki.Identity
 	mgr    *secretmanager.Manager
+	roots  *secretmanager.Roots
 	reg    *prometheus.Registry
 	logs   *observer.ObservedLogs
 	ctx    context.Context
@@ -109,6 +111,7 @@ func newCoreAgent(t testing.TB, o coreOpts) *coreAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.roots = roots
 	icfg := istio.Config{
 		Transport: caclient.TransportConfig{
 			Addr:       a.ca.Addr(),
@@ -442,6 +445,43 @@ func TestCoreManyStreamsOneCSR(t *testing.T) {
 	}
 	if got := a.ca.Requests(); got != 1 {
 		t.Fatalf("%d CSRs for %d streams, want 1", got, n)
+	}
+}
+
+// With the CA down and the workload certificate expired, a stream holding
+// default and ROOTCA still gets every root change; default is not pushed
+// again until a new certificate exists.
+func TestCoreRootChangeWhileCertificateExpired(t *testing.T) {
+	a := newCoreAgent(t, coreOpts{ttl: time.Hour})
+	s := a.stream(a.dial(), "default", "ROOTCA")
+	r := coreNext(t, s)
+	if _, _, ok := r.Cert("default"); !ok {
+		r = coreNext(t, s) // ROOTCA came first, before the certificate
+	}
+	_, notAfter := a.checkDefault(r)
+	a.ca.SetMode(istioca.ModeError)
+	a.ca.SetError(codes.Unavailable)
+	for a.clock.Now().Before(notAfter) {
+		a.step(10 * time.Minute)
+	}
+	a.waitTimer()
+	if err := a.mgr.Live(); err == nil {
+		t.Fatal("live with an expired certificate")
+	}
+	next, err := localca.New(localca.Config{Name: "next root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := append(append([]byte{}, a.ca.RootPEM()...), next.RootPEM()...)
+	if err := a.roots.Set(bundle, "ca-root"); err != nil {
+		t.Fatal(err)
+	}
+	r = coreNext(t, s)
+	if got, ok := r.TrustedCA("ROOTCA"); !ok || !bytes.Equal(got, bundle) {
+		t.Fatalf("response %v does not carry the new bundle", r.Names)
+	}
+	if _, _, ok := r.Cert("default"); ok {
+		t.Fatal("the expired certificate was pushed again")
 	}
 }
 
