@@ -61,6 +61,9 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 
 	mode := selectMode(ctx, cfg)
 	log.Info("starting meshagent", zap.String(keyVersion, version), zap.String(keyMode, string(mode.Mode)), zap.String(keyReason, mode.Reason))
+	for _, w := range cfg.Warnings() {
+		log.Warn("setting has no effect", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
+	}
 	if mode.StaleSocket {
 		removeStaleSocket(log, cfg.SDSSocket)
 	}
