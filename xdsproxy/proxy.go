@@ -217,4 +217,3 @@ func listen(path string) (net.Listener, error) {
 	}
 	return lis, nil
 }
-
