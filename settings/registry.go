@@ -25,7 +25,7 @@ var Registry = []Setting{
 	},
 	{
 		Name: "CA_ROOT_CA", Flag: "ca-root", Group: GroupIstio,
-		DerivedDefault: "PROV_CERT/root-cert.pem when PROV_CERT is set, else ./var/run/secrets/istio/root-cert.pem",
+		DerivedDefault: "<MESHAGENT_FILE_MOUNTED_CERTS_DIR>/root-cert.pem for PILOT_CERT_PROVIDER=custom, else PROV_CERT/root-cert.pem when PROV_CERT is set, else none for PILOT_CERT_PROVIDER=none, else ./var/run/secrets/istio/root-cert.pem",
 		Doc:            "Root bundle that verifies the CA's TLS certificate and the certificates it issues; SYSTEM means the system trust store. Watched for changes.",
 		Value:          CARoot(func(c *Config) *string { return &c.CARoot }),
 	},
@@ -39,7 +39,7 @@ var Registry = []Setting{
 		Name: "PILOT_CERT_PROVIDER", Default: "istiod", Group: GroupIstio,
 		Doc: "Who signs the control plane's serving certificate; it chooses the default CA root, as in pilot-agent. " +
 			"istiod: ./var/run/secrets/istio/root-cert.pem. custom: <MESHAGENT_FILE_MOUNTED_CERTS_DIR>/root-cert.pem. " +
-			"none: no default, CA_ROOT_CA (or PROV_CERT) must be set unless no CA is used. " +
+			"none: no default root, so CA_ROOT_CA or PROV_CERT must be set (except with FILE_MOUNTED_CERTS=true or in dev mode, where the xDS proxy still needs XDS_ROOT_CA or the file-mounted root); the agent refuses to start otherwise. " +
 			"kubernetes is accepted and treated as istiod, with a warning at start-up.",
 		Value:  Enum(func(c *Config) *string { return &c.PilotCertProvider }, CertProviderIstiod, CertProviderKubernetes, CertProviderCustom, CertProviderNone),
 		Unused: pilotCertProviderUnused,
