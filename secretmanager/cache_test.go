@@ -294,6 +294,16 @@ func TestCacheOneCSRPerIdentity(t *testing.T) {
 			t.Fatalf("%d CSRs for %s, want 1", n, ident(i))
 		}
 	}
+	// /debug/certs lists one certificate per identity, then the root.
+	certs := c.m.Certs()
+	if len(certs) != identities+1 || certs[identities].ResourceName != RootCertName {
+		t.Fatalf("Certs() = %+v", certs)
+	}
+	for i := range identities {
+		if certs[i].Identity != ident(i).String() || certs[i].ResourceName != WorkloadCertName {
+			t.Fatalf("Certs()[%d] = %+v, want %s", i, certs[i], ident(i))
+		}
+	}
 }
 
 // With every slot taken, the next free slot goes to a waiting caller, then

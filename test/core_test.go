@@ -453,11 +453,13 @@ func TestCoreManyStreamsOneCSR(t *testing.T) {
 // again until a new certificate exists.
 func TestCoreRootChangeWhileCertificateExpired(t *testing.T) {
 	a := newCoreAgent(t, coreOpts{ttl: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := a.mgr.Secret(ctx, "default"); err != nil {
+		t.Fatal(err)
+	}
 	s := a.stream(a.dial(), "default", "ROOTCA")
 	r := coreNext(t, s)
-	if _, _, ok := r.Cert("default"); !ok {
-		r = coreNext(t, s) // ROOTCA came first, before the certificate
-	}
 	_, notAfter := a.checkDefault(r)
 	a.ca.SetMode(istioca.ModeError)
 	a.ca.SetError(codes.Unavailable)
@@ -482,6 +484,23 @@ func TestCoreRootChangeWhileCertificateExpired(t *testing.T) {
 	}
 	if _, _, ok := r.Cert("default"); ok {
 		t.Fatal("the expired certificate was pushed again")
+	}
+	// The name that became unavailable was counted (and logged) once.
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unavailable float64
+	for _, mf := range mfs {
+		if mf.GetName() == "meshagent_sds_resources_unavailable_total" {
+			unavailable = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if unavailable != 1 {
+		t.Errorf("meshagent_sds_resources_unavailable_total = %v, want 1", unavailable)
+	}
+	if n := a.logs.FilterMessage("resource not available yet; the others are served and it is pushed once it is").Len(); n != 1 {
+		t.Errorf("%d logs of the unavailable name, want 1", n)
 	}
 }
 
