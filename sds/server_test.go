@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -830,13 +831,13 @@ func FuzzClassify(f *testing.F) {
 			if a != actStale {
 				t.Fatalf("stale nonce classified %d", a)
 			}
+		case !subscribed || !slices.Equal(sortedUnique(req.GetResourceNames()), []string{"default"}):
+			if a != actRespond {
+				t.Fatalf("first request or new names (NACK or not) classified %d", a)
+			}
 		case req.GetErrorDetail() != nil:
 			if a != actNACK {
 				t.Fatalf("NACK classified %d", a)
-			}
-		case !subscribed:
-			if a != actRespond {
-				t.Fatalf("first request classified %d", a)
 			}
 		}
 		srv := &Server{cfg: Config{MaxNames: DefaultMaxNames, DefaultNames: []string{"default", "ROOTCA"}}}
