@@ -149,6 +149,7 @@ func chainOf(t *testing.T, resp *discoveryv3.DiscoveryResponse) []byte {
 func TestStuckStreamGetsOnlyNewestLater(t *testing.T) {
 	const rotations = 80
 	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second})
+	f.waitCert() // so every first response answers its request
 	live := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}}) // f.dial waits for the socket
 	next(t, live)
 	conn, err := grpc.NewClient("unix://"+f.socket,

@@ -163,6 +163,18 @@ func (f *fixture) run(name string, fn func(context.Context) error) {
 
 func (f *fixture) startManager() { f.run("manager", f.mgr.Run) }
 
+// waitCert waits until the manager holds the workload certificate. A stream
+// opened before is answered when it arrives, as an update rather than as
+// the answer to its request.
+func (f *fixture) waitCert() {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := f.mgr.Secret(ctx, secretmanager.WorkloadCertName); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 func (f *fixture) stop() {
 	f.cancel()
 	f.wg.Wait()
@@ -247,11 +259,9 @@ func TestDefaultAndROOTCA(t *testing.T) {
 	c := f.dial()
 	// Hold a certificate first: otherwise ROOTCA may be answered alone
 	// before it exists (every name resolves on its own).
+	f.waitCert()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := f.mgr.Secret(ctx, "default"); err != nil {
-		t.Fatal(err)
-	}
 
 	both := f.stream(c, sdsclient.StreamConfig{Names: []string{"default", "ROOTCA"}})
 	r := next(t, both)
@@ -302,6 +312,7 @@ func TestDefaultAndROOTCA(t *testing.T) {
 
 func TestRotationPushedOnSameStream(t *testing.T) {
 	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second})
+	f.waitCert() // so the first response answers the request, and the rotation is the one update
 	s := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}})
 	first := next(t, s)
 	oldChain := f.checkCert(first)
