@@ -5,10 +5,13 @@
 // mismatched pair is an error, never a value.
 //
 // Source adds watching: it holds the last good value, re-loads when
-// filewatch reports a change, and publishes a new value only when the load
-// succeeds and differs from the one it holds. A failed load is logged with
-// its reason and counted; the last good value stays, even once it has
-// expired (callers that care check the leaf's NotAfter).
+// filewatch reports a change (or, for a directory that cannot be watched,
+// at every poll), and publishes a new value only when the load succeeds and
+// differs from the one it holds. A failed load is logged with its reason
+// and counted; the last good value stays, even once it has expired (callers
+// that care check the leaf's NotAfter). Follow hands each new value to a
+// function. NewRootSource is the one way a root bundle is named and read:
+// a PEM file, or "system" (any case) for the system trust bundle.
 //
 // It does not decide which files to load (cmd/agent and secretmanager do),
 // and it does not check a chain against trust roots or a requested identity:
