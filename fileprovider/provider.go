@@ -115,11 +115,19 @@ func (p *Provider) startLocked(e *entry) {
 var _ secretmanager.Provider = (*Provider)(nil)
 
 // Secret returns the current secret for name, named exactly name. A name no
-// one watches is loaded for this call only and not kept.
+// one watches is loaded for this call only and not kept; it is refused, like
+// a Watch of it, while MaxResources names are held.
 func (p *Provider) Secret(ctx context.Context, name string) (*secretmanager.Secret, error) {
 	p.mu.Lock()
 	e := p.entries[name]
+	var err error
+	if e == nil {
+		err = p.admitLocked()
+	}
 	p.mu.Unlock()
+	if err != nil {
+		return nil, refusal(name, err)
+	}
 	if e == nil {
 		var err error
 		if e, err = p.newEntry(name); err != nil {

@@ -295,8 +295,8 @@ func TestMaxResourcesHeldAtOnce(t *testing.T) {
 		stop()
 		t.Fatal("a third name was held while two are")
 	}
-	if _, err := p.Secret(context.Background(), names[2]); err != nil {
-		t.Errorf("Secret of an unheld name while full: %v", err)
+	if _, err := p.Secret(context.Background(), names[2]); !errors.Is(err, ErrTooMany) {
+		t.Errorf("Secret of an unheld name while full: %v, want ErrTooMany", err)
 	}
 	stop0()
 	stop0() // safe twice; releases once
