@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/internal/regularfile"
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 )
@@ -385,7 +387,7 @@ func (w *Watcher) fingerprint() []string {
 }
 
 func fileFingerprint(p string) string {
-	f, err := os.Open(p)
+	f, err := regularfile.Open(p)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return "missing"
@@ -394,7 +396,7 @@ func fileFingerprint(p string) string {
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	if _, err := io.Copy(h, io.LimitReader(f, regularfile.MaxSize+1)); err != nil {
 		return "error: " + err.Error()
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))

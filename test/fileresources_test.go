@@ -281,3 +281,61 @@ func TestFileResourceNamesReleased(t *testing.T) {
 		t.Fatalf("the agent exited with %d", code)
 	}
 }
+
+// File resources that are not regular files: a device that never ends, a
+// FIFO nobody writes, a directory. Each is refused at once with
+// InvalidArgument; the agent neither hangs on it nor reads without end,
+// and keeps serving.
+func TestFileResourcesThatAreNotRegularFiles(t *testing.T) {
+	dir := agentproc.TempDir(t)
+	chain := frMountedCerts(t, dir)
+	fifo := filepath.Join(dir, "fifo.pem")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := agentproc.Start(t, dir, flEnv("FILE_MOUNTED_CERTS=true")...)
+	s := flStream(t, p.Socket(), secretmanager.WorkloadCertName)
+	flWaitCert(t, s, 15*time.Second, chain, secretmanager.WorkloadCertName)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := sdsclient.Dial(ctx, p.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, name := range []string{
+		secretmanager.FileRootPrefix + "/dev/zero",
+		secretmanager.FileRootPrefix + fifo,
+		secretmanager.FileCertPrefix + fifo + "~" + fifo,
+		secretmanager.FileRootPrefix + dir,
+	} {
+		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.Fetch(fctx, name)
+		fcancel()
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%q: %v, want InvalidArgument at once", name, err)
+		}
+		st, err := c.Stream(ctx, sdsclient.StreamConfig{Names: []string{name}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = st.Next(sctx)
+		scancel()
+		st.Close()
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("stream of %q: %v, want InvalidArgument at once", name, err)
+		}
+	}
+	if code := p.ExitCode(); code != -1 {
+		t.Fatalf("the agent exited with %d", code)
+	}
+	r, err := c.Fetch(ctx, secretmanager.WorkloadCertName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := r.Cert(secretmanager.WorkloadCertName); !bytes.Equal(got, chain) {
+		t.Fatal("default no longer served")
+	}
+}
