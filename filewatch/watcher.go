@@ -264,12 +264,39 @@ func (w *Watcher) wait(burstStart, now time.Time) time.Duration {
 // made again. Directories that cannot be watched are recorded in st.failed,
 // and st.polling says whether any is.
 func (w *Watcher) rewatch(st *dirState) {
+	// A directory made between computing the set and watching its parent
+	// sent its event to no one: compute again until the set is stable.
+	want := w.wantDirs()
+	for range maxSymlinkHops {
+		w.applyWatch(st, want)
+		again := w.wantDirs()
+		if maps.Equal(again, want) {
+			break
+		}
+		want = again
+	}
+	polling := len(st.failed) > 0
+	switch {
+	case polling && !st.polling:
+		w.metrics.polling.Inc()
+	case !polling && st.polling:
+		w.metrics.polling.Dec()
+	}
+	st.polling = polling
+}
+
+func (w *Watcher) wantDirs() map[string]bool {
 	want := map[string]bool{}
 	for _, p := range w.paths {
 		for _, d := range watchDirs(p) {
 			want[d] = true
 		}
 	}
+	return want
+}
+
+// applyWatch subscribes to the directories in want and releases the others.
+func (w *Watcher) applyWatch(st *dirState, want map[string]bool) {
 	for d := range want {
 		if err := w.hub.ensure(d, w); err != nil {
 			delete(st.watched, d)
@@ -299,14 +326,6 @@ func (w *Watcher) rewatch(st *dirState) {
 			delete(st.failed, d)
 		}
 	}
-	polling := len(st.failed) > 0
-	switch {
-	case polling && !st.polling:
-		w.metrics.polling.Inc()
-	case !polling && st.polling:
-		w.metrics.polling.Dec()
-	}
-	st.polling = polling
 }
 
 // failureReason names why a directory could not be watched, for metrics.
