@@ -2,7 +2,9 @@
 // chain with its private key, and root bundles (including the system roots,
 // for `file-root:system`). Loading validates: both files parse, the key
 // matches the leaf and the leaf has not expired. A half-written, truncated or
-// mismatched pair is an error, never a value.
+// mismatched pair is an error, never a value. Only regular files of at most
+// 4 MiB are read (internal/regularfile): a device, FIFO or directory is an
+// error at once, never a hang or an endless read.
 //
 // Source adds watching: it holds the last good value, re-loads when
 // filewatch reports a change (or, for a directory that cannot be watched,
