@@ -120,6 +120,7 @@ type Server struct {
 	failCode codes.Code
 	delay    time.Duration
 	requests int
+	csrs     []CSRRecord
 	lastMD   metadata.MD
 	lastReq  *pb.IstioCertificateRequest
 	seen     []string // every bearer token received, in order
@@ -395,6 +396,7 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requests++
+	s.csrs = append(s.csrs, CSRRecord{At: time.Now(), Identity: csrIdentity(req.GetCsr())})
 	s.lastMD = md.Copy()
 	if s.lastMD == nil {
 		s.lastMD = metadata.MD{}
