@@ -146,10 +146,15 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.run("sds", f.srv.Run)
+	t.Cleanup(f.stop)
 	if !o.holdManger {
 		f.startManager()
+		// Every name on a stream resolves on its own: a stream opened
+		// before the certificate exists is answered without it, then
+		// updated. Tests start from a held certificate unless they hold
+		// the manager.
+		f.waitCert()
 	}
-	t.Cleanup(f.stop)
 	return f
 }
 
@@ -257,9 +262,6 @@ func (f *fixture) checkCert(r *sdsclient.Response) []byte {
 func TestDefaultAndROOTCA(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	c := f.dial()
-	// Hold a certificate first: otherwise ROOTCA may be answered alone
-	// before it exists (every name resolves on its own).
-	f.waitCert()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -312,7 +314,6 @@ func TestDefaultAndROOTCA(t *testing.T) {
 
 func TestRotationPushedOnSameStream(t *testing.T) {
 	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second})
-	f.waitCert() // so the first response answers the request, and the rotation is the one update
 	s := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}})
 	first := next(t, s)
 	oldChain := f.checkCert(first)
