@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/devca"
@@ -29,6 +30,7 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/settings"
 	"github.com/meshagent/meshagent/status"
+	"github.com/meshagent/meshagent/udsserver"
 	"github.com/meshagent/meshagent/xdsproxy"
 )
 
@@ -379,11 +381,18 @@ func (a *agent) servingComponents() ([]component, error) {
 	var cs []component
 	m := a.served.manager
 	if m != nil && !c.DisableEnvoy {
-		srv, err := sds.New(sds.Config{SocketPath: c.SDSSocket, Secrets: m, MaxStreams: c.SDSMaxStreams, MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg})
+		srv, err := sds.New(sds.Config{Secrets: m, MaxStreams: c.SDSMaxStreams, Logger: a.base, Registerer: a.reg})
 		if err != nil {
 			return nil, err
 		}
-		cs = append(cs, component{name: "sds", run: srv.Run})
+		socket, err := udsserver.New(udsserver.Config{
+			SocketPath: c.SDSSocket, Services: []func(*grpc.Server){srv.Register},
+			MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
+		})
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, component{name: "sds", run: socket.Run})
 	}
 	if c.XDSProxy {
 		xp, rootsRun, err := a.xdsProxy()
