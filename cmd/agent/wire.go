@@ -31,6 +31,7 @@ import (
 	"github.com/meshagent/meshagent/settings"
 	"github.com/meshagent/meshagent/status"
 	"github.com/meshagent/meshagent/udsserver"
+	"github.com/meshagent/meshagent/workloadapi"
 	"github.com/meshagent/meshagent/xdsproxy"
 )
 
@@ -374,8 +375,9 @@ func (a *agent) watchedRoots(name, path string) (*secretmanager.Roots, func(cont
 	return roots, run, nil
 }
 
-// servingComponents are the SDS server, the xDS proxy, the OUTPUT_CERTS
-// writer and the gRPC bootstrap writer, as configured.
+// servingComponents are the local socket (SDS and, unless turned off, the
+// SPIFFE Workload API), the xDS proxy, the OUTPUT_CERTS writer and the gRPC
+// bootstrap writer, as configured.
 func (a *agent) servingComponents() ([]component, error) {
 	c := a.cfg
 	var cs []component
@@ -385,8 +387,16 @@ func (a *agent) servingComponents() ([]component, error) {
 		if err != nil {
 			return nil, err
 		}
+		services := []func(*grpc.Server){srv.Register}
+		if c.WorkloadAPI {
+			wl, err := workloadapi.New(workloadapi.Config{Secrets: watchWithContext{m}, Logger: a.base, Registerer: a.reg})
+			if err != nil {
+				return nil, err
+			}
+			services = append(services, wl.Register)
+		}
 		socket, err := udsserver.New(udsserver.Config{
-			SocketPath: c.SDSSocket, Services: []func(*grpc.Server){srv.Register},
+			SocketPath: c.SDSSocket, Services: services,
 			MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
 		})
 		if err != nil {
@@ -416,6 +426,14 @@ func (a *agent) servingComponents() ([]component, error) {
 		cs = append(cs, component{name: "grpc_bootstrap", run: a.writeBootstrap, finite: true})
 	}
 	return cs, nil
+}
+
+// watchWithContext gives the manager the Workload API's source interface,
+// whose Watch takes the caller's context; the manager serves one identity.
+type watchWithContext struct{ *secretmanager.Manager }
+
+func (w watchWithContext) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
+	return w.Manager.Watch(name)
 }
 
 // xdsProxy builds the proxy and, when the xDS root is a file of its own, the
