@@ -23,10 +23,11 @@
 // retry with backoff.
 //
 // Limits: at most Config.MaxStreams streams at once, and at most
-// Config.MaxStreamsPerCaller from one caller (its pod in node mode, its uid
-// otherwise), so one caller cannot take every stream; a stream over either
-// limit is refused with ResourceExhausted naming it and counted in
-// meshagent_workloadapi_refused_total. Message size, the uid allow-list and
+// Config.MaxStreamsPerCaller from one resolved caller (a pod in node mode),
+// so one pod cannot take every stream from the others on its node; a stream
+// over either limit is refused with ResourceExhausted naming it and counted
+// in meshagent_workloadapi_refused_total. A sidecar's callers are all its one
+// workload and share MaxStreams. Message size, the uid allow-list and
 // caller resolution are udsserver's.
 //
 // Concurrency: one goroutine per stream, gRPC's handler, which watches the

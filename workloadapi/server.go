@@ -3,7 +3,6 @@ package workloadapi
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -23,8 +22,8 @@ import (
 const (
 	// DefaultMaxStreams bounds the Workload API streams open at once.
 	DefaultMaxStreams = 4096
-	// DefaultMaxStreamsPerCaller bounds the streams one caller (one pod in
-	// node mode, one uid otherwise) holds open at once.
+	// DefaultMaxStreamsPerCaller bounds the streams one resolved caller (one
+	// pod in node mode) holds open at once.
 	DefaultMaxStreamsPerCaller = 128
 )
 
@@ -55,9 +54,12 @@ type Config struct {
 	// at once; one over the limit is refused with ResourceExhausted. Default
 	// DefaultMaxStreams.
 	MaxStreams int
-	// MaxStreamsPerCaller bounds the streams one caller holds open at once,
-	// so that no caller can take every stream; one over the limit is refused
-	// with ResourceExhausted. Default DefaultMaxStreamsPerCaller.
+	// MaxStreamsPerCaller bounds the streams one caller (a pod, or an
+	// identity, as the socket server's resolver named it) holds open at once,
+	// so that no pod on a node can take every stream; one over the limit is
+	// refused with ResourceExhausted. Callers the agent does not tell apart
+	// (a sidecar's: one workload) are bounded by MaxStreams only. Default
+	// DefaultMaxStreamsPerCaller.
 	MaxStreamsPerCaller int
 	// Logger receives the server's logs. Nil means no logs.
 	Logger *zap.Logger
@@ -222,22 +224,29 @@ func (s *Server) checkHeader(ctx context.Context, method string) error {
 	return status.Error(codes.InvalidArgument, "security header missing from request: the Workload API needs the gRPC metadata workload.spiffe.io: true")
 }
 
-// callerKey names the caller a stream is counted against: its pod in node
-// mode, else its uid.
+// callerKey names the caller a stream is counted against for
+// MaxStreamsPerCaller: its pod, or its identity, when the socket server
+// resolved them (node mode). Empty when the agent serves one workload (a
+// sidecar or a VM): every caller is that workload, and only MaxStreams
+// applies.
 func callerKey(ctx context.Context) string {
-	info, ok := caller.FromContext(ctx)
+	info, _ := caller.FromContext(ctx)
 	switch {
-	case !ok:
-		return "unknown"
 	case info.PodUID != "":
 		return "pod:" + info.PodUID
+	case info.Identity != "":
+		return "identity:" + info.Identity
 	default:
-		return "uid:" + strconv.FormatUint(uint64(info.Cred.UID), 10)
+		return ""
 	}
 }
 
 func callerField(ctx context.Context) zap.Field {
-	return zap.String(keyCaller, callerKey(ctx))
+	info, ok := caller.FromContext(ctx)
+	if !ok {
+		return zap.Skip()
+	}
+	return zap.Stringer(keyCaller, info.Cred)
 }
 
 // acquire takes a stream's place within the limits, or refuses the stream
@@ -250,16 +259,18 @@ func (s *Server) acquire(ctx context.Context, method string) (func(), error) {
 	case s.open >= s.cfg.MaxStreams:
 		s.metrics.refused.WithLabelValues(refusedMaxStreams).Inc()
 		err = status.Errorf(codes.ResourceExhausted, "too many Workload API streams: at most %d are served at once", s.cfg.MaxStreams)
-	case s.perCaller[key] >= s.cfg.MaxStreamsPerCaller:
+	case key != "" && s.perCaller[key] >= s.cfg.MaxStreamsPerCaller:
 		s.metrics.refused.WithLabelValues(refusedMaxPerCaller).Inc()
 		err = status.Errorf(codes.ResourceExhausted, "too many Workload API streams from this caller: at most %d are served at once", s.cfg.MaxStreamsPerCaller)
 	default:
 		s.open++
-		s.perCaller[key]++
+		if key != "" {
+			s.perCaller[key]++
+		}
 	}
 	s.mu.Unlock()
 	if err != nil {
-		s.log.Warn("workload API stream refused", zap.String(keyMethod, method), zap.String(keyCaller, key), zap.Error(err))
+		s.log.Warn("workload API stream refused", zap.String(keyMethod, method), callerField(ctx), zap.Error(err))
 		return nil, err
 	}
 	s.metrics.streams.WithLabelValues(method).Inc()
@@ -268,6 +279,9 @@ func (s *Server) acquire(ctx context.Context, method string) (func(), error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.open--
+		if key == "" {
+			return
+		}
 		if s.perCaller[key]--; s.perCaller[key] == 0 {
 			delete(s.perCaller, key)
 		}

@@ -24,6 +24,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/meshagent/meshagent/caclient/devca"
+	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/sds"
@@ -140,9 +141,15 @@ func newWorkloadAPI(t testing.TB, src workloadapi.SecretSource, reg prometheus.R
 // serve runs src's Workload API alone on a socket until the test ends.
 func serve(t testing.TB, src workloadapi.SecretSource, adjust func(*workloadapi.Config)) (socket string, wl *workloadapi.Server) {
 	t.Helper()
+	return serveResolved(t, src, adjust, nil)
+}
+
+// serveResolved is serve with callers resolved by r.
+func serveResolved(t testing.TB, src workloadapi.SecretSource, adjust func(*workloadapi.Config), r caller.Resolver) (socket string, wl *workloadapi.Server) {
+	t.Helper()
 	socket = filepath.Join(shortDir(t), "socket")
 	wl = newWorkloadAPI(t, src, nil, nil, adjust)
-	uds, err := udsserver.New(udsserver.Config{SocketPath: socket, Services: []func(*grpc.Server){wl.Register}})
+	uds, err := udsserver.New(udsserver.Config{SocketPath: socket, Services: []func(*grpc.Server){wl.Register}, Resolver: r})
 	if err != nil {
 		t.Fatal(err)
 	}

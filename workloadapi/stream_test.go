@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -423,36 +424,84 @@ func TestRefusedIdentities(t *testing.T) {
 
 func second[T any](_ T, err error) error { return err }
 
-// Streams are bounded in all and per caller; a closed stream frees its place.
+// podResolver names every new connection's caller after the pod set last.
+type podResolver struct {
+	mu  sync.Mutex
+	pod string
+}
+
+func (r *podResolver) set(pod string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pod = pod
+}
+
+func (r *podResolver) Resolve(_ context.Context, cred caller.Cred) (caller.Info, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return caller.Info{Cred: cred, Identity: testID.SPIFFEID, Pod: "ns1/" + r.pod, PodUID: "uid-" + r.pod}, nil
+}
+
+// Streams are bounded in all, and per pod when callers are resolved to
+// pods; a closed stream frees its place.
 func TestStreamLimits(t *testing.T) {
-	src := newTestSource(t, testID)
-	socket, _ := serve(t, src, func(c *workloadapi.Config) { c.MaxStreams, c.MaxStreamsPerCaller = 10, 3 })
-	c := rawClient(t, socket)
-	open := func() (context.CancelFunc, error) {
+	open := func(t *testing.T, c workload.SpiffeWorkloadAPIClient) (context.CancelFunc, error) {
 		ctx, cancel := context.WithCancel(withHeader(callCtx(t)))
 		_, err := firstOf(c.FetchX509SVID(ctx, &workload.X509SVIDRequest{}, grpc.WaitForReady(true)))
+		if err != nil {
+			cancel()
+		}
 		return cancel, err
 	}
-	var cancels []context.CancelFunc
-	for range 3 {
-		cancel, err := open()
-		if err != nil {
-			t.Fatal(err)
+	openN := func(t *testing.T, c workload.SpiffeWorkloadAPIClient, n int) []context.CancelFunc {
+		var cancels []context.CancelFunc
+		for range n {
+			cancel, err := open(t, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cancels = append(cancels, cancel)
 		}
-		cancels = append(cancels, cancel)
+		t.Cleanup(func() {
+			for _, cancel := range cancels {
+				cancel()
+			}
+		})
+		return cancels
 	}
-	_, err := open()
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "from this caller: at most 3") {
-		t.Fatalf("fourth stream of one caller: %v, want ResourceExhausted naming the per-caller limit", err)
-	}
-	cancels[0]()
-	waitFor(t, "the closed stream's place", func() bool { return src.watching("default") == 2 })
-	if _, err := open(); err != nil {
-		t.Fatalf("after a stream closed: %v", err)
-	}
-	for _, cancel := range cancels[1:] {
-		cancel()
-	}
+
+	t.Run("all callers", func(t *testing.T) {
+		src := newTestSource(t, testID)
+		socket, _ := serve(t, src, func(c *workloadapi.Config) { c.MaxStreams, c.MaxStreamsPerCaller = 3, 1 })
+		c := rawClient(t, socket)
+		cancels := openN(t, c, 3) // one workload: the per-caller bound does not apply
+		_, err := open(t, c)
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "at most 3 are served at once") {
+			t.Fatalf("fourth stream: %v, want ResourceExhausted naming the limit", err)
+		}
+		cancels[0]()
+		waitFor(t, "the closed stream's place", func() bool { return src.watching("default") == 2 })
+		openN(t, c, 1)
+	})
+
+	t.Run("per pod", func(t *testing.T) {
+		src := newTestSource(t, testID)
+		r := &podResolver{}
+		socket, _ := serveResolved(t, src, func(c *workloadapi.Config) { c.MaxStreams, c.MaxStreamsPerCaller = 10, 3 }, r)
+		r.set("greedy")
+		greedy := rawClient(t, socket)
+		cancels := openN(t, greedy, 3)
+		_, err := open(t, greedy)
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "from this caller: at most 3") {
+			t.Fatalf("fourth stream of one pod: %v, want ResourceExhausted naming the per-caller limit", err)
+		}
+		waitFor(t, "the greedy pod's connection", func() bool { return src.watching("default") == 3 })
+		r.set("other")
+		openN(t, rawClient(t, socket), 3) // another pod is served in full
+		cancels[0]()
+		waitFor(t, "the closed stream's place", func() bool { return src.watching("default") == 5 })
+		openN(t, greedy, 1)
+	})
 }
 
 // A client that stops reading fills its flow-control windows and blocks
