@@ -5,8 +5,9 @@
 // It owns the X.509 half of the API: FetchX509SVID streams the caller's
 // X.509-SVID (SPIFFE ID, DER certificate chain leaf first, PKCS#8 DER key,
 // DER bundle of its trust domain) and FetchX509Bundles the bundle keyed by
-// the trust domain's SPIFFE ID; both send again when the certificate or the
-// bundle is replaced, and only when a version changed. The JWT and WIT
+// the trust domain's SPIFFE ID (the trust domain of the caller's identity,
+// so it too waits for the caller's certificate); both send again when the
+// certificate or the bundle is replaced, and only when a version changed. The JWT and WIT
 // methods answer Unimplemented saying that only X.509-SVIDs are served.
 // Every call must carry the gRPC metadata workload.spiffe.io: true exactly
 // once; otherwise it is refused with InvalidArgument, as SPIRE does.
