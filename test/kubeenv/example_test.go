@@ -32,13 +32,18 @@ func Example() {
 		panic(err)
 	}
 	// What a kubelet would project into the pod: a token for the CA, bound to the pod.
-	token, err := env.Token(ctx, "shop", "cart", []string{"istio-ca"}, pod, 10*time.Minute)
+	caToken, err := env.Token(ctx, "shop", "cart", []string{"istio-ca"}, pod, 10*time.Minute)
 	if err != nil {
 		panic(err)
 	}
-	// The agent under test runs as the pod's service account.
-	if err := env.Kubeconfig("/tmp/cart.kubeconfig", token); err != nil {
+	// The agent under test talks to the API server as the pod's service account: a
+	// token with no audience given is one for the API server itself.
+	apiToken, err := env.Token(ctx, "shop", "cart", nil, pod, 0)
+	if err != nil {
 		panic(err)
 	}
-	fmt.Println(pod.Status.Phase == corev1.PodPending)
+	if err := env.Kubeconfig("/tmp/cart.kubeconfig", apiToken); err != nil {
+		panic(err)
+	}
+	fmt.Println(pod.Status.Phase == corev1.PodPending, caToken != "")
 }
