@@ -9,28 +9,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/test/kubeenv"
 )
-
-// toolPath returns a test tool built by scripts/tools.sh (make tools); a
-// missing tool fails the test.
-func toolPath(t *testing.T, name string) string {
-	t.Helper()
-	out, err := exec.Command("bash", "../scripts/tools.sh", "-dir").Output()
-	if err != nil {
-		t.Fatalf("finding the tools directory: %v", err)
-	}
-	path := filepath.Join(strings.TrimSpace(string(out)), name)
-	if info, err := os.Stat(path); err != nil || info.Mode().Perm()&0o111 == 0 {
-		t.Fatalf("test tool %s is not built (looked for %s): run make tools", name, path)
-	}
-	return path
-}
 
 // lockedBuffer collects a process's output.
 type lockedBuffer struct {
@@ -94,7 +79,10 @@ func readHelperFiles(dir string) (*helperFiles, error) {
 // spiffe-helper v0.11.0, pointed at the agent binary's socket, writes the
 // SVID, its key and the bundle, and writes them again on every rotation.
 func TestSpiffeHelperWritesAndRewritesFiles(t *testing.T) {
-	helper := toolPath(t, "spiffe-helper")
+	helper, err := kubeenv.ToolPath("spiffe-helper")
+	if err != nil {
+		t.Fatal(err)
+	}
 	p, ca := wlAgent(t, "4s")
 	certs := filepath.Join(t.TempDir(), "certs")
 	if err := os.Mkdir(certs, 0o700); err != nil {

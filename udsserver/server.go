@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/caller"
+	"github.com/meshagent/meshagent/internal/sockprobe"
 )
 
 // Defaults of Config.
@@ -27,9 +28,9 @@ const (
 	probeTimeout = time.Second
 )
 
-// ErrSocketInUse is returned by Run when something already answers on the
-// socket path; the socket is left alone.
-var ErrSocketInUse = errors.New("socket is in use by another process")
+// ErrSocketInUse is wrapped by Run's error when something already answers
+// on the socket path; the socket is left alone.
+var ErrSocketInUse = sockprobe.ErrInUse
 
 // Config describes a local socket server. Zero values get the defaults noted.
 type Config struct {
@@ -141,17 +142,11 @@ func (s *Server) listen() (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
 	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("socket path %s exists and is not a socket", path)
-		}
-		if c, err := net.DialTimeout("unix", path, probeTimeout); err == nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("%w: %s", ErrSocketInUse, path)
-		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("removing stale socket: %w", err)
-		}
+	removed, err := sockprobe.RemoveStale(context.Background(), path, probeTimeout, sockprobe.Connect)
+	if err != nil {
+		return nil, fmt.Errorf("local socket: %w", err)
+	}
+	if removed {
 		s.log.Info("removed stale socket", zap.String(keySocket, path))
 	}
 	lis, err := net.Listen("unix", path)
