@@ -153,8 +153,8 @@ func (c *Client) Stream(ctx context.Context, cfg StreamConfig) (*Stream, error) 
 		return nil, err
 	}
 	s := &Stream{cfg: cfg, stream: stream, cancel: cancel, responses: make(chan *Response, cfg.Buffer), done: make(chan struct{}), names: cfg.Names}
-	// io.EOF means the server already ended the stream (a refusal): the
-	// receive loop reads why, and Done and Err report it.
+	// io.EOF means the server already ended the stream (it may refuse it
+	// before reading a request); Recv reports why, through Err.
 	if err := s.Request(cfg.Names, "", ""); err != nil && !errors.Is(err, io.EOF) {
 		cancel()
 		return nil, err
