@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/logging"
 	"github.com/meshagent/meshagent/settings"
 	"github.com/meshagent/meshagent/status"
@@ -40,6 +41,8 @@ type agent struct {
 	status *status.Server
 	mode   ModeDecision
 	served *served
+	// tokens is the bearer token source, built by tokenFetcher.
+	tokens credfetcher.Fetcher
 }
 
 // errSourceUnavailable: a mode without a certificate source (a mode added to

@@ -9,4 +9,9 @@ const (
 	keyPath      = "path"
 	keyIdentity  = "identity"
 	keyRoot      = "root_serial"
+
+	keyServiceAccount = "service_account"
+	keyPod            = "pod"
+	keyAudience       = "audience"
+	keyLifetime       = "lifetime"
 )
