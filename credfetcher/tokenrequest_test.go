@@ -25,10 +25,10 @@ import (
 func TestRefreshTime(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	tests := []struct {
-		name     string
-		expiry   time.Time
-		ratio    float64
-		want     time.Time
+		name   string
+		expiry time.Time
+		ratio  float64
+		want   time.Time
 	}{
 		{"an hour at 80 %", t0.Add(time.Hour), 0.8, t0.Add(48 * time.Minute)},
 		{"ten minutes at 80 %", t0.Add(10 * time.Minute), 0.8, t0.Add(8 * time.Minute)},
