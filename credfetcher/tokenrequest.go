@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -240,6 +241,9 @@ func (t *TokenRequest) request(f *flight) {
 	defer t.mu.Unlock()
 	t.flight = nil
 	if err != nil {
+		if apierrors.IsUnauthorized(err) {
+			err = fmt.Errorf("the API server refused the agent's own credentials (deleted service account or expired token?): %w", err)
+		}
 		f.err = fmt.Errorf("requesting a token for serviceaccount %s: %w", t.name, err)
 		t.lastErr = f.err
 		t.failures++
