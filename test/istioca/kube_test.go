@@ -78,6 +78,11 @@ func (c *cluster) token(t *testing.T, ns, sa string, aud []string, pod *corev1.P
 	return tok
 }
 
+// deleteNow removes a pod at once, as a kubelet would once its containers
+// stopped: without a kubelet a pod on a node would otherwise wait out its
+// grace period, and tokens bound to it stay valid meanwhile.
+var deleteNow = metav1.DeleteOptions{GracePeriodSeconds: new(int64)}
+
 func csrFor(t *testing.T, id pki.Identity) string {
 	t.Helper()
 	der, err := pki.NewCSR(newKey(t), id)
@@ -95,7 +100,7 @@ func TestTokenReviewAuthentication(t *testing.T) {
 	bound := c.token(t, c.app, "web", []string{"istio-ca"}, web)
 	gone := c.pod(t, c.app, "gone-0", "web", "node-a")
 	goneTok := c.token(t, c.app, "web", []string{"istio-ca"}, gone)
-	if err := c.env.Client().CoreV1().Pods(c.app).Delete(context.Background(), "gone-0", metav1.DeleteOptions{}); err != nil {
+	if err := c.env.Client().CoreV1().Pods(c.app).Delete(context.Background(), "gone-0", deleteNow); err != nil {
 		t.Fatal(err)
 	}
 
@@ -236,7 +241,7 @@ func TestImpersonation(t *testing.T) {
 	t.Run("caller pod deleted", func(t *testing.T) {
 		gone := c.pod(t, c.sys, "ztunnel-gone", "ztunnel", "node-a")
 		tok := c.token(t, c.sys, "ztunnel", []string{"istio-ca"}, gone)
-		if err := c.env.Client().CoreV1().Pods(c.sys).Delete(ctx, gone.Name, metav1.DeleteOptions{}); err != nil {
+		if err := c.env.Client().CoreV1().Pods(c.sys).Delete(ctx, gone.Name, deleteNow); err != nil {
 			t.Fatal(err)
 		}
 		_, err := client(t, s, nil).CreateCertificate(withToken(t, tok), &pb.IstioCertificateRequest{
