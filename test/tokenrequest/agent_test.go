@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/kubeenv"
 	"github.com/meshagent/meshagent/test/sdsclient"
+	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
 const (
@@ -371,5 +375,42 @@ func TestDeletedServiceAccount(t *testing.T) {
 	}
 	if time.Now().After(certs[0].NotAfter) {
 		t.Fatal("the served certificate expired during the test")
+	}
+}
+
+// The xDS proxy sends the control plane the same TokenRequest token as the
+// CA gets: one fetcher serves both.
+func TestXDSUpstreamGetsTheSameToken(t *testing.T) {
+	s := newSetup(t)
+	cp := xdsserver.Start(t, xdsserver.Config{CA: s.ca.CA(), ServerNames: []string{istioca.DefaultServerName}})
+	p := s.start(t,
+		"MESHAGENT_XDS_PROXY=true",
+		`PROXY_CONFIG={"discoveryAddress":"`+cp.Addr()+`"}`,
+	)
+	nextLeaf(t, stream(t, p), 30*time.Second, map[string]bool{})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sock := filepath.Join(p.Dir, "etc", "istio", "proxy", "XDS")
+	waitFor(t, 20*time.Second, "the xDS socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ads.Send(&discovery.DiscoveryRequest{TypeUrl: "type.googleapis.com/envoy.config.cluster.v3.Cluster"}); err != nil {
+		t.Fatal(err)
+	}
+	if !cp.WaitStreams(20*time.Second, func(c xdsserver.Counts) bool { return c.Opened >= 1 }) {
+		t.Fatal("the proxy opened no upstream stream")
+	}
+	got := cp.Calls()[0].Metadata.Get("authorization")
+	toks := reviewedTokens(s.ca)
+	if len(got) != 1 || len(toks) != 1 || got[0] != "Bearer "+toks[0].Token {
+		t.Fatalf("control plane got authorization %d values; the CA reviewed %d tokens; want the same one token", len(got), len(toks))
 	}
 }
