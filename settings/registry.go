@@ -25,7 +25,7 @@ var Registry = []Setting{
 	},
 	{
 		Name: "CA_ROOT_CA", Flag: "ca-root", Group: GroupIstio,
-		DerivedDefault: "PROV_CERT/root-cert.pem when PROV_CERT is set, else ./var/run/secrets/istio/root-cert.pem",
+		DerivedDefault: "<MESHAGENT_FILE_MOUNTED_CERTS_DIR>/root-cert.pem for PILOT_CERT_PROVIDER=custom, else PROV_CERT/root-cert.pem when PROV_CERT is set, else none for PILOT_CERT_PROVIDER=none, else ./var/run/secrets/istio/root-cert.pem",
 		Doc:            "Root bundle that verifies the CA's TLS certificate and the certificates it issues; SYSTEM means the system trust store. Watched for changes.",
 		Value:          CARoot(func(c *Config) *string { return &c.CARoot }),
 	},
@@ -37,8 +37,12 @@ var Registry = []Setting{
 	},
 	{
 		Name: "PILOT_CERT_PROVIDER", Default: "istiod", Group: GroupIstio,
-		Doc:   "Who signs the control plane's serving certificate, as in pilot-agent.",
-		Value: Enum(func(c *Config) *string { return &c.PilotCertProvider }, "istiod", "kubernetes", "custom", "none"),
+		Doc: "Who signs the control plane's serving certificate; it chooses the default CA root, as in pilot-agent. " +
+			"istiod: ./var/run/secrets/istio/root-cert.pem. custom: <MESHAGENT_FILE_MOUNTED_CERTS_DIR>/root-cert.pem. " +
+			"none: no default root, so CA_ROOT_CA or PROV_CERT must be set (except with FILE_MOUNTED_CERTS=true or in dev mode, where the xDS proxy still needs XDS_ROOT_CA or the file-mounted root); the agent refuses to start otherwise. " +
+			"kubernetes is accepted and treated as istiod, with a warning at start-up.",
+		Value:  Enum(func(c *Config) *string { return &c.PilotCertProvider }, CertProviderIstiod, CertProviderKubernetes, CertProviderCustom, CertProviderNone),
+		Unused: pilotCertProviderUnused,
 	},
 	{
 		Name: "ISTIOD_SAN", Group: GroupIstio,
@@ -79,6 +83,12 @@ var Registry = []Setting{
 		Value:          Label(func(c *Config) *string { return &c.ServiceAccount }),
 	},
 	{
+		Name: "INSTANCE_IP", Group: GroupIstio,
+		DerivedDefault: "the host's first non-loopback, non-link-local address (IPv4 first), else 127.0.0.1",
+		Doc:            "IP address of the workload; the second field of the gRPC bootstrap's node ID (sidecar~<INSTANCE_IP>~<POD_NAME>.<POD_NAMESPACE>~<POD_NAMESPACE>.svc.cluster.local).",
+		Value:          IP(func(c *Config) *string { return &c.InstanceIP }),
+	},
+	{
 		Name: "ISTIO_META_CLUSTER_ID", Group: GroupIstio,
 		Doc:   "Cluster ID, sent to the CA and the control plane as ClusterID gRPC metadata.",
 		Value: String(func(c *Config) *string { return &c.ClusterID }),
@@ -103,6 +113,7 @@ var Registry = []Setting{
 		DerivedDefault: "istio-ca; identity.l5d.io for CA_PROVIDER=Linkerd",
 		Doc:            "Audience of the tokens asked for with CREDENTIAL_FETCHER_TYPE=TokenRequest: the audience the CA checks.",
 		Value:          String(func(c *Config) *string { return &c.CredentialIdentityProvider }),
+		Unused:         tokenRequestOnly,
 	},
 	{
 		Name: "PROV_CERT", Flag: "prov-cert", Group: GroupIstio,
@@ -203,23 +214,27 @@ var Registry = []Setting{
 	},
 	{
 		Name: "POD_UID", Group: GroupIstio,
-		Doc:   "UID of the pod the agent runs beside (from the downward API, metadata.uid). With CREDENTIAL_FETCHER_TYPE=TokenRequest tokens are bound to this exact pod; empty binds them to whichever pod is named POD_NAME.",
-		Value: String(func(c *Config) *string { return &c.PodUID }),
+		Doc:    "UID of the pod the agent runs beside (from the downward API, metadata.uid). With CREDENTIAL_FETCHER_TYPE=TokenRequest tokens are bound to this exact pod; empty binds them to whichever pod is named POD_NAME.",
+		Value:  String(func(c *Config) *string { return &c.PodUID }),
+		Unused: tokenRequestOnly,
 	},
 	{
 		Name: "KUBECONFIG", Flag: "kubeconfig", Group: GroupIstio,
-		Doc:   "Kubernetes client configuration files, as for kubectl (a list separated by ':'). Empty: the in-cluster configuration of the pod's service account. Used by CREDENTIAL_FETCHER_TYPE=TokenRequest.",
-		Value: Path(func(c *Config) *string { return &c.Kubeconfig }),
+		Doc:    "Kubernetes client configuration files, as for kubectl (a list separated by ':'). Empty: the in-cluster configuration of the pod's service account. Used by CREDENTIAL_FETCHER_TYPE=TokenRequest.",
+		Value:  Path(func(c *Config) *string { return &c.Kubeconfig }),
+		Unused: tokenRequestOnly,
 	},
 	{
 		Name: "MESHAGENT_TOKEN_LIFETIME", Default: "1h", Group: GroupMeshagent,
-		Doc:   "Lifetime asked for the tokens of CREDENTIAL_FETCHER_TYPE=TokenRequest; the API server's minimum is 10m.",
-		Value: Duration(func(c *Config) *time.Duration { return &c.TokenLifetime }, 10*time.Minute),
+		Doc:    "Lifetime asked for the tokens of CREDENTIAL_FETCHER_TYPE=TokenRequest; the API server's minimum is 10m.",
+		Value:  Duration(func(c *Config) *time.Duration { return &c.TokenLifetime }, 10*time.Minute),
+		Unused: tokenRequestOnly,
 	},
 	{
 		Name: "MESHAGENT_TOKEN_REFRESH_RATIO", Default: "0.8", Group: GroupMeshagent,
-		Doc:   "Share of a TokenRequest token's life after which the next request uses a new token (0.8, as the kubelet). Lower values only serve tests that must see a refresh without waiting minutes.",
-		Value: Float(func(c *Config) *float64 { return &c.TokenRefreshRatio }, 0.001, 1),
+		Doc:    "Share of a TokenRequest token's life after which the next request uses a new token (0.8, as the kubelet). Lower values only serve tests that must see a refresh without waiting minutes.",
+		Value:  Float(func(c *Config) *float64 { return &c.TokenRefreshRatio }, 0.001, 1),
+		Unused: tokenRequestOnly,
 	},
 	{
 		Name: "MESHAGENT_STATUS_HOST", Flag: "status-host", Group: GroupMeshagent,

@@ -9,6 +9,8 @@ const (
 	keyPath      = "path"
 	keyIdentity  = "identity"
 	keyRoot      = "root_serial"
+	keySetting   = "setting"
+	keyValue     = "value"
 
 	keyServiceAccount = "service_account"
 	keyPod            = "pod"
