@@ -297,8 +297,38 @@ func TestAPIServerRestart(t *testing.T) {
 	st := stream(t, p)
 	seen := map[string]bool{}
 	nextLeaf(t, st, 30*time.Second, seen)
-	if err := s.env.Restart(context.Background()); err != nil {
+	// SDS answers while the API server is down and restarting.
+	c, err := sdsclient.Dial(context.Background(), p.Socket())
+	if err != nil {
 		t.Fatal(err)
+	}
+	defer c.Close()
+	restarted := make(chan error, 1)
+	go func() { restarted <- s.env.Restart(context.Background()) }()
+	fetches := 0
+	for done := false; !done; {
+		select {
+		case err := <-restarted:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			r, err := c.Fetch(ctx, secretmanager.WorkloadCertName)
+			cancel()
+			if err != nil {
+				t.Fatalf("SDS while the API server restarts: %v", err)
+			}
+			if _, _, ok := r.Cert(secretmanager.WorkloadCertName); !ok {
+				t.Fatal("no workload certificate while the API server restarts")
+			}
+			fetches++
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if fetches == 0 {
+		t.Fatal("no SDS fetch happened during the restart")
 	}
 	select {
 	case <-p.Done():
