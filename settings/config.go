@@ -149,6 +149,8 @@ type Config struct {
 	SDSAllowedUIDs []uint32
 	// XDSProxy runs the xDS proxy (MESHAGENT_XDS_PROXY; default true, false in dev mode).
 	XDSProxy bool
+	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
+	WorkloadAPI bool
 
 	proxyStatusPort int // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row

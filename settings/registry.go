@@ -271,6 +271,11 @@ var Registry = []Setting{
 		Doc:   "Comma-separated uids allowed to use the SDS socket (checked with SO_PEERCRED); others get PERMISSION_DENIED. Empty lets anyone who can open the socket in.",
 		Value: UIDs(func(c *Config) *[]uint32 { return &c.SDSAllowedUIDs }),
 	},
+	{
+		Name: "MESHAGENT_WORKLOAD_API", Flag: "workload-api", Default: "true", Group: GroupMeshagent,
+		Doc:   "Serve the SPIFFE Workload API (X.509-SVIDs and bundles, for go-spiffe, spiffe-helper and other SPIFFE clients) on the SDS socket beside SDS. Set SPIFFE_ENDPOINT_SOCKET=unix://<SDS socket> in the clients.",
+		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),
+	},
 
 	// Paths (SPEC 2), relative to the working directory as in pilot-agent.
 	{
