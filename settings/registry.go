@@ -214,15 +214,13 @@ var Registry = []Setting{
 	},
 	{
 		Name: "POD_UID", Group: GroupIstio,
-		Doc:    "UID of the pod the agent runs beside (from the downward API, metadata.uid). With CREDENTIAL_FETCHER_TYPE=TokenRequest tokens are bound to this exact pod; empty binds them to whichever pod is named POD_NAME.",
-		Value:  String(func(c *Config) *string { return &c.PodUID }),
-		Unused: tokenRequestOnly,
+		Doc:   "UID of the pod the agent runs beside (from the downward API, metadata.uid). With CREDENTIAL_FETCHER_TYPE=TokenRequest tokens are bound to this exact pod; empty binds them to whichever pod is named POD_NAME.",
+		Value: String(func(c *Config) *string { return &c.PodUID }),
 	},
 	{
 		Name: "KUBECONFIG", Flag: "kubeconfig", Group: GroupIstio,
-		Doc:    "Kubernetes client configuration files, as for kubectl (a list separated by ':'). Empty: the in-cluster configuration of the pod's service account. Used by CREDENTIAL_FETCHER_TYPE=TokenRequest.",
-		Value:  Path(func(c *Config) *string { return &c.Kubeconfig }),
-		Unused: tokenRequestOnly,
+		Doc:   "Kubernetes client configuration files, as for kubectl (a list separated by ':'). Empty: the in-cluster configuration of the pod's service account. Used by CREDENTIAL_FETCHER_TYPE=TokenRequest.",
+		Value: Path(func(c *Config) *string { return &c.Kubeconfig }),
 	},
 	{
 		Name: "MESHAGENT_TOKEN_LIFETIME", Default: "1h", Group: GroupMeshagent,
