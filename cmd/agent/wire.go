@@ -20,7 +20,6 @@ import (
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/certfile"
-	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/fileprovider"
 	"github.com/meshagent/meshagent/grpcbootstrap"
 	"github.com/meshagent/meshagent/localca"
@@ -228,10 +227,14 @@ func (a *agent) caClient(roots caclient.RootSource) (caclient.Client, error) {
 	for k, v := range c.CAHeaders {
 		md[k] = v
 	}
+	tokens, err := a.tokenFetcher()
+	if err != nil {
+		return nil, err
+	}
 	t := caclient.TransportConfig{
 		Addr:     c.CAAddr,
 		Roots:    roots,
-		Token:    credfetcher.File{Path: c.TokenPath},
+		Token:    tokens,
 		Metadata: md,
 	}
 	if c.CAProvider == settings.ProviderLinkerd {
@@ -430,6 +433,10 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error)
 		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(keyPath, c.XDSRoot), zap.Error(err))
 		roots = caclient.StaticRoots{Pool: pki.CertPool(nil)}
 	}
+	tokens, err := a.tokenFetcher()
+	if err != nil {
+		return nil, nil, err
+	}
 	xp, err := xdsproxy.New(xdsproxy.Config{
 		SocketPath: c.XDSSocket,
 		Upstream: caclient.TransportConfig{
@@ -437,7 +444,7 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error)
 			ServerName:        c.IstiodSAN,
 			Roots:             roots,
 			Plaintext:         istio.PlaintextPort(c.DiscoveryAddress),
-			Token:             credfetcher.File{Path: c.TokenPath},
+			Token:             tokens,
 			TokenOptional:     true,
 			Metadata:          md,
 			ClientCertificate: a.served.workloadCertificate,
