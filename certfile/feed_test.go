@@ -148,4 +148,3 @@ func mustRoots(t *testing.T, ca *localca.CA) *secretmanager.Roots {
 	}
 	return r
 }
-
