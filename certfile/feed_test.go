@@ -11,29 +11,6 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
-// runFeed runs a feed's Run until the test ends and checks it returned nil.
-func runFeed(t *testing.T, run func(context.Context) error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-}
-
-func signalled(t *testing.T, ch <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: no change signalled within 10 s", what)
-	}
-}
-
 // A RootFeed holds the file's bundle from the start, and follows every good
 // rewrite of the file into its Roots; a bad rewrite changes nothing.
 func TestRootFeed(t *testing.T) {
@@ -50,10 +27,10 @@ func TestRootFeed(t *testing.T) {
 	}
 	changes, stop := roots.Watch()
 	defer stop()
-	runFeed(t, f.Run)
+	runUntilEnd(t, f.Run)
 
 	replace(t, p, ca2.RootPEM())
-	signalled(t, changes, "rotated file")
+	waitChanged(t, changes, 10*time.Second)
 	if !roots.Bundle().Certs[0].Equal(ca2.Root()) {
 		t.Fatal("the rotated bundle was not applied")
 	}
@@ -61,7 +38,7 @@ func TestRootFeed(t *testing.T) {
 	// A torn write, then a good one: the first change seen is the good one.
 	replace(t, p, ca3.RootPEM()[:40])
 	replace(t, p, ca3.RootPEM())
-	signalled(t, changes, "file repaired")
+	waitChanged(t, changes, 10*time.Second)
 	if !roots.Bundle().Certs[0].Equal(ca3.Root()) {
 		t.Fatal("the repaired bundle was not applied")
 	}
@@ -100,7 +77,7 @@ func TestPairFeed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runFeed(t, f.Run)
+	runUntilEnd(t, f.Run)
 
 	held := func() *secretmanager.Secret {
 		t.Helper()
@@ -117,7 +94,7 @@ func TestPairFeed(t *testing.T) {
 		// The key first, then the chain: the feed publishes only a matching pair.
 		replace(t, keyPath, p.keyPEM)
 		replace(t, certPath, p.chainPEM)
-		signalled(t, changes, "pair written")
+		waitChanged(t, changes, 10*time.Second)
 		s := held()
 		if !s.Leaf.Equal(p.chain[0]) || s.Source != "file-mounted" || s.Identity != testID {
 			t.Fatalf("pair %d: served %s from %q for %v", i, s.Leaf.SerialNumber, s.Source, s.Identity)
