@@ -288,13 +288,18 @@ func (b *bench) xdsForward(ctx context.Context, a *agentProc, size int, idleKB i
 	}
 	defer pconn.Close()
 	direct := func() (time.Duration, error) { return b.fetchBig(ctx, dconn, size, &res) }
+	var proxyCPU time.Duration // the agent's CPU time in the last proxied read
 	proxied := func() (time.Duration, int64, error) {
 		if err := resetHWM(a.Pid()); err != nil {
 			b.log("%v; the peak covers the agent's whole life", err)
 		}
+		cpu0, cerr := schedCPU(a.Pid())
 		d, err := b.fetchBig(ctx, pconn, size, &res)
 		if err != nil {
 			return 0, 0, agentErr(a, fmt.Errorf("through the proxy: %w", err))
+		}
+		if cpu1, err := schedCPU(a.Pid()); err == nil && cerr == nil {
+			proxyCPU = cpu1 - cpu0
 		}
 		hwm, err := hwmKB(a.Pid())
 		if err != nil {
@@ -320,13 +325,28 @@ func (b *bench) xdsForward(ctx context.Context, a *agentProc, size int, idleKB i
 			return res, fmt.Errorf("run %d: %w", i+1, err)
 		}
 		over := float64(hwm-idleKB) * 1024
-		b.log("%d MB response: direct %v, through the proxy %v, proxy peak RSS %.1f MB (%.1f MB over idle; %s)",
-			size/1_000_000, dd, pd, float64(hwm)/1024, over/(1<<20), rssBreakdown(a.Pid()))
+		b.log("%d MB response: direct %v, through the proxy %v (proxy CPU %v), proxy peak RSS %.1f MB (%.1f MB over idle; %s)",
+			size/1_000_000, dd, pd, proxyCPU, float64(hwm)/1024, over/(1<<20), rssBreakdown(a.Pid()))
 		res.directMs = append(res.directMs, ms(dd))
 		res.proxyMs = append(res.proxyMs, ms(pd))
 		res.ratio = append(res.ratio, float64(pd)/float64(dd))
 		res.peakOverIdleMB = append(res.peakOverIdleMB, over/(1<<20))
 		res.peakOverSize = append(res.peakOverSize, over/float64(res.size))
+	}
+	// With -pprof-dir, profile the agent over more proxied reads after the
+	// measured ones, so profiling does not perturb the figures.
+	if b.opts.pprofDir != "" {
+		label := fmt.Sprintf("xds-%dmb", size/1_000_000)
+		const profiled = 3 * time.Second
+		wait := b.cpuProfile(ctx, a, label, profiled)
+		for end := time.Now().Add(profiled); time.Now().Before(end); {
+			if _, _, err := proxied(); err != nil {
+				b.log("profiled read: %v", err)
+				break
+			}
+		}
+		wait()
+		b.snapshotProfiles(ctx, a, label)
 	}
 	return res, nil
 }
