@@ -69,7 +69,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.rotations, "rotations", 4, "rotations measured")
 	fs.IntVar(&o.xdsSmallBytes, "xds-small-bytes", 10_000_000, "payload bytes of the ADS response timed against its 1.2x target")
 	fs.IntVar(&o.xdsBytes, "xds-bytes", 100_000_000, "payload bytes of the ADS response whose peak RSS is measured against its 1.2x target")
-	fs.IntVar(&o.xdsRuns, "xds-runs", 7, "ADS reads each way and size, after one warm-up each way")
+	fs.IntVar(&o.xdsRuns, "xds-runs", 11, "ADS reads each way and size, after one warm-up each way")
 	fs.DurationVar(&o.xdsTimeout, "xds-timeout", 60*time.Second, "longest wait for one large ADS response")
 	if err := fs.Parse(args); err != nil {
 		return o, err
