@@ -42,7 +42,7 @@ func TestRunAgainstAgent(t *testing.T) {
 		"cpu_idle_ms_per_min",
 		"xds_forward_1mb_ratio", "xds_forward_1mb_peak_rss_over_idle_mb", "xds_forward_1mb_peak_rss_over_idle_x",
 		"xds_forward_4mb_ratio", "xds_forward_4mb_peak_rss_over_idle_mb", "xds_forward_4mb_peak_rss_over_idle_x",
-		"rotation_fanout_ms", "rotation_first_to_last_stream_ms",
+		"workloadapi_streams_rss_kb_per_stream", "rotation_fanout_ms", "rotation_first_to_last_stream_ms",
 	}
 	if len(lines) != len(want) {
 		t.Fatalf("got %d lines, want %d:\n%s", len(lines), len(want), stdout.String())
