@@ -177,7 +177,9 @@ func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool,
 	conn := s.p.conn
 	if attempt > 0 {
 		// A retry after the proxy's backoff: if the connection is waiting
-		// out gRPC's own backoff, connect now instead.
+		// out gRPC's own backoff, connect now instead. gRPC reports the
+		// connection as failed until it is ready again, so this stream may
+		// still fail at once; the next attempt finds it ready.
 		conn.ResetConnectBackoff()
 	}
 	actx, fail := context.WithCancelCause(ctx)
