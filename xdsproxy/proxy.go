@@ -115,9 +115,11 @@ func New(cfg Config) (*Proxy, error) {
 			Timeout: cfg.KeepaliveTimeout,
 		}),
 		grpc.WithUserAgent("meshagent-xdsproxy"),
-		// gRPC's own reconnects follow the proxy's backoff; an upstream
-		// attempt after a failure also cuts gRPC's wait short (see
-		// upstreamOnce), so the proxy's clock decides when to retry.
+		// Between streams' attempts gRPC reconnects the shared connection
+		// on its own, with the proxy's base and cap (gRPC's jitter rule);
+		// a stream's retry after the proxy's backoff (internal/backoff)
+		// cuts gRPC's wait short (see upstreamOnce), so the proxy's clock
+		// decides when a waiting stream tries again.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: grpcbackoff.Config{
 				BaseDelay:  cfg.InitialBackoff,
