@@ -1,0 +1,20 @@
+//go:build !linux
+
+package podresolver
+
+import (
+	"context"
+	"errors"
+	"syscall"
+)
+
+// PeerPIDFD is Linux only.
+func PeerPIDFD(syscall.Conn) (int, error) {
+	return -1, errors.New("pidfds are Linux only")
+}
+
+type pinned struct{ fd int }
+
+func (r *Resolver) pin(context.Context, int32) (pinned, error) { return pinned{fd: -1}, nil }
+func (p pinned) alive(int32) error                             { return nil }
+func (p pinned) release()                                      {}
