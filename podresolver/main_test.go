@@ -1,0 +1,27 @@
+package podresolver
+
+import (
+	"io"
+	"net"
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// childConnectEnv makes the test binary a child that connects to the Unix
+// socket it names and holds the connection until its stdin closes.
+const childConnectEnv = "PODRESOLVER_TEST_CONNECT"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(childConnectEnv); path != "" {
+		conn, err := net.Dial("unix", path)
+		if err != nil {
+			os.Exit(2)
+		}
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		conn.Close()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
