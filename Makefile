@@ -9,7 +9,7 @@ RUN_DIR   := .run
 FUZZTIME  ?= 5s
 FUZZ_PKGS ?= ./...
 
-.PHONY: build run test vet fmt-check bench soak docs fuzz proto clean
+.PHONY: build run test tools vet fmt-check bench soak docs fuzz proto clean
 
 ## build: compile the agent into bin/meshagent
 build:
@@ -20,9 +20,13 @@ run: build
 	mkdir -p $(RUN_DIR)
 	cd $(RUN_DIR) && STATUS_PORT=$(STATUS_PORT) exec ../$(BIN) run --dev
 
-## test: go vet, gofmt check, race-enabled tests of every package
-test: vet fmt-check
+## test: go vet, gofmt check, race-enabled tests of every package (builds the test tools first)
+test: tools vet fmt-check
 	$(GO) test -race ./...
+
+## tools: build etcd, kube-apiserver, helm, spiffe-helper (pinned in test/tools) into $MESHAGENT_TOOLS_DIR, default ~/.cache/meshagent/tools/<key>
+tools:
+	bash scripts/tools.sh
 
 vet:
 	$(GO) vet ./...

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds the programs the tests run besides the agent: etcd and kube-apiserver (the
+# tests' own Kubernetes API server, test/kubeenv), helm (renders and lints the chart)
+# and spiffe-helper (a Workload API client nobody here wrote). Each is built from its Go
+# module at the version pinned in test/tools (kube-apiserver and etcd, which must agree),
+# test/tools/helm and test/tools/spiffe-helper, never from anything else.
+#
+# Binaries go to $MESHAGENT_TOOLS_DIR, by default
+# $HOME/.cache/meshagent/tools/<key>, where <key> is a hash of those modules' go.mod and
+# go.sum files: a changed pin means a new directory, and a tool already built there is
+# not built again. test/kubeenv (ToolPath) computes the same directory.
+#
+# Usage: scripts/tools.sh          build what is missing
+#        scripts/tools.sh -dir     print the directory and exit
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+# The files whose content names the pinned versions, in the order test/kubeenv hashes them.
+key_files=(
+	test/tools/go.mod
+	test/tools/go.sum
+	test/tools/helm/go.mod
+	test/tools/helm/go.sum
+	test/tools/spiffe-helper/go.mod
+	test/tools/spiffe-helper/go.sum
+)
+
+die() { echo "tools.sh: $*" >&2; exit 1; }
+
+key() { cat "${key_files[@]}" | sha256sum | cut -c1-16; }
+
+dir=${MESHAGENT_TOOLS_DIR:-"${HOME:?HOME is not set}/.cache/meshagent/tools/$(key)"}
+
+if [ "${1:-}" = "-dir" ]; then
+	echo "$dir"
+	exit 0
+fi
+[ $# -eq 0 ] || die "unknown argument $1 (usage: scripts/tools.sh [-dir])"
+
+mkdir -p "$dir"
+# One build at a time per directory: parallel `make test` runs wait instead of racing.
+exec 9>"$dir/.lock"
+flock 9
+
+export GOWORK=off
+export GOFLAGS=-mod=readonly
+
+# build NAME MODULE_DIR PACKAGE [go build flags...]: builds PACKAGE in MODULE_DIR into
+# $dir/NAME unless it is there. The binary is written under a temporary name and
+# renamed, so an interrupted build never leaves a truncated tool behind.
+build() {
+	local name=$1 moddir=$2 pkg=$3
+	shift 3
+	if [ -x "$dir/$name" ]; then
+		return 0
+	fi
+	local start=$SECONDS
+	echo "tools: building $name ($pkg) into $dir"
+	(cd "$moddir" && go build "$@" -o "$dir/.$name.tmp" "$pkg") ||
+		die "building $name failed"
+	mv -f "$dir/.$name.tmp" "$dir/$name"
+	echo "tools: built $name in $((SECONDS - start))s"
+}
+
+kube_version=$(cd test/tools && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+
+build etcd test/tools go.etcd.io/etcd/server/v3
+build kube-apiserver test/tools ./kube-apiserver \
+	-ldflags "-X k8s.io/component-base/version.gitVersion=$kube_version"
+build helm test/tools/helm helm.sh/helm/v3/cmd/helm
+build spiffe-helper test/tools/spiffe-helper github.com/spiffe/spiffe-helper/cmd/spiffe-helper
