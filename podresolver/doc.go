@@ -45,24 +45,27 @@
 // its identity to the old connection. The guard:
 //
 //   - Before reading /proc/<pid>/cgroup, Resolve pins the process with a
-//     pidfd: the connection's own (WithPIDFD, from SO_PEERPIDFD read at
-//     accept, Linux 6.5) when the socket server passes it, else
-//     pidfd_open(pid). After reading, it checks the pidfd's process has not
-//     exited: a live process keeps its pid, so what was read was that
-//     process's. With the connection's pidfd, a connecting process that has
-//     already exited (fdinfo Pid: -1) is refused, whoever holds its pid now.
+//     pidfd: the connection's own when the context carries one
+//     (peerpidfd.NewContext), else pidfd_open(pid). After reading, it checks
+//     the pidfd's process has not exited: a live process keeps its pid, so
+//     what was read was that process's. The connection's pidfd must name the
+//     pid of SO_PEERCRED; once the connecting process has exited (fdinfo
+//     "Pid: -1") the connection is refused, whoever holds its pid now.
 //   - It also reads the process start time (/proc/<pid>/stat field 22)
 //     before and after, and refuses when it changed. This is the whole
 //     guard where pidfds cannot be used (a test's /proc root).
 //
-// Limits: without the connection's pidfd, a pid that was reused between
-// connect() and Resolve's pidfd_open is not detected: the attacker must exit,
-// have the kernel cycle through the pid space (pid_max, 4,194,304 by default
-// on 64-bit nodes) and give the pid to a process of the victim pod, all
-// before the agent's handshake reads it, which the socket server does right
-// after accept. The start-time check alone misses two processes started
-// within one clock tick (10 ms) on the same pid. With SO_PEERPIDFD passed in,
-// no window is left.
+// Limits: the pidfd must be taken when the connection is accepted
+// (peerpidfd.FromConn). SO_PEERPIDFD (Linux 6.5) is taken by the kernel at
+// connect() and leaves no window; on older kernels FromConn opens one by pid,
+// and a pid reused between connect() and accept goes unseen: the attacker
+// must exit and the kernel must hand the pid (after cycling through pid_max,
+// 4,194,304 by default on 64-bit nodes) to a process of the victim pod, all
+// before the agent accepts. Without a connection pidfd at all, Resolve opens
+// one itself, and the window runs from connect() to Resolve, which a caller
+// controls when resolution waits for its first request: a socket server that
+// resolves late must pass the connection's pidfd. The start-time check alone
+// misses two processes started within one clock tick (10 ms) on one pid.
 //
 // # What a compromised agent exposes
 //

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/meshagent/meshagent/caller"
+	"github.com/meshagent/meshagent/peerpidfd"
 	"github.com/meshagent/meshagent/test/podproc"
 )
 
@@ -95,12 +96,12 @@ func TestRealPIDReuse(t *testing.T) {
 	if int(cred.PID) != attacker.Process.Pid {
 		t.Fatalf("SO_PEERCRED pid %d, want the attacker's %d", cred.PID, attacker.Process.Pid)
 	}
-	pidfd, err := PeerPIDFD(uc)
+	pidfd, err := peerpidfd.FromConn(uc)
 	if err != nil {
-		t.Fatalf("PeerPIDFD (needs Linux 6.5): %v", err)
+		t.Fatalf("peer pidfd: %v", err)
 	}
 	defer syscall.Close(pidfd)
-	ctx := WithPIDFD(context.Background(), pidfd)
+	ctx := peerpidfd.NewContext(context.Background(), pidfd)
 
 	info, err := r.Resolve(ctx, cred)
 	if err != nil || info.Identity != "spiffe://cluster.local/ns/evil/sa/attacker" {

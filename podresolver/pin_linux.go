@@ -1,42 +1,13 @@
 package podresolver
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"os"
-	"strconv"
-	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshagent/meshagent/peerpidfd"
 )
-
-// soPeerPIDFD is SO_PEERPIDFD (Linux 6.5), the same number on every
-// architecture that uses the generic socket options (amd64, arm64, riscv64).
-const soPeerPIDFD = 77
-
-// PeerPIDFD returns a pidfd of the process that connected to a Unix socket
-// (SO_PEERPIDFD): the kernel takes it at connect(), so it names that process
-// even after its pid is reused. The caller closes it. It fails on kernels
-// older than 6.5.
-func PeerPIDFD(conn syscall.Conn) (int, error) {
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return -1, fmt.Errorf("reading the peer's pidfd: %w", err)
-	}
-	fd, serr := -1, error(nil)
-	if err := raw.Control(func(s uintptr) {
-		fd, serr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, soPeerPIDFD)
-	}); err != nil {
-		return -1, fmt.Errorf("reading the peer's pidfd: %w", err)
-	}
-	if serr != nil {
-		return -1, fmt.Errorf("reading the peer's pidfd: %w", serr)
-	}
-	return fd, nil
-}
 
 // pinned holds a pidfd of the process being resolved, taken before its
 // /proc files are read.
@@ -52,8 +23,8 @@ func (r *Resolver) pin(ctx context.Context, pid int32) (pinned, error) {
 	if !r.pidfds {
 		return pinned{fd: -1}, nil
 	}
-	if fd, ok := pidfdFromContext(ctx); ok {
-		got, err := pidfdPID(fd)
+	if fd, ok := peerpidfd.FromContext(ctx); ok {
+		got, err := peerpidfd.PID(fd)
 		if err != nil {
 			return pinned{}, refuse(ReasonProcUnreadable, "reading the pidfd of process %d: %v", pid, err)
 		}
@@ -94,20 +65,4 @@ func (p pinned) release() {
 	if p.own {
 		unix.Close(p.fd)
 	}
-}
-
-// pidfdPID reads the pid a pidfd names from /proc/self/fdinfo: -1 once the
-// process has exited and been reaped.
-func pidfdPID(fd int) (int, error) {
-	data, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
-	if err != nil {
-		return 0, err
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("Pid:")); ok {
-			return strconv.Atoi(string(bytes.TrimSpace(v)))
-		}
-	}
-	return 0, errors.New("fd is not a pidfd")
 }

@@ -2,16 +2,7 @@
 
 package podresolver
 
-import (
-	"context"
-	"errors"
-	"syscall"
-)
-
-// PeerPIDFD is Linux only.
-func PeerPIDFD(syscall.Conn) (int, error) {
-	return -1, errors.New("pidfds are Linux only")
-}
+import "context"
 
 type pinned struct{ fd int }
 
