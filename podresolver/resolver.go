@@ -66,6 +66,10 @@ type Config struct {
 	// NodeUIDs are the identities of processes outside any pod, by uid. A
 	// node process whose uid is not here is refused.
 	NodeUIDs map[uint32]spiffeid.ID
+	// IdentityOf names the identity of a pod's service account; nil means
+	// the pod's SPIFFE ID (podindex.Pod.Identity). Linkerd's DNS identities
+	// are made here.
+	IdentityOf func(namespace, serviceAccount string) string
 	// PodWait bounds the wait for a pod the informer has not seen yet (a
 	// container can start before the watch event arrives); 0 means 2s.
 	PodWait time.Duration
@@ -166,7 +170,11 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 	if pod.Terminated() {
 		return caller.Info{}, "", refuse(ReasonPodTerminated, "pod %s of process %d has terminated (%s)", where.UID, cred.PID, pod.Phase)
 	}
-	return caller.Info{Cred: cred, Identity: pod.Identity.String(), Pod: pod.String(), PodUID: pod.UID}, kindPod, nil
+	identity := pod.Identity.String()
+	if r.cfg.IdentityOf != nil {
+		identity = r.cfg.IdentityOf(pod.Namespace, pod.ServiceAccount)
+	}
+	return caller.Info{Cred: cred, Identity: identity, Pod: pod.String(), PodUID: pod.UID}, kindPod, nil
 }
 
 // maxCgroupFile bounds what is read of /proc/<pid>/cgroup.

@@ -146,6 +146,25 @@ func TestResolveOnFakeProc(t *testing.T) {
 	}
 }
 
+func TestResolveIdentityOf(t *testing.T) {
+	root := t.TempDir()
+	fakeProc(t, root, 100, 1, "0::/kubepods/pod"+uidA+"\n")
+	r, err := New(Config{
+		Pods:     podMap{uidA: pod("shop", "cart-0", uidA, "cart", corev1.PodRunning)},
+		ProcRoot: root,
+		IdentityOf: func(ns, sa string) string {
+			return sa + "." + ns + ".serviceaccount.identity.linkerd.cluster.local"
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := r.Resolve(context.Background(), caller.Cred{PID: 100})
+	if err != nil || info.Identity != "cart.shop.serviceaccount.identity.linkerd.cluster.local" {
+		t.Fatalf("Resolve = %+v, %v", info, err)
+	}
+}
+
 func wantRefusal(t *testing.T, err error, reason string) {
 	t.Helper()
 	var ref *Refusal
