@@ -64,10 +64,13 @@ build() {
 	echo "tools: built $name in $((SECONDS - start))s"
 }
 
+# Versions the programs report, set at link time as their own release builds do.
 kube_version=$(cd test/tools && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+helm_version=$(cd test/tools/helm && go list -m -f '{{.Version}}' helm.sh/helm/v3)
 
 build etcd test/tools go.etcd.io/etcd/server/v3
 build kube-apiserver test/tools ./kube-apiserver \
 	-ldflags "-X k8s.io/component-base/version.gitVersion=$kube_version"
-build helm test/tools/helm helm.sh/helm/v3/cmd/helm
+build helm test/tools/helm helm.sh/helm/v3/cmd/helm \
+	-ldflags "-X helm.sh/helm/v3/internal/version.version=$helm_version"
 build spiffe-helper test/tools/spiffe-helper github.com/spiffe/spiffe-helper/cmd/spiffe-helper

@@ -1,0 +1,646 @@
+package deploy
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3" // HttpProtocolOptions in the bootstrap
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/encoding/protojson"
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
+
+	"github.com/meshagent/meshagent/test/kubeenv"
+)
+
+const chartDir = "helm/meshagent"
+
+var kube *kubeenv.Env
+
+func TestMain(m *testing.M) {
+	env, err := kubeenv.Start(context.Background(), kubeenv.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	kube = env
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping the API server:", err)
+		code = 1
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func TestHelmLint(t *testing.T) {
+	for name, values := range map[string]string{
+		"defaults": "",
+		"node":     "sidecar:\n  enabled: false\nnode:\n  enabled: true\n",
+		"linkerd":  "caProvider: Linkerd\ncredentialFetcherType: TokenRequest\nnode:\n  enabled: true\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			args := []string{"lint", "--strict", chartDir}
+			if values != "" {
+				args = append(args, "--values", writeValues(t, values))
+			}
+			if out, err := helm(t, args...); err != nil {
+				t.Fatalf("helm lint: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// TestChartAcceptedByAPIServer renders the chart for each way of installing it, has
+// the API server validate every object (server-side dry run, unknown fields refused),
+// checks what the contract requires of the pods, then creates the service accounts
+// and RBAC objects for real and asks the API server what they allow.
+func TestChartAcceptedByAPIServer(t *testing.T) {
+	type access struct {
+		verb, resource, subresource, namespace, name string
+		allowed                                      bool
+	}
+	tests := []struct {
+		name   string
+		values string
+		kinds  []string
+		check  func(t *testing.T, objs objects)
+		// access of the agent's service account ("" = the workload's, "node" = the node agent's).
+		access map[string][]access
+	}{{
+		name:   "sidecar",
+		values: "",
+		kinds:  []string{"ConfigMap", "Deployment", "ServiceAccount"},
+		check: func(t *testing.T, objs objects) {
+			pod := objs.deployment(t).Spec.Template.Spec
+			checkSidecarPod(t, pod, "istio-ca")
+			if *pod.AutomountServiceAccountToken {
+				t.Error("JWT sidecar mounts API credentials it does not need")
+			}
+			agent := container(t, pod, "meshagent")
+			checkEnv(t, agent, "CREDENTIAL_FETCHER_TYPE", "JWT")
+			checkMount(t, pod, agent, "/var/run/secrets/tokens", func(v corev1.Volume) bool {
+				p := v.Projected
+				return p != nil && len(p.Sources) == 1 && p.Sources[0].ServiceAccountToken != nil &&
+					p.Sources[0].ServiceAccountToken.Audience == "istio-ca" &&
+					p.Sources[0].ServiceAccountToken.Path == "istio-token"
+			})
+		},
+		access: map[string][]access{"": {
+			{verb: "create", resource: "serviceaccounts", subresource: "token", name: "$sa"},
+			{verb: "list", resource: "pods"},
+		}},
+	}, {
+		name:   "sidecar-tokenrequest",
+		values: "credentialFetcherType: TokenRequest\n",
+		kinds:  []string{"ConfigMap", "Deployment", "Role", "RoleBinding", "ServiceAccount"},
+		check: func(t *testing.T, objs objects) {
+			pod := objs.deployment(t).Spec.Template.Spec
+			checkSidecarPod(t, pod, "")
+			if !*pod.AutomountServiceAccountToken {
+				t.Error("TokenRequest sidecar has no API credentials")
+			}
+			agent := container(t, pod, "meshagent")
+			checkEnv(t, agent, "CREDENTIAL_FETCHER_TYPE", "TokenRequest")
+			checkEnvFrom(t, agent, "POD_UID", "metadata.uid")
+			for _, v := range pod.Volumes {
+				if v.Projected != nil {
+					t.Errorf("TokenRequest sidecar still mounts a projected token (volume %s)", v.Name)
+				}
+			}
+		},
+		access: map[string][]access{"": {
+			{verb: "create", resource: "serviceaccounts", subresource: "token", name: "$sa", allowed: true},
+			{verb: "create", resource: "serviceaccounts", subresource: "token", name: "other"},
+			{verb: "get", resource: "serviceaccounts", name: "$sa"},
+			{verb: "list", resource: "pods"},
+		}},
+	}, {
+		name: "sidecar-proxyless-linkerd",
+		values: "caProvider: Linkerd\ncaRoot:\n  configMap: linkerd-identity-trust-roots\n  key: ca-bundle.crt\n" +
+			"sidecar:\n  envoy:\n    enabled: false\n  containers:\n    - name: app\n      image: registry.invalid/app:1\n",
+		kinds: []string{"Deployment", "ServiceAccount"},
+		check: func(t *testing.T, objs objects) {
+			pod := objs.deployment(t).Spec.Template.Spec
+			agent := container(t, pod, "meshagent")
+			checkEnv(t, agent, "CA_PROVIDER", "Linkerd")
+			checkEnv(t, agent, "DISABLE_ENVOY", "true")
+			container(t, pod, "app")
+			for _, c := range pod.Containers {
+				if c.Name == "envoy" {
+					t.Error("envoy rendered with sidecar.envoy.enabled=false")
+				}
+			}
+			checkMount(t, pod, agent, "/var/run/secrets/tokens", func(v corev1.Volume) bool {
+				p := v.Projected
+				return p != nil && p.Sources[0].ServiceAccountToken.Audience == "identity.l5d.io"
+			})
+			checkMount(t, pod, agent, "/var/run/secrets/istio", func(v corev1.Volume) bool {
+				c := v.ConfigMap
+				return c != nil && c.Name == "linkerd-identity-trust-roots" &&
+					len(c.Items) == 1 && c.Items[0].Key == "ca-bundle.crt" && c.Items[0].Path == "root-cert.pem"
+			})
+		},
+	}, {
+		name:   "node",
+		values: "sidecar:\n  enabled: false\nnode:\n  enabled: true\n",
+		kinds:  []string{"ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"},
+		check: func(t *testing.T, objs objects) {
+			checkNodePod(t, objs, "istio-ca")
+			role := objs.clusterRole(t)
+			want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}}}
+			if fmt.Sprint(role.Rules) != fmt.Sprint(want) {
+				t.Errorf("node ClusterRole rules %v, want exactly %v", role.Rules, want)
+			}
+		},
+		access: map[string][]access{"node": {
+			{verb: "list", resource: "pods", allowed: true},
+			{verb: "watch", resource: "pods", namespace: "elsewhere", allowed: true},
+			{verb: "get", resource: "secrets"},
+			{verb: "create", resource: "serviceaccounts", subresource: "token", namespace: "elsewhere", name: "app"},
+			{verb: "create", resource: "serviceaccounts", subresource: "token", name: "$sa"},
+		}},
+	}, {
+		name:   "node-tokenrequest",
+		values: "credentialFetcherType: TokenRequest\nsidecar:\n  enabled: false\nnode:\n  enabled: true\n",
+		kinds:  []string{"ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role", "RoleBinding", "ServiceAccount"},
+		check: func(t *testing.T, objs objects) {
+			checkNodePod(t, objs, "")
+		},
+		access: map[string][]access{"node": {
+			{verb: "list", resource: "pods", allowed: true},
+			{verb: "create", resource: "serviceaccounts", subresource: "token", name: "$sa", allowed: true},
+			{verb: "create", resource: "serviceaccounts", subresource: "token", namespace: "elsewhere", name: "app"},
+		}},
+	}, {
+		name:   "node-linkerd-and-sidecar",
+		values: "caProvider: Linkerd\nnode:\n  enabled: true\n",
+		kinds:  []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount"},
+		check: func(t *testing.T, objs objects) {
+			checkNodePod(t, objs, "identity.l5d.io")
+		},
+		access: map[string][]access{
+			"node": {
+				{verb: "list", resource: "pods", allowed: true},
+				// Linkerd has no impersonation: the node agent presents a token of
+				// each workload's own service account.
+				{verb: "create", resource: "serviceaccounts", subresource: "token", namespace: "elsewhere", name: "app", allowed: true},
+				{verb: "get", resource: "secrets"},
+			},
+			"": {
+				{verb: "create", resource: "serviceaccounts", subresource: "token", name: "$sa"},
+			},
+		},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			ns := newNamespace(t, tt.name)
+			objs, err := render(t, tt.name, ns, tt.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var kinds []string
+			for _, o := range objs {
+				kinds = append(kinds, o.GetKind())
+			}
+			slices.Sort(kinds)
+			if !slices.Equal(kinds, tt.kinds) {
+				t.Errorf("rendered kinds %v, want %v", kinds, tt.kinds)
+			}
+			if err := apply(ctx, ns, objs, true); err != nil {
+				t.Fatalf("API server refused the chart:\n%v", err)
+			}
+			tt.check(t, objs)
+
+			// Create the identities and RBAC for real and ask what they allow.
+			var rbac objects
+			for _, o := range objs {
+				if o.GetAPIVersion() == "rbac.authorization.k8s.io/v1" || o.GetKind() == "ServiceAccount" {
+					rbac = append(rbac, o)
+				}
+			}
+			if err := apply(ctx, ns, rbac, false); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { deleteClusterScoped(rbac) })
+			for who, checks := range tt.access {
+				sa := objs.serviceAccount(t, who)
+				for _, a := range checks {
+					a.namespace = cmp.Or(a.namespace, ns)
+					if a.name == "$sa" {
+						a.name = sa
+					}
+					if got := allowed(t, ns, sa, a.verb, a.resource, a.subresource, a.namespace, a.name); got != a.allowed {
+						t.Errorf("%s may %s %s/%s %s/%s: %v, want %v", sa, a.verb, a.resource, a.subresource, a.namespace, a.name, got, a.allowed)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestDryRunRefusesInvalidObjects shows the validation above can fail: values that
+// helm renders without complaint but that make an invalid or unknown field.
+func TestDryRunRefusesInvalidObjects(t *testing.T) {
+	for _, tt := range []struct{ name, values, want string }{
+		{"negative replicas", "sidecar:\n  replicas: -1\n", "spec.replicas"},
+		{"unknown field", "sidecar:\n  securityContext:\n    readOnlyRootFilesystm: true\n", "unknown field"},
+		{"bad update strategy", "node:\n  enabled: true\n  updateStrategy:\n    type: Sometimes\n", "updateStrategy"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := newNamespace(t, "invalid")
+			objs, err := render(t, "invalid", ns, tt.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = apply(context.Background(), ns, objs, true)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("dry run of invalid objects: err = %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestChartRefusesBadValues(t *testing.T) {
+	for _, tt := range []struct{ values, want string }{
+		{"caProvider: Vault\n", "caProvider must be Citadel or Linkerd"},
+		{"credentialFetcherType: GoogleComputeEngine\n", "credentialFetcherType must be JWT or TokenRequest"},
+	} {
+		_, err := render(t, "bad", "default", tt.values)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("values %q: err = %v, want %q", tt.values, err, tt.want)
+		}
+	}
+}
+
+// TestEnvoyBootstrapIsValid parses the rendered Envoy bootstrap as Envoy's own types
+// and runs their validation rules.
+func TestEnvoyBootstrapIsValid(t *testing.T) {
+	objs, err := render(t, "envoy", "default", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	objs.find(t, "ConfigMap", &cm)
+	js, err := yaml.YAMLToJSON([]byte(cm.Data["bootstrap.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &b); err != nil {
+		t.Fatalf("bootstrap does not parse: %v", err)
+	}
+	if err := b.ValidateAll(); err != nil {
+		t.Fatalf("bootstrap invalid: %v", err)
+	}
+	pipes := map[string]string{}
+	for _, c := range b.GetStaticResources().GetClusters() {
+		pipes[c.GetName()] = c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetPipe().GetPath()
+	}
+	want := map[string]string{
+		"sds-grpc": "/var/run/secrets/workload-spiffe-uds/socket",
+		"xds-grpc": "/etc/istio/proxy/XDS",
+	}
+	if fmt.Sprint(pipes) != fmt.Sprint(want) {
+		t.Errorf("bootstrap clusters' sockets %v, want %v", pipes, want)
+	}
+}
+
+// checkSidecarPod checks what SPEC 2 and 12 require of the sidecar pod: the agent and
+// Envoy share the SDS socket directory on an emptyDir, the token (when projected, with
+// audience) and CA root are at the agent's default paths, the status port probes, and
+// every container runs non-root with a read-only root file system.
+func checkSidecarPod(t *testing.T, pod corev1.PodSpec, audience string) {
+	t.Helper()
+	agent := container(t, pod, "meshagent")
+	envoy := container(t, pod, "envoy")
+	if agent.WorkingDir != "/" {
+		t.Errorf("agent working directory %q, want / (its default paths are relative)", agent.WorkingDir)
+	}
+	for _, c := range []corev1.Container{agent, envoy} {
+		checkMount(t, pod, c, "/var/run/secrets/workload-spiffe-uds", func(v corev1.Volume) bool {
+			return v.Name == "workload-socket" && v.EmptyDir != nil
+		})
+		sc := c.SecurityContext
+		if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("container %s: security context %+v, want read-only root, no privilege escalation", c.Name, sc)
+		}
+	}
+	if psc := pod.SecurityContext; psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
+		t.Errorf("pod security context %+v, want runAsNonRoot", psc)
+	}
+	checkMount(t, pod, agent, "/var/run/secrets/istio", func(v corev1.Volume) bool {
+		return v.ConfigMap != nil && v.ConfigMap.Items[0].Path == "root-cert.pem"
+	})
+	if audience != "" {
+		checkMount(t, pod, agent, "/var/run/secrets/tokens", func(v corev1.Volume) bool {
+			return v.Projected != nil && v.Projected.Sources[0].ServiceAccountToken.Audience == audience
+		})
+	}
+	checkProbes(t, agent)
+}
+
+func checkNodePod(t *testing.T, objs objects, audience string) {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	objs.find(t, "DaemonSet", &ds)
+	pod := ds.Spec.Template.Spec
+	if !pod.HostPID {
+		t.Error("node agent without hostPID cannot map callers' PIDs to pods")
+	}
+	agent := container(t, pod, "meshagent")
+	checkEnv(t, agent, "MESHAGENT_MODE", "node")
+	checkEnvFrom(t, agent, "NODE_NAME", "spec.nodeName")
+	checkMount(t, pod, agent, "/var/run/secrets/workload-spiffe-uds", func(v corev1.Volume) bool {
+		return v.HostPath != nil && v.HostPath.Path == "/var/run/meshagent" &&
+			v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathDirectoryOrCreate
+	})
+	if !slices.ContainsFunc(pod.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Operator == corev1.TolerationOpExists && tol.Key == ""
+	}) {
+		t.Errorf("node agent tolerations %v, want one tolerating every taint", pod.Tolerations)
+	}
+	if sc := agent.SecurityContext; sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("node agent security context %+v, want every capability dropped and a read-only root", sc)
+	}
+	if audience != "" {
+		checkMount(t, pod, agent, "/var/run/secrets/tokens", func(v corev1.Volume) bool {
+			return v.Projected != nil && v.Projected.Sources[0].ServiceAccountToken.Audience == audience
+		})
+	}
+	checkProbes(t, agent)
+}
+
+func checkProbes(t *testing.T, c corev1.Container) {
+	t.Helper()
+	if len(c.Ports) != 1 || c.Ports[0].Name != "status" || c.Ports[0].ContainerPort != 15020 {
+		t.Errorf("agent ports %v, want status 15020", c.Ports)
+	}
+	for probe, want := range map[*corev1.Probe]string{c.ReadinessProbe: "/healthz/ready", c.LivenessProbe: "/healthz/live"} {
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != want || probe.HTTPGet.Port.StrVal != "status" {
+			t.Errorf("probe %+v, want GET %s on the status port", probe, want)
+		}
+	}
+}
+
+func container(t *testing.T, pod corev1.PodSpec, name string) corev1.Container {
+	t.Helper()
+	for _, c := range pod.Containers {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no container %s in the pod", name)
+	return corev1.Container{}
+}
+
+// checkMount checks that c mounts, at path, a volume of the pod that ok accepts.
+func checkMount(t *testing.T, pod corev1.PodSpec, c corev1.Container, path string, ok func(corev1.Volume) bool) {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		if m.MountPath != path {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == m.Name {
+				if !ok(v) {
+					t.Errorf("container %s: volume %s at %s is not as expected: %+v", c.Name, v.Name, path, v.VolumeSource)
+				}
+				return
+			}
+		}
+		t.Errorf("container %s mounts undeclared volume %s", c.Name, m.Name)
+		return
+	}
+	t.Errorf("container %s mounts nothing at %s", c.Name, path)
+}
+
+func checkEnv(t *testing.T, c corev1.Container, name, want string) {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == name {
+			if e.Value != want {
+				t.Errorf("container %s: %s=%q, want %q", c.Name, name, e.Value, want)
+			}
+			return
+		}
+	}
+	t.Errorf("container %s: %s not set, want %q", c.Name, name, want)
+}
+
+func checkEnvFrom(t *testing.T, c corev1.Container, name, fieldPath string) {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == name {
+			if e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != fieldPath {
+				t.Errorf("container %s: %s from %+v, want the downward API's %s", c.Name, name, e.ValueFrom, fieldPath)
+			}
+			return
+		}
+	}
+	t.Errorf("container %s: %s not set, want the downward API's %s", c.Name, name, fieldPath)
+}
+
+// objects are rendered manifests.
+type objects []*unstructured.Unstructured
+
+// find converts the only object of kind into out.
+func (objs objects) find(t *testing.T, kind string, out any) {
+	t.Helper()
+	var found []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			found = append(found, o)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d objects of kind %s rendered, want 1", len(found), kind)
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(found[0].Object, out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (objs objects) deployment(t *testing.T) appsv1.Deployment {
+	var d appsv1.Deployment
+	objs.find(t, "Deployment", &d)
+	return d
+}
+
+func (objs objects) clusterRole(t *testing.T) rbacv1.ClusterRole {
+	var r rbacv1.ClusterRole
+	objs.find(t, "ClusterRole", &r)
+	return r
+}
+
+// serviceAccount returns the name of the workload's ("") or node agent's ("node")
+// service account, as the rendered pod template uses it.
+func (objs objects) serviceAccount(t *testing.T, who string) string {
+	t.Helper()
+	if who == "node" {
+		var ds appsv1.DaemonSet
+		objs.find(t, "DaemonSet", &ds)
+		return ds.Spec.Template.Spec.ServiceAccountName
+	}
+	return objs.deployment(t).Spec.Template.Spec.ServiceAccountName
+}
+
+// render runs helm template for a release in namespace with the given values YAML.
+func render(t *testing.T, release, namespace, values string) (objects, error) {
+	t.Helper()
+	out, err := helm(t, "template", release, chartDir, "--namespace", namespace, "--values", writeValues(t, values))
+	if err != nil {
+		return nil, fmt.Errorf("helm template: %w\n%s", err, out)
+	}
+	var objs objects
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	for {
+		var o unstructured.Unstructured
+		if err := dec.Decode(&o.Object); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return nil, fmt.Errorf("parsing helm's output: %w", err)
+		}
+		if o.Object != nil {
+			objs = append(objs, &o)
+		}
+	}
+	return objs, nil
+}
+
+// apply creates every object in the API server, with dryRun only validated: unknown or
+// duplicate fields are refused (strict field validation), as is anything the server's
+// validation or admission refuses. Errors name the object.
+func apply(ctx context.Context, namespace string, objs objects, dryRun bool) error {
+	dyn, err := dynamic.NewForConfig(kube.Config())
+	if err != nil {
+		return err
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(kube.Client().Discovery()))
+	opts := metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	var errs []error
+	for _, o := range objs {
+		gvk := o.GroupVersionKind()
+		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w", gvk.Kind, o.GetName(), err))
+			continue
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+			if o.GetNamespace() != namespace {
+				errs = append(errs, fmt.Errorf("%s %s: namespace %q, want the release's %q", gvk.Kind, o.GetName(), o.GetNamespace(), namespace))
+				continue
+			}
+			ri = dyn.Resource(mapping.Resource).Namespace(namespace)
+		}
+		if _, err := ri.Create(ctx, o, opts); err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w", gvk.Kind, o.GetName(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func deleteClusterScoped(objs objects) {
+	client := kube.Client().RbacV1()
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "ClusterRole":
+			client.ClusterRoles().Delete(context.Background(), o.GetName(), metav1.DeleteOptions{})
+		case "ClusterRoleBinding":
+			client.ClusterRoleBindings().Delete(context.Background(), o.GetName(), metav1.DeleteOptions{})
+		}
+	}
+}
+
+// allowed asks the API server whether service account sa of namespace ns may do verb.
+func allowed(t *testing.T, ns, sa, verb, resource, subresource, namespace, name string) bool {
+	t.Helper()
+	r, err := kube.Client().AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
+		Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   "system:serviceaccount:" + ns + ":" + sa,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Verb: verb, Resource: resource, Subresource: subresource, Namespace: namespace, Name: name,
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("SubjectAccessReview: %v", err)
+	}
+	return r.Status.Allowed
+}
+
+func newNamespace(t *testing.T, prefix string) string {
+	t.Helper()
+	ns, err := kube.Client().CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		kube.Client().CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+	})
+	return ns.Name
+}
+
+func writeValues(t *testing.T, values string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(path, []byte(values), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// helm runs the helm binary built by make tools, with its cache and configuration in
+// a temporary directory so nothing outside the test is read or written.
+func helm(t *testing.T, args ...string) ([]byte, error) {
+	t.Helper()
+	bin, err := kubeenv.ToolPath("helm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"),
+	)
+	return cmd.CombinedOutput()
+}

@@ -1,0 +1,230 @@
+package kubeenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+var kube *Env
+
+func TestMain(m *testing.M) {
+	env, err := Start(context.Background(), Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	kube = env
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping:", err)
+		code = 1
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func TestToolsDirMatchesScript(t *testing.T) {
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("bash", filepath.Join(root, "scripts", "tools.sh"), "-dir").Output()
+	if err != nil {
+		t.Fatalf("scripts/tools.sh -dir: %v", err)
+	}
+	dir, err := ToolsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(out)); got != dir {
+		t.Fatalf("scripts/tools.sh builds into %s, ToolsDir() looks in %s", got, dir)
+	}
+}
+
+func TestToolPathMissingSaysRunMakeTools(t *testing.T) {
+	t.Setenv(ToolsDirEnv, t.TempDir())
+	_, err := ToolPath("kube-apiserver")
+	if err == nil || !strings.Contains(err.Error(), "run make tools") {
+		t.Fatalf("ToolPath of a missing tool: err = %v, want one saying run make tools", err)
+	}
+	if _, err := Start(context.Background(), Options{}); err == nil || !strings.Contains(err.Error(), "run make tools") {
+		t.Fatalf("Start without tools: err = %v, want one saying run make tools", err)
+	}
+}
+
+func TestStartNamesTheProcessThatFailed(t *testing.T) {
+	_, err := Start(context.Background(), Options{APIServerFlags: []string{"--no-such-flag"}})
+	if err == nil {
+		t.Fatal("Start with an unknown API server flag succeeded")
+	}
+	for _, want := range []string{"kube-apiserver exited", "no-such-flag"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not contain %q:\n%v", want, err)
+		}
+	}
+}
+
+func TestPodBoundTokenReview(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	if _, err := kube.CreateServiceAccount(ctx, ns, "app"); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := kube.CreatePod(ctx, ns, "app-0", "app", "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.UID == "" || pod.Spec.NodeName != "node-a" {
+		t.Fatalf("stored pod: uid %q node %q", pod.UID, pod.Spec.NodeName)
+	}
+	token, err := kube.Token(ctx, ns, "app", []string{"istio-ca"}, pod, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	status := review(t, token, "istio-ca")
+	if !status.Authenticated {
+		t.Fatalf("token not authenticated: %q", status.Error)
+	}
+	if want := "system:serviceaccount:" + ns + ":app"; status.User.Username != want {
+		t.Errorf("username %q, want %q", status.User.Username, want)
+	}
+	if !slices.Contains(status.Audiences, "istio-ca") {
+		t.Errorf("audiences %v, want istio-ca", status.Audiences)
+	}
+	for key, want := range map[string]string{
+		"authentication.kubernetes.io/pod-name":  pod.Name,
+		"authentication.kubernetes.io/pod-uid":   string(pod.UID),
+		"authentication.kubernetes.io/node-name": "node-a",
+	} {
+		if got := status.User.Extra[key]; len(got) != 1 || got[0] != want {
+			t.Errorf("extra %s = %v, want [%s]", key, got, want)
+		}
+	}
+
+	// The same token for another audience is refused: the review checks audiences.
+	if other := review(t, token, "identity.l5d.io"); other.Authenticated {
+		t.Errorf("token for istio-ca authenticated for identity.l5d.io")
+	}
+}
+
+func TestRestartKeepsObjectsAndTokens(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	if _, err := kube.CreateServiceAccount(ctx, ns, "app"); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := kube.CreatePod(ctx, ns, "app-0", "app", "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := kube.Token(ctx, ns, "app", []string{"istio-ca"}, pod, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := kube.Host()
+
+	if err := kube.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if kube.Host() != host {
+		t.Errorf("host changed across restart: %s -> %s", host, kube.Host())
+	}
+	got, err := kube.Client().CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("pod after restart: %v", err)
+	}
+	if got.UID != pod.UID {
+		t.Errorf("pod UID after restart %s, want %s", got.UID, pod.UID)
+	}
+	if status := review(t, token, "istio-ca"); !status.Authenticated {
+		t.Errorf("token issued before the restart refused after it: %q", status.Error)
+	}
+}
+
+func TestKubeconfigForServiceAccount(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	if _, err := kube.CreateServiceAccount(ctx, ns, "reader"); err != nil {
+		t.Fatal(err)
+	}
+	token, err := kube.Token(ctx, ns, "reader", nil, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := kube.Kubeconfig(path, token); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := os.Stat(path); err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("kubeconfig file: %v, mode %v", err, info.Mode())
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	who, err := client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "system:serviceaccount:" + ns + ":reader"; who.Status.UserInfo.Username != want {
+		t.Errorf("kubeconfig authenticates as %q, want %q", who.Status.UserInfo.Username, want)
+	}
+	// RBAC is on: a service account with no role binding may not list pods.
+	_, err = client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("listing pods without a role: err = %v, want Forbidden", err)
+	}
+}
+
+// newNamespace creates a namespace named after the test, deleted when it ends.
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	name := strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name()))
+	if len(name) > 50 {
+		name = name[:50]
+	}
+	name = strings.Trim(name, "-") + "-" + randomHex(3)
+	if _, err := kube.CreateNamespace(context.Background(), name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		kube.Client().CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	return name
+}
+
+func review(t *testing.T, token, audience string) authenticationv1.TokenReviewStatus {
+	t.Helper()
+	r, err := kube.Client().AuthenticationV1().TokenReviews().Create(context.Background(), &authenticationv1.TokenReview{
+		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{audience}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("TokenReview: %v", err)
+	}
+	return r.Status
+}
