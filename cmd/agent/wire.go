@@ -490,7 +490,7 @@ func (a *agent) writeBootstrap(context.Context) error {
 	}
 	_, err := grpcbootstrap.WriteFile(c.GRPCXDSBootstrap, grpcbootstrap.Config{
 		XDSSocket:    c.XDSSocket,
-		NodeID:       grpcbootstrap.SidecarNodeID("127.0.0.1", pod, ns, ns+".svc."+c.TrustDomain),
+		NodeID:       grpcbootstrap.SidecarNodeID(c.InstanceIP, pod, ns, ""),
 		NodeMetadata: map[string]any{"CLUSTER_ID": c.ClusterID, "NAMESPACE": ns},
 		CertDir:      c.OutputCerts,
 		SecretTTL:    c.SecretTTL,
