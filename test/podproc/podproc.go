@@ -5,9 +5,9 @@
 // It owns the cgroup directories it creates (the pod's and the container's;
 // the shared kubepods and QoS parents are left in place, since tests of other
 // packages may be using them) and removes them after the test, once the
-// process is dead. It needs root and a writable cgroup hierarchy: the cgroup
-// v1 pids hierarchy when mounted, else the cgroup v2 root. A test that cannot
-// create them fails: it never skips.
+// process is dead. It needs root and writable cgroups: it uses the cgroup v1
+// pids hierarchy and the cgroup v2 hierarchy, whichever are mounted (Roots).
+// A test that cannot create them fails: it never skips.
 package podproc
 
 import (
@@ -36,18 +36,29 @@ const (
 	Systemd
 )
 
-// Root returns the cgroup hierarchy the test cgroups are made in.
-func Root() (string, error) {
-	for _, dir := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup"} {
+// Roots returns the writable cgroup hierarchies test processes are placed
+// in: the cgroup v1 pids hierarchy and the cgroup v2 one (hybrid nodes mount
+// it at /sys/fs/cgroup/unified), whichever are mounted. A node shows a
+// container's path on every hierarchy; so do test processes.
+func Roots() ([]string, error) {
+	var roots []string
+	for _, c := range []struct {
+		dir   string
+		magic int64
+	}{
+		{"/sys/fs/cgroup/pids", unix.CGROUP_SUPER_MAGIC},
+		{"/sys/fs/cgroup/unified", unix.CGROUP2_SUPER_MAGIC},
+		{"/sys/fs/cgroup", unix.CGROUP2_SUPER_MAGIC},
+	} {
 		var st unix.Statfs_t
-		if err := unix.Statfs(dir, &st); err != nil {
-			continue
-		}
-		if st.Type == unix.CGROUP_SUPER_MAGIC || st.Type == unix.CGROUP2_SUPER_MAGIC {
-			return dir, nil
+		if err := unix.Statfs(c.dir, &st); err == nil && int64(st.Type) == c.magic {
+			roots = append(roots, c.dir)
 		}
 	}
-	return "", errors.New("no cgroup v1 pids hierarchy at /sys/fs/cgroup/pids and no cgroup v2 at /sys/fs/cgroup")
+	if len(roots) == 0 {
+		return nil, errors.New("no cgroup v1 pids hierarchy at /sys/fs/cgroup/pids and no cgroup v2 at /sys/fs/cgroup/unified or /sys/fs/cgroup")
+	}
+	return roots, nil
 }
 
 // Dirs returns the pod and container directories of a pod's container, in
@@ -98,12 +109,25 @@ func Kill(cmd *exec.Cmd) {
 // run last-registered first).
 func Move(t testing.TB, pid int, shape Shape, podUID, containerID string) {
 	t.Helper()
-	root, err := Root()
+	roots, err := Roots()
 	if err != nil {
 		t.Fatalf("cgroups for test pods (run as root on a machine with writable cgroups): %v", err)
 	}
 	podRel, ctrRel := Dirs(shape, podUID, containerID)
-	podDir, ctrDir := filepath.Join(root, podRel), filepath.Join(root, ctrRel)
+	for _, root := range roots {
+		moveIn(t, pid, filepath.Join(root, podRel), filepath.Join(root, ctrRel))
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatalf("reading the cgroup of process %d: %v", pid, err)
+	}
+	if n := strings.Count(string(data), ":/"+ctrRel+"\n"); n != len(roots) {
+		t.Fatalf("process %d is in %s on %d hierarchies, want %d (%v):\n%s", pid, ctrRel, n, len(roots), roots, data)
+	}
+}
+
+func moveIn(t testing.TB, pid int, podDir, ctrDir string) {
+	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(podDir), 0o755); err != nil {
 		t.Fatalf("creating test cgroup parents (run as root): %v", err)
 	}
@@ -123,13 +147,6 @@ func Move(t testing.TB, pid int, shape Shape, podUID, containerID string) {
 	})
 	if err := os.WriteFile(filepath.Join(ctrDir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
 		t.Fatalf("moving process %d into %s: %v", pid, ctrDir, err)
-	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		t.Fatalf("reading the cgroup of process %d: %v", pid, err)
-	}
-	if !strings.Contains(string(data), ":/"+ctrRel+"\n") {
-		t.Fatalf("process %d is not in %s after the move:\n%s", pid, ctrRel, data)
 	}
 }
 
