@@ -338,3 +338,17 @@ func clientOfNothing(t *testing.T) kubernetes.Interface {
 	}
 	return client
 }
+
+// TestSurvivesAPIServerRestart: the watch breaks when the API server
+// restarts; the index reconnects and keeps following the node's pods.
+func TestSurvivesAPIServerRestart(t *testing.T) {
+	f := newFixture(t, "node-restart", "before", "after")
+	p := f.pod(t, "before-0", "before", "node-restart")
+	f.ev.want(t, event{true, sa(f.ns, "before")})
+	if err := f.kube.Restart(context.Background()); err != nil {
+		t.Fatalf("restarting the API server: %v", err)
+	}
+	f.delete(t, p, 0)
+	f.pod(t, "after-0", "after", "node-restart")
+	f.ev.want(t, event{false, sa(f.ns, "before")}, event{true, sa(f.ns, "after")})
+}

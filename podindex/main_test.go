@@ -22,7 +22,14 @@ var (
 // workers and tests that need none never start it).
 func kubeEnv(t *testing.T) *kubeenv.Env {
 	t.Helper()
-	kubeOnce.Do(func() { kube, kubeErr = kubeenv.Start(context.Background(), kubeenv.Options{}) })
+	kubeOnce.Do(func() {
+		// Without a watch termination grace period the API server waits for
+		// open watches (the index's) to end before it exits, and Restart
+		// gives up after 15 s.
+		kube, kubeErr = kubeenv.Start(context.Background(), kubeenv.Options{
+			APIServerFlags: []string{"--shutdown-watch-termination-grace-period=2s"},
+		})
+	})
 	if kubeErr != nil {
 		t.Fatalf("starting the test API server: %v", kubeErr)
 	}
