@@ -30,7 +30,8 @@
 // node process whose uid has no configured identity (node_process); a pod UID
 // the node's pod list does not have after Config.PodWait (pod_unknown: a pod
 // of another node, a pod already deleted, or a cgroup nobody's pod owns); a
-// pod whose phase is Succeeded or Failed (pod_terminated). A pod being
+// pod whose phase is Succeeded or Failed (pod_terminated); a request that
+// gave up while its pod was awaited (canceled). A pod being
 // deleted is still served: its containers run through their grace period
 // and need their certificates to drain. Pending pods are served: the kubelet
 // starts containers before it reports Running. A refusal's text speaks of

@@ -29,6 +29,7 @@ const (
 	ReasonNodeProcess    = "node_process"
 	ReasonPodUnknown     = "pod_unknown"
 	ReasonPodTerminated  = "pod_terminated"
+	ReasonCanceled       = "canceled"
 )
 
 // Kinds of resolved callers: the values of the "kind" label of
@@ -164,6 +165,9 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.PodWait)
 	defer cancel()
 	pod, err := r.cfg.Pods.Wait(wctx, where.UID)
+	if err != nil && ctx.Err() != nil {
+		return caller.Info{}, "", refuse(ReasonCanceled, "gave up waiting for pod %s of process %d: %v", where.UID, cred.PID, ctx.Err())
+	}
 	if err != nil {
 		return caller.Info{}, "", refuse(ReasonPodUnknown, "pod %s of process %d is not known on this node after %s", where.UID, cred.PID, r.cfg.PodWait)
 	}

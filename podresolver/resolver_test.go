@@ -165,6 +165,19 @@ func TestResolveIdentityOf(t *testing.T) {
 	}
 }
 
+func TestResolveCanceledWhileWaiting(t *testing.T) {
+	root := t.TempDir()
+	fakeProc(t, root, 100, 1, "0::/kubepods/pod"+uidA+"\n")
+	r, err := New(Config{Pods: podMap{}, ProcRoot: root, PodWait: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = r.Resolve(ctx, caller.Cred{PID: 100})
+	wantRefusal(t, err, ReasonCanceled)
+}
+
 func wantRefusal(t *testing.T, err error, reason string) {
 	t.Helper()
 	var ref *Refusal
