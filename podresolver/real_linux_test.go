@@ -2,6 +2,7 @@ package podresolver
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -9,17 +10,14 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/peerpidfd"
+	"github.com/meshagent/meshagent/podindex"
 	"github.com/meshagent/meshagent/test/podproc"
-)
-
-const (
-	uidAttacker = "a0000000-0000-4000-8000-00000000000a"
-	uidVictim   = "b0000000-0000-4000-8000-00000000000b"
 )
 
 // TestRealProcesses resolves real processes placed in pod cgroups, in both
@@ -58,13 +56,34 @@ func TestRealProcesses(t *testing.T) {
 }
 
 // TestRealPIDReuse: a process of the attacker's pod connects, exits, and its
-// pid is given to a process of the victim's pod. With the connection's pidfd
-// (SO_PEERPIDFD, read at accept) the connection gets nothing.
+// pid is given to a process of the victim's pod, both pods on the node as the
+// API server has them. With the connection's pidfd (SO_PEERPIDFD, read at
+// accept) the connection gets nothing.
 func TestRealPIDReuse(t *testing.T) {
-	r, err := New(Config{Pods: podMap{
-		uidAttacker: pod("evil", "attacker", uidAttacker, "attacker", corev1.PodRunning),
-		uidVictim:   pod("bank", "vault", uidVictim, "vault", corev1.PodRunning),
-	}})
+	kube := kubeEnv(t)
+	ctx0 := context.Background()
+	ns := fmt.Sprintf("reuse-%d", time.Now().UnixNano())
+	if _, err := kube.CreateNamespace(ctx0, ns); err != nil {
+		t.Fatal(err)
+	}
+	var uids [2]string
+	for i, name := range []string{"attacker", "vault"} {
+		if _, err := kube.CreateServiceAccount(ctx0, ns, name); err != nil {
+			t.Fatal(err)
+		}
+		p, err := kube.CreatePod(ctx0, ns, name+"-0", name, "node-reuse")
+		if err != nil {
+			t.Fatal(err)
+		}
+		uids[i] = string(p.UID)
+	}
+	uidAttacker, uidVictim := uids[0], uids[1]
+	idx, err := podindex.New(podindex.Config{Pods: kube.Client().CoreV1(), NodeName: "node-reuse", TrustDomain: td})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runIndex(t, idx)
+	r, err := New(Config{Pods: idx, PodWait: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +123,7 @@ func TestRealPIDReuse(t *testing.T) {
 	ctx := peerpidfd.NewContext(context.Background(), pidfd)
 
 	info, err := r.Resolve(ctx, cred)
-	if err != nil || info.Identity != "spiffe://cluster.local/ns/evil/sa/attacker" {
+	if err != nil || info.Identity != "spiffe://cluster.local/ns/"+ns+"/sa/attacker" {
 		t.Fatalf("attacker resolved to %+v, %v; want its own identity", info, err)
 	}
 
