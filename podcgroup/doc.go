@@ -29,7 +29,9 @@
 // read-only there). Parse therefore only accepts a kubepods tree that does not
 // sit under user.slice, the one place where systemd delegates cgroup creation
 // to unprivileged node users: such a user could otherwise name a cgroup after
-// someone else's pod. Lines that name no pod (other v1 hierarchies, "/") are
+// someone else's pod. A system service given cgroup delegation (systemd's
+// Delegate=) can do the same in its own subtree: such services (container
+// runtimes) are trusted like the kubelet. Lines that name no pod (other v1 hierarchies, "/") are
 // ignored; lines that name two different pods, or a kubepods path that does
 // not have the shape above, make Parse fail rather than guess.
 package podcgroup
