@@ -1,12 +1,13 @@
 // Package sds serves Envoy's Secret Discovery Service (StreamSecrets and
-// FetchSecrets, go-control-plane types) on a Unix socket.
+// FetchSecrets, go-control-plane types), registered with Register on the
+// agent's local socket server (package udsserver, which owns the socket, the
+// peer credentials, the uid allow-list, the caller in each RPC's context and
+// the largest message accepted).
 //
-// It owns the socket (directory created 0750, socket 0666 as pilot-agent; a
-// stale socket file is removed before listening, a live one is left alone and
-// Run fails with ErrSocketInUse; the socket is removed when Run returns), the
-// xDS stream rules and the conversion of held secrets into Envoy resources:
-// a certificate becomes a TlsCertificate (chain and PKCS#8 key as inline
-// bytes), a trust bundle a ValidationContext (trusted CA as inline bytes).
+// It owns the xDS stream rules and the conversion of held secrets into
+// Envoy resources: a certificate becomes a TlsCertificate (chain and PKCS#8
+// key as inline bytes), a trust bundle a ValidationContext (trusted CA as
+// inline bytes).
 // It does not own the secrets: it asks a SecretSource (two methods, Secret
 // and Watch), which decides what each name means (default, ROOTCA,
 // file-cert:..., file-root:...). DeltaSecrets is not implemented, as in
@@ -27,12 +28,8 @@
 //
 // Limits and peers: at most Config.MaxStreams streams are served at once (one
 // more is refused with ResourceExhausted naming the limit, counted in
-// meshagent_sds_refused_total and logged); gRPC refuses a request larger than
-// Config.MaxRecvBytes with ResourceExhausted. The server's transport
-// credentials add no security (the socket is local) but read each new
-// connection's SO_PEERCRED (uid, gid, pid; Linux only), log it, and carry it
-// to the RPCs (PeerCredFromContext); with Config.AllowedUIDs set, interceptors
-// refuse every other peer with PermissionDenied.
+// meshagent_sds_refused_total and logged). The RPC context carries the
+// caller (caller.FromContext) and is what the SecretSource is asked with.
 //
 // Concurrency: each stream has one goroutine reading requests and the
 // handler goroutine, which alone owns the stream's state, reads secrets and

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
+	"github.com/meshagent/meshagent/udsserver"
 )
 
 // ended waits for s to end and returns its gRPC code and message.
@@ -71,7 +71,7 @@ func TestMaxStreamsRefusesOverLimit(t *testing.T) {
 }
 
 func TestMaxRecvBytesRefusesLargeRequest(t *testing.T) {
-	f := newFixture(t, fixtureOpts{config: func(c *Config) { c.MaxRecvBytes = 1024 }})
+	f := newFixture(t, fixtureOpts{socket: func(c *udsserver.Config) { c.MaxRecvBytes = 1024 }})
 	c := f.dial()
 	live := f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}})
 	f.checkCert(next(t, live))
@@ -91,41 +91,6 @@ func TestMaxRecvBytesRefusesLargeRequest(t *testing.T) {
 	if _, err := c.Fetch(ctx, "default"); err != nil {
 		t.Fatalf("fetch after the refusals: %v", err)
 	}
-}
-
-func TestAllowedUIDs(t *testing.T) {
-	me := uint32(os.Getuid())
-	t.Run("not allowed", func(t *testing.T) {
-		f := newFixture(t, fixtureOpts{config: func(c *Config) { c.AllowedUIDs = []uint32{me + 1} }})
-		c := f.dial()
-		s := f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}})
-		if code, msg := ended(t, s); code != codes.PermissionDenied || !strings.Contains(msg, "not allowed") {
-			t.Fatalf("stream ended with %v %q, want PermissionDenied", code, msg)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := c.Fetch(ctx, "default"); status.Code(err) != codes.PermissionDenied {
-			t.Fatalf("fetch: %v, want PermissionDenied", err)
-		}
-		if got := metricValue(t, f.srv.metrics.refused.WithLabelValues(refusedUID)); got != 2 {
-			t.Errorf("refused{uid} = %v, want 2", got)
-		}
-	})
-	t.Run("allowed", func(t *testing.T) {
-		f := newFixture(t, fixtureOpts{config: func(c *Config) { c.AllowedUIDs = []uint32{me + 1, me} }})
-		c := f.dial()
-		s := f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}})
-		f.checkCert(next(t, s))
-		// The connection's peer credentials are logged once, with our uid and pid.
-		logged := f.logs.FilterMessage("SDS client connected").All()
-		if len(logged) == 0 {
-			t.Fatal("connection not logged")
-		}
-		fields := logged[len(logged)-1].ContextMap()
-		if fields[keyUID] != me || fields[keyPID] != int32(os.Getpid()) {
-			t.Fatalf("logged %v, want uid %d pid %d", fields, me, os.Getpid())
-		}
-	})
 }
 
 // chainOf returns the inline certificate chain of the first resource of a
@@ -264,13 +229,17 @@ func (r *rootSource) Bump(name string) {
 func TestChangeOfAnyWatchedNamePushes(t *testing.T) {
 	src := newRootSource()
 	socket := filepath.Join(shortDir(t), "socket")
-	srv, err := New(Config{SocketPath: socket, Secrets: src})
+	srv, err := New(Config{Secrets: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
+	go func() { done <- uds.Run(ctx) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

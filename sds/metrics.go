@@ -16,7 +16,6 @@ const (
 // Refusal reasons, the values of the "reason" label of refused.
 const (
 	refusedStreams = "max_streams"
-	refusedUID     = "uid"
 )
 
 type metrics struct {
@@ -57,7 +56,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_sds_refused_total",
-			Help: "SDS streams and fetches refused, by reason (max_streams, uid).",
+			Help: "SDS streams refused, by reason (max_streams).",
 		}, []string{"reason"}),
 	}
 	if reg == nil {

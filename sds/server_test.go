@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +30,7 @@ import (
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
+	"github.com/meshagent/meshagent/udsserver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -87,6 +87,7 @@ type fixture struct {
 	dev    *devca.Client
 	mgr    *secretmanager.Manager
 	srv    *Server
+	uds    *udsserver.Server
 	reg    *prometheus.Registry
 	logs   *observer.ObservedLogs
 	ctx    context.Context
@@ -98,6 +99,7 @@ type fixtureOpts struct {
 	ttl        time.Duration
 	holdManger bool          // start the manager only when startManager is called
 	config     func(*Config) // adjusts the server's Config
+	socket     func(*udsserver.Config)
 }
 
 func newFixture(t testing.TB, o fixtureOpts) *fixture {
@@ -130,7 +132,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{SocketPath: f.socket, Secrets: f.mgr, Logger: zap.New(core), Registerer: f.reg}
+	cfg := Config{Secrets: f.mgr, Logger: zap.New(core), Registerer: f.reg}
 	if o.config != nil {
 		o.config(&cfg)
 	}
@@ -138,13 +140,27 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ucfg := udsserver.Config{SocketPath: f.socket, Logger: zap.New(core)}
+	if o.socket != nil {
+		o.socket(&ucfg)
+	}
+	f.uds, err = socketServer(f.srv, ucfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
-	f.run("sds", f.srv.Run)
+	f.run("socket", f.uds.Run)
 	if !o.holdManger {
 		f.startManager()
 	}
 	t.Cleanup(f.stop)
 	return f
+}
+
+// socketServer serves srv on the local socket server cfg describes.
+func socketServer(srv *Server, cfg udsserver.Config) (*udsserver.Server, error) {
+	cfg.Services = append(cfg.Services, srv.Register)
+	return udsserver.New(cfg)
 }
 
 func (f *fixture) run(name string, fn func(context.Context) error) {
@@ -489,104 +505,6 @@ func TestStalledStreamDoesNotBlockOthers(t *testing.T) {
 		f.step(15 * time.Second)
 		r := next(t, live)
 		f.checkCert(r)
-	}
-}
-
-func TestSocketLifecycle(t *testing.T) {
-	dir := shortDir(t)
-	socket := filepath.Join(dir, "uds", "socket")
-	src := staticSource{}
-	run := func(t *testing.T) (stop func() error) {
-		srv, err := New(Config{SocketPath: socket, Secrets: src})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- srv.Run(ctx) }()
-		return func() error { cancel(); return <-done }
-	}
-
-	stop := run(t)
-	c := func() *sdsclient.Client {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c, err := sdsclient.Dial(ctx, socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}()
-	_ = c.Close()
-	di, err := os.Stat(filepath.Dir(socket))
-	if err != nil {
-		t.Fatal(err)
-	}
-	si, err := os.Lstat(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if di.Mode().Perm() != 0o750 || si.Mode().Perm() != 0o666 || si.Mode()&fs.ModeSocket == 0 {
-		t.Fatalf("directory mode %v, socket mode %v; want 0750 and a 0666 socket", di.Mode(), si.Mode())
-	}
-
-	// A second server finds the socket alive and leaves it alone.
-	srv2, _ := New(Config{SocketPath: socket, Secrets: src})
-	if err := srv2.Run(context.Background()); !errors.Is(err, ErrSocketInUse) {
-		t.Fatalf("second server on a live socket: %v", err)
-	}
-	if _, err := os.Lstat(socket); err != nil {
-		t.Fatal("the live socket was removed")
-	}
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Lstat(socket); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("socket left behind after Run: %v", err)
-	}
-
-	// A stale socket (nobody listening) is replaced.
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	_ = l.Close()
-	if _, err := os.Lstat(socket); err != nil {
-		t.Fatal("could not leave a stale socket behind")
-	}
-	stop = run(t)
-	c = func() *sdsclient.Client {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c, err := sdsclient.Dial(ctx, socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}()
-	_ = c.Close()
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-
-	// A regular file at the path is not deleted.
-	if err := os.WriteFile(socket, []byte("mine"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	srv3, _ := New(Config{SocketPath: socket, Secrets: src})
-	if err := srv3.Run(context.Background()); err == nil || errors.Is(err, ErrSocketInUse) {
-		t.Fatalf("Run over a regular file: %v", err)
-	}
-	if b, _ := os.ReadFile(socket); string(b) != "mine" {
-		t.Fatal("a regular file was replaced")
-	}
-
-	if _, err := New(Config{SocketPath: "/" + strings.Repeat("x", 120), Secrets: src}); err == nil {
-		t.Fatal("New accepted a socket path too long for a Unix address")
-	}
-	if _, err := New(Config{SocketPath: socket}); err == nil {
-		t.Fatal("New accepted no secret source")
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -29,6 +30,7 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/sdsclient"
+	"github.com/meshagent/meshagent/udsserver"
 )
 
 const coreToken = "token-ns1-sa1"
@@ -147,12 +149,16 @@ func newCoreAgent(t testing.TB, o coreOpts) *coreAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := sds.New(sds.Config{SocketPath: a.socket, Secrets: a.mgr, Logger: logger, Registerer: a.reg})
+	srv, err := sds.New(sds.Config{Secrets: a.mgr, Logger: logger, Registerer: a.reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket, err := udsserver.New(udsserver.Config{SocketPath: a.socket, Services: []func(*grpc.Server){srv.Register}, Logger: logger, Registerer: a.reg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
-	a.run("sds", srv.Run)
+	a.run("sds", socket.Run)
 	if !o.holdAgent {
 		a.startManager()
 	}

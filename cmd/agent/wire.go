@@ -13,13 +13,13 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/certfile"
-	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/fileprovider"
 	"github.com/meshagent/meshagent/grpcbootstrap"
 	"github.com/meshagent/meshagent/localca"
@@ -29,6 +29,8 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/settings"
 	"github.com/meshagent/meshagent/status"
+	"github.com/meshagent/meshagent/udsserver"
+	"github.com/meshagent/meshagent/workloadapi"
 	"github.com/meshagent/meshagent/xdsproxy"
 )
 
@@ -223,10 +225,14 @@ func (a *agent) caClient(roots caclient.RootSource) (caclient.Client, error) {
 	for k, v := range c.CAHeaders {
 		md[k] = v
 	}
+	tokens, err := a.tokenFetcher()
+	if err != nil {
+		return nil, err
+	}
 	t := caclient.TransportConfig{
 		Addr:     c.CAAddr,
 		Roots:    roots,
-		Token:    credfetcher.File{Path: c.TokenPath},
+		Token:    tokens,
 		Metadata: md,
 	}
 	if c.CAProvider == settings.ProviderLinkerd {
@@ -294,26 +300,19 @@ func (a *agent) fileSource(dir, source string) ([]component, error) {
 		g, ctx := errgroup.WithContext(ctx)
 		g.Go(func() error { return pairs.Run(ctx) })
 		g.Go(func() error {
-			for {
-				p, ok, changed := pairs.Current()
-				if ok {
-					sec := &secretmanager.Secret{
-						Name: secretmanager.WorkloadCertName, CertChain: p.ChainPEM, PrivateKey: p.KeyPEM,
-						Leaf: p.Leaf(), NotAfter: p.Leaf().NotAfter, Source: source,
-					}
-					if id, err := pki.IdentityOf(p.Leaf()); err == nil {
-						sec.Identity = id
-					}
-					if err := m.Publish(sec); err != nil {
-						a.log.Warn("certificate files not served", zap.String(keyPath, dir), zap.Error(err))
-					}
+			pairs.Follow(ctx, func(p *certfile.Pair) {
+				sec := &secretmanager.Secret{
+					Name: secretmanager.WorkloadCertName, CertChain: p.ChainPEM, PrivateKey: p.KeyPEM,
+					Leaf: p.Leaf(), NotAfter: p.Leaf().NotAfter, Source: source,
 				}
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-changed:
+				if id, err := pki.IdentityOf(p.Leaf()); err == nil {
+					sec.Identity = id
 				}
-			}
+				if err := m.Publish(sec); err != nil {
+					a.log.Warn("certificate files not served", zap.String(keyPath, dir), zap.Error(err))
+				}
+			})
+			return nil
 		})
 		return g.Wait()
 	}
@@ -329,19 +328,8 @@ func (a *agent) fileConfig() certfile.SourceConfig {
 // watchedRoots loads a root bundle file (or the system roots) and returns a
 // RootSource that follows the file, and the component that watches it.
 func (a *agent) watchedRoots(name, path string) (*secretmanager.Roots, func(context.Context) error, error) {
-	var (
-		src *certfile.Source[*certfile.Bundle]
-		err error
-	)
-	if path == settings.SystemRoots {
-		src, err = certfile.NewSystemBundleSource(a.fileConfig())
-	} else {
-		src, err = certfile.NewBundleSource(a.fileConfig(), path)
-	}
+	src, err := certfile.LoadRootSource(a.fileConfig(), path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s %s: %w", name, path, err)
-	}
-	if _, err := src.Reload(); err != nil {
 		return nil, nil, fmt.Errorf("%s %s: %w", name, path, err)
 	}
 	b, _, _ := src.Current()
@@ -353,37 +341,46 @@ func (a *agent) watchedRoots(name, path string) (*secretmanager.Roots, func(cont
 		g, ctx := errgroup.WithContext(ctx)
 		g.Go(func() error { return src.Run(ctx) })
 		g.Go(func() error {
-			for {
-				b, ok, changed := src.Current()
-				if ok {
-					if err := roots.Set(b.PEM, path); err != nil {
-						a.log.Warn("root bundle not applied", zap.String(keyPath, path), zap.Error(err))
-					}
+			src.Follow(ctx, func(b *certfile.Bundle) {
+				if err := roots.Set(b.PEM, path); err != nil {
+					a.log.Warn("root bundle not applied", zap.String(keyPath, path), zap.Error(err))
 				}
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-changed:
-				}
-			}
+			})
+			return nil
 		})
 		return g.Wait()
 	}
 	return roots, run, nil
 }
 
-// servingComponents are the SDS server, the xDS proxy, the OUTPUT_CERTS
-// writer and the gRPC bootstrap writer, as configured.
+// servingComponents are the local socket (SDS and, unless turned off, the
+// SPIFFE Workload API), the xDS proxy, the OUTPUT_CERTS writer and the gRPC
+// bootstrap writer, as configured.
 func (a *agent) servingComponents() ([]component, error) {
 	c := a.cfg
 	var cs []component
 	m := a.served.manager
 	if m != nil && !c.DisableEnvoy {
-		srv, err := sds.New(sds.Config{SocketPath: c.SDSSocket, Secrets: m, MaxStreams: c.SDSMaxStreams, MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg})
+		srv, err := sds.New(sds.Config{Secrets: m, MaxStreams: c.SDSMaxStreams, Logger: a.base, Registerer: a.reg})
 		if err != nil {
 			return nil, err
 		}
-		cs = append(cs, component{name: "sds", run: srv.Run})
+		services := []func(*grpc.Server){srv.Register}
+		if c.WorkloadAPI {
+			wl, err := workloadapi.New(workloadapi.Config{Secrets: watchWithContext{m}, Logger: a.base, Registerer: a.reg})
+			if err != nil {
+				return nil, err
+			}
+			services = append(services, wl.Register)
+		}
+		socket, err := udsserver.New(udsserver.Config{
+			SocketPath: c.SDSSocket, Services: services,
+			MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
+		})
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, component{name: "sds", run: socket.Run})
 	}
 	if c.XDSProxy {
 		xp, rootsRun, err := a.xdsProxy()
@@ -407,6 +404,14 @@ func (a *agent) servingComponents() ([]component, error) {
 		cs = append(cs, component{name: "grpc_bootstrap", run: a.writeBootstrap, finite: true})
 	}
 	return cs, nil
+}
+
+// watchWithContext gives the manager the Workload API's source interface,
+// whose Watch takes the caller's context; the manager serves one identity.
+type watchWithContext struct{ *secretmanager.Manager }
+
+func (w watchWithContext) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
+	return w.Manager.Watch(name)
 }
 
 // xdsProxy builds the proxy and, when the xDS root is a file of its own, the
@@ -434,6 +439,10 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error)
 		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(keyPath, c.XDSRoot), zap.Error(err))
 		roots = caclient.StaticRoots{Pool: pki.CertPool(nil)}
 	}
+	tokens, err := a.tokenFetcher()
+	if err != nil {
+		return nil, nil, err
+	}
 	xp, err := xdsproxy.New(xdsproxy.Config{
 		SocketPath: c.XDSSocket,
 		Upstream: caclient.TransportConfig{
@@ -441,7 +450,7 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error)
 			ServerName:        c.IstiodSAN,
 			Roots:             roots,
 			Plaintext:         istio.PlaintextPort(c.DiscoveryAddress),
-			Token:             credfetcher.File{Path: c.TokenPath},
+			Token:             tokens,
 			TokenOptional:     true,
 			Metadata:          md,
 			ClientCertificate: a.served.workloadCertificate,

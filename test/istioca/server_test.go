@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -27,8 +26,6 @@ import (
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const token = "sa-token"
 
@@ -132,6 +129,9 @@ func TestIssuesForTheTokensServiceAccount(t *testing.T) {
 	}
 	if n := s.Requests(); n != 1 {
 		t.Errorf("Requests() = %d, want 1", n)
+	}
+	if csrs := s.CSRs(); len(csrs) != 1 || csrs[0].Identity != id.String() || csrs[0].At.IsZero() {
+		t.Errorf("CSRs() = %+v, want one for %s", csrs, id)
 	}
 }
 

@@ -228,3 +228,26 @@ func review(t *testing.T, token, audience string) authenticationv1.TokenReviewSt
 	}
 	return r.Status
 }
+
+// BenchmarkStart measures what one package's API server costs a test run once the
+// tools are built: start to /readyz (etcd first), and stop.
+//
+//	go test -run '^$' -bench Start -benchtime 5x ./test/kubeenv
+func BenchmarkStart(b *testing.B) {
+	var ready, stop time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		env, err := Start(context.Background(), Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := env.Stop(); err != nil {
+			b.Fatal(err)
+		}
+		ready += t1.Sub(t0)
+		stop += time.Since(t1)
+	}
+	b.ReportMetric(ready.Seconds()/float64(b.N), "s-to-ready/op")
+	b.ReportMetric(stop.Seconds()/float64(b.N), "s-to-stop/op")
+}
