@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -32,22 +31,6 @@ type StaticRoots struct{ Pool *x509.CertPool }
 
 // Roots returns the pool.
 func (s StaticRoots) Roots() *x509.CertPool { return s.Pool }
-
-// SwappableRoots is a RootSource whose pool can be replaced at run time.
-type SwappableRoots struct{ p atomic.Pointer[x509.CertPool] }
-
-// NewSwappableRoots starts with pool.
-func NewSwappableRoots(pool *x509.CertPool) *SwappableRoots {
-	s := &SwappableRoots{}
-	s.p.Store(pool)
-	return s
-}
-
-// Roots returns the current pool.
-func (s *SwappableRoots) Roots() *x509.CertPool { return s.p.Load() }
-
-// Set replaces the pool.
-func (s *SwappableRoots) Set(pool *x509.CertPool) { s.p.Store(pool) }
 
 // TransportConfig describes how to reach a CA (or a control plane).
 type TransportConfig struct {

@@ -266,7 +266,8 @@ func TestRootRotationAppliesToNewHandshakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	ca := startCA(t, istioca.Config{CA: oldCA})
-	roots := NewSwappableRoots(oldCA.Pool())
+	roots := &swapRoots{}
+	roots.Set(oldCA.Pool())
 	cfg := TransportConfig{Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: roots, Token: tokenFile(t)}
 	conn := dial(t, cfg)
 	if err := call(testCtx(t), t, conn, ca); err != nil {
@@ -365,3 +366,10 @@ func TestPlaintextLoopbackCarriesTokenAndRemoteWouldNot(t *testing.T) {
 		t.Errorf("remote plaintext token: %v, want ErrUnverifiedPeer", err)
 	}
 }
+
+// swapRoots is a RootSource whose pool a test replaces, as the agent's
+// watched root bundle does.
+type swapRoots struct{ p atomic.Pointer[x509.CertPool] }
+
+func (s *swapRoots) Roots() *x509.CertPool   { return s.p.Load() }
+func (s *swapRoots) Set(pool *x509.CertPool) { s.p.Store(pool) }

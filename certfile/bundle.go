@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/regularfile"
 	"github.com/meshagent/meshagent/pki"
 )
 
@@ -60,7 +61,7 @@ func ParseBundle(data []byte) (*Bundle, error) {
 
 // LoadBundle reads and parses a root bundle file (see ParseBundle).
 func LoadBundle(path string) (*Bundle, error) {
-	data, err := os.ReadFile(path)
+	data, err := regularfile.Read(path, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading root bundle: %w", err)
 	}
@@ -104,7 +105,7 @@ func SystemBundlePath() (string, error) {
 // the same files: text between blocks, non-certificate blocks and
 // certificates Go cannot parse are skipped. At least one root must remain.
 func LoadSystemBundle(path string) (*Bundle, error) {
-	data, err := os.ReadFile(path)
+	data, err := regularfile.Read(path, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading system root bundle: %w", err)
 	}
@@ -138,8 +139,9 @@ func parseLenient(data []byte) (*Bundle, error) {
 	return newBundle(certs), nil
 }
 
-// Reason returns a short, metric-label-safe name for a load error: "missing"
-// or "unreadable" for file errors, else pki.Reason's names.
+// Reason returns a short, metric-label-safe name for a load error:
+// "missing", "not_regular", "too_large" or "unreadable" for file errors,
+// else pki.Reason's names.
 func Reason(err error) string {
 	var pe *fs.PathError
 	switch {
@@ -147,6 +149,10 @@ func Reason(err error) string {
 		return ""
 	case errors.Is(err, fs.ErrNotExist):
 		return "missing"
+	case errors.Is(err, regularfile.ErrNotRegular):
+		return "not_regular"
+	case errors.Is(err, regularfile.ErrTooLarge):
+		return "too_large"
 	case errors.As(err, &pe):
 		return "unreadable"
 	}

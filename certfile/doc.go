@@ -2,13 +2,18 @@
 // chain with its private key, and root bundles (including the system roots,
 // for `file-root:system`). Loading validates: both files parse, the key
 // matches the leaf and the leaf has not expired. A half-written, truncated or
-// mismatched pair is an error, never a value.
+// mismatched pair is an error, never a value. Only regular files of at most
+// 4 MiB are read (internal/regularfile): a device, FIFO or directory is an
+// error at once, never a hang or an endless read.
 //
 // Source adds watching: it holds the last good value, re-loads when
-// filewatch reports a change, and publishes a new value only when the load
-// succeeds and differs from the one it holds. A failed load is logged with
-// its reason and counted; the last good value stays, even once it has
-// expired (callers that care check the leaf's NotAfter).
+// filewatch reports a change (or, for a directory that cannot be watched,
+// at every poll), and publishes a new value only when the load succeeds and
+// differs from the one it holds. A failed load is logged with its reason
+// and counted; the last good value stays, even once it has expired (callers
+// that care check the leaf's NotAfter). Follow hands each new value to a
+// function. NewRootSource is the one way a root bundle is named and read:
+// a PEM file, or "system" (any case) for the system trust bundle.
 //
 // It does not decide which files to load (cmd/agent and secretmanager do),
 // and it does not check a chain against trust roots or a requested identity:

@@ -86,11 +86,21 @@ func waitChanged(t *testing.T, ch <-chan struct{}, within time.Duration) {
 	}
 }
 
-func expectUnchanged(t *testing.T, ch <-chan struct{}) {
+// expectRejected waits until count goes above before (the reload after a
+// bad change has happened and was refused), then checks that no new value
+// was published.
+func expectRejected(t *testing.T, count func() float64, before float64, changed <-chan struct{}) {
 	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for count() <= before {
+		if time.Now().After(deadline) {
+			t.Fatal("no rejected load counted within 5 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	select {
-	case <-ch:
+	case <-changed:
 		t.Fatal("a new value was published")
-	case <-time.After(300 * time.Millisecond):
+	default:
 	}
 }

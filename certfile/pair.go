@@ -6,9 +6,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"os"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/regularfile"
 	"github.com/meshagent/meshagent/pki"
 )
 
@@ -73,11 +73,11 @@ func ParsePair(chainPEM, keyPEM []byte, now time.Time) (*Pair, error) {
 
 // LoadPair reads and parses a chain file and a key file (see ParsePair).
 func LoadPair(certPath, keyPath string, now time.Time) (*Pair, error) {
-	chainPEM, err := os.ReadFile(certPath)
+	chainPEM, err := regularfile.Read(certPath, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading certificate chain: %w", err)
 	}
-	keyPEM, err := os.ReadFile(keyPath)
+	keyPEM, err := regularfile.Read(keyPath, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading private key: %w", err)
 	}

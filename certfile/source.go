@@ -27,13 +27,17 @@ type SourceConfig struct {
 	// Debounce is the quiet period after a file event before re-loading
 	// (FILE_DEBOUNCE_DURATION). Zero means filewatch.DefaultDebounce.
 	Debounce time.Duration
+	// PollInterval is how often files in a directory that cannot be watched
+	// are re-read. Zero means filewatch.DefaultPollInterval.
+	PollInterval time.Duration
 	// Clock times the debounce and is the "now" expiry is checked against.
 	// Default clock.RealClock{}.
 	Clock clock.Clock
 	// Logger is narrowed with .Named("certfile"). Nil means zap.NewNop().
 	Logger *zap.Logger
-	// Registerer receives the meshagent_certfile_* metrics. Nil means they
-	// are not registered. Several sources may share one registry.
+	// Registerer receives the meshagent_certfile_* and meshagent_filewatch_*
+	// metrics. Nil means they are not registered. Several sources may share
+	// one registry.
 	Registerer prometheus.Registerer
 }
 
@@ -67,7 +71,10 @@ func NewSource[T Value[T]](cfg SourceConfig, name, kind string, paths []string, 
 		cfg.Logger = zap.NewNop()
 	}
 	log := cfg.Logger.Named("certfile").With(zap.String(keySource, name))
-	w, err := filewatch.New(filewatch.Config{Paths: paths, Debounce: cfg.Debounce, Clock: cfg.Clock, Logger: log})
+	w, err := filewatch.New(filewatch.Config{
+		Paths: paths, Debounce: cfg.Debounce, PollInterval: cfg.PollInterval,
+		Clock: cfg.Clock, Logger: log, Registerer: cfg.Registerer,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("certfile %s: %w", name, err)
 	}
@@ -101,6 +108,38 @@ func NewBundleSource(cfg SourceConfig, path string) (*Source[*Bundle], error) {
 	return NewSource(cfg, path, "bundle", []string{path}, func(time.Time) (*Bundle, error) {
 		return LoadBundle(path)
 	})
+}
+
+// SystemRoots is the root bundle path that names the system trust bundle
+// (compared without regard to case: CA_ROOT_CA=SYSTEM, file-root:system). A
+// file of that name is named "./system".
+const SystemRoots = "system"
+
+// IsSystemRoots reports whether path names the system trust bundle.
+func IsSystemRoots(path string) bool { return strings.EqualFold(path, SystemRoots) }
+
+// NewRootSource watches the root bundle at path: a PEM file
+// (NewBundleSource), or the system roots when IsSystemRoots(path)
+// (NewSystemBundleSource). It is how every root bundle setting and resource
+// is read.
+func NewRootSource(cfg SourceConfig, path string) (*Source[*Bundle], error) {
+	if IsSystemRoots(path) {
+		return NewSystemBundleSource(cfg)
+	}
+	return NewBundleSource(cfg, path)
+}
+
+// LoadRootSource is NewRootSource followed by a first load, whose error it
+// returns: for callers that refuse a root bundle that cannot be read now.
+func LoadRootSource(cfg SourceConfig, path string) (*Source[*Bundle], error) {
+	src, err := NewRootSource(cfg, path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := src.Reload(); err != nil {
+		return nil, err
+	}
+	return src, nil
 }
 
 // NewSystemBundleSource watches the system root bundle (SystemBundlePath).
@@ -173,26 +212,43 @@ func (s *Source[T]) Reload() (bool, error) {
 	return true, nil
 }
 
-// Run watches the files and re-loads them after every change until ctx ends
-// (returning nil) or watching fails. It loads once at start, after the
-// watches are in place. It may be called once.
+// Run watches the files and re-loads them after every change until ctx
+// ends, and returns nil. It loads once at start, after the watches are in
+// place. Files in a directory that cannot be watched are re-read
+// periodically instead (see filewatch); nothing found on disk stops it. It
+// may be called once.
 func (s *Source[T]) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return fmt.Errorf("certfile %s: Run called more than once", s.name)
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- s.watcher.Run(ctx) }()
+	wg.Go(func() { _ = s.watcher.Run(ctx) }) // returns nil when ctx ends; Run is called once
 	for {
 		select {
-		case err := <-errc:
-			if err != nil {
-				return fmt.Errorf("watching %s: %w", strings.Join(s.watcher.Paths(), ", "), err)
-			}
+		case <-ctx.Done():
 			return nil
 		case <-s.watcher.Changes():
 			_, _ = s.Reload() // logged and counted by Reload
+		}
+	}
+}
+
+// Follow calls fn with the current value, when there is one, and again with
+// every newer value, until ctx ends. Values published while fn runs merge:
+// fn then sees the newest. fn runs on the caller's goroutine.
+func (s *Source[T]) Follow(ctx context.Context, fn func(T)) {
+	for {
+		v, ok, changed := s.Current()
+		if ok {
+			fn(v)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
 		}
 	}
 }

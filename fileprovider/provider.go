@@ -16,7 +16,7 @@ import (
 )
 
 // SystemRoots is the file-root: path that names the system trust bundle.
-const SystemRoots = "system"
+const SystemRoots = certfile.SystemRoots
 
 // DefaultMaxResources bounds the number of names held at once.
 const DefaultMaxResources = 64
@@ -29,15 +29,18 @@ var (
 	ErrStopped = errors.New("file provider stopped")
 	// ErrRunning is returned by a second Run.
 	ErrRunning = errors.New("file provider is already running")
+	// ErrTooMany is wrapped by the refusal of a name while MaxResources
+	// names are held.
+	ErrTooMany = errors.New("too many file resources held")
 )
 
 // Config describes a Provider. Zero values get the defaults noted.
 type Config struct {
-	// Files configures the watched sources (debounce, clock, metrics); its
-	// Logger defaults to Logger.
+	// Files configures the watched sources (debounce, poll interval, clock,
+	// metrics); its Logger defaults to Logger.
 	Files certfile.SourceConfig
-	// MaxResources bounds how many names are held; further names are
-	// refused. Default DefaultMaxResources.
+	// MaxResources bounds how many names are held (watched) at once; further
+	// names are refused until one is released. Default DefaultMaxResources.
 	MaxResources int
 	// Logger is narrowed with .Named("fileprovider"). Nil means zap.NewNop().
 	Logger *zap.Logger
@@ -50,10 +53,9 @@ type Provider struct {
 	version atomic.Uint64
 
 	mu      sync.Mutex
-	entries map[string]*entry
-	ctx     context.Context // set while Run is active
-	errc    chan error      // the active Run's first watcher failure
-	wg      sync.WaitGroup  // entry goroutines started by Run
+	entries map[string]*entry // names with at least one watcher
+	ctx     context.Context   // set while Run is active
+	wg      sync.WaitGroup    // entry goroutines started by Run
 	running bool
 	stopped bool
 }
@@ -73,109 +75,160 @@ func New(cfg Config) *Provider {
 }
 
 // Run watches the files of every held name until ctx ends, then stops all
-// watchers and returns nil, or the first watcher failure. It may be called
-// once.
+// watchers and returns nil. Nothing a client asks for makes it fail: a name
+// whose files cannot be loaded is refused, and files whose directory cannot
+// be watched are re-read periodically. It may be called once; a second call
+// returns ErrRunning.
 func (p *Provider) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, 1)
 	p.mu.Lock()
 	if p.running || p.stopped {
 		p.mu.Unlock()
 		return ErrRunning
 	}
-	p.running, p.ctx, p.errc = true, ctx, errc
+	p.running, p.ctx = true, ctx
 	for _, e := range p.entries {
 		p.startLocked(e)
 	}
 	p.mu.Unlock()
 
-	var err error
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-	}
-	cancel()
+	<-ctx.Done()
 	p.mu.Lock()
-	p.running, p.stopped, p.ctx, p.errc = false, true, nil, nil
+	p.running, p.stopped, p.ctx = false, true, nil
 	p.mu.Unlock()
 	p.wg.Wait()
-	return err
+	return nil
 }
 
 // startLocked starts the watcher of e and the goroutine that signals its
-// watchers, under the active Run's context. p.mu is held.
+// watchers, under the active Run's context; releasing e stops them. p.mu is
+// held.
 func (p *Provider) startLocked(e *entry) {
-	ctx, errc := p.ctx, p.errc
+	ctx, cancel := context.WithCancel(p.ctx)
+	e.stop = cancel
 	// Take the value's change channel before the watcher can replace the
 	// value, so a change made while the goroutines start is still signalled.
 	_, _, changed := e.current()
-	p.wg.Go(func() {
-		if err := e.run(ctx); err != nil {
-			select {
-			case errc <- fmt.Errorf("%s: %w", e.name, err):
-			default:
-			}
-		}
-	})
+	p.wg.Go(func() { _ = e.run(ctx) }) // returns nil when ctx ends
 	p.wg.Go(func() { e.follow(ctx, changed) })
 }
 
 var _ secretmanager.Provider = (*Provider)(nil)
 
-// Secret returns the current secret for name, named exactly name.
+// Secret returns the current secret for name, named exactly name. A name no
+// one watches is loaded for this call only and not kept; it is refused, like
+// a Watch of it, while MaxResources names are held.
 func (p *Provider) Secret(ctx context.Context, name string) (*secretmanager.Secret, error) {
-	e, err := p.get(name)
+	p.mu.Lock()
+	e := p.entries[name]
+	var err error
+	if e == nil {
+		err = p.admitLocked()
+	}
+	p.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return nil, refusal(name, err)
+	}
+	if e == nil {
+		var err error
+		if e, err = p.newEntry(name); err != nil {
+			return nil, refusal(name, err)
+		}
 	}
 	return e.secret(ctx)
 }
 
-// Watch signals changes of name. For a name that cannot be served the
-// channel is nil.
+// Watch signals changes of name and holds it (its files stay loaded and
+// watched) until the returned function is called by every watcher; the
+// last release drops the name's watches and memory. For a name that cannot
+// be served the channel is nil.
 func (p *Provider) Watch(name string) (<-chan struct{}, func()) {
-	e, err := p.get(name)
+	e, err := p.hold(name)
 	if err != nil {
+		p.log.Warn("file resource not served", zap.String(keyResource, name), zap.Error(err))
 		return nil, func() {}
 	}
-	return e.watch()
+	ch, unsubscribe := e.watch()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			unsubscribe()
+			p.release(e)
+		})
+	}
 }
 
-// get returns the entry for name, creating and loading it on first use.
-func (p *Provider) get(name string) (*entry, error) {
+// Held returns the number of names held now.
+func (p *Provider) Held() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.entries)
+}
+
+func refusal(name string, err error) error {
+	return fmt.Errorf("%w: %.200q: %w", secretmanager.ErrUnknownResource, name, err)
+}
+
+// hold returns the entry for name with one more reference, creating and
+// loading it first if no one holds it.
+func (p *Provider) hold(name string) (*entry, error) {
 	p.mu.Lock()
 	if e, ok := p.entries[name]; ok {
+		e.refs++
 		p.mu.Unlock()
 		return e, nil
 	}
-	stopped, full := p.stopped, len(p.entries) >= p.cfg.MaxResources
+	err := p.admitLocked()
 	p.mu.Unlock()
-	if stopped {
-		return nil, fmt.Errorf("%w: %.200q: %w", secretmanager.ErrUnknownResource, name, ErrStopped)
-	}
-	if full {
-		return nil, fmt.Errorf("%w: %.200q: more than %d file resources", secretmanager.ErrUnknownResource, name, p.cfg.MaxResources)
-	}
-	e, err := p.newEntry(name)
 	if err != nil {
-		p.log.Warn("file resource not served", zap.String(keyResource, name), zap.Error(err))
-		return nil, fmt.Errorf("%w: %.200q: %w", secretmanager.ErrUnknownResource, name, err)
+		return nil, refusal(name, err)
+	}
+	e, err := p.newEntry(name) // file I/O: outside the lock
+	if err != nil {
+		return nil, refusal(name, err)
 	}
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if old, ok := p.entries[name]; ok { // made concurrently
+	if old, ok := p.entries[name]; ok { // held concurrently meanwhile
+		old.refs++
 		return old, nil
 	}
-	if p.stopped {
-		return nil, fmt.Errorf("%w: %.200q: %w", secretmanager.ErrUnknownResource, name, ErrStopped)
+	if err := p.admitLocked(); err != nil {
+		return nil, refusal(name, err)
 	}
+	e.refs = 1
 	p.entries[name] = e
 	if p.running {
 		p.startLocked(e)
 	}
 	return e, nil
+}
+
+// admitLocked says whether one more name may be held. p.mu is held.
+func (p *Provider) admitLocked() error {
+	if p.stopped {
+		return ErrStopped
+	}
+	if len(p.entries) >= p.cfg.MaxResources {
+		return fmt.Errorf("%w: at most %d at once", ErrTooMany, p.cfg.MaxResources)
+	}
+	return nil
+}
+
+// release drops one reference to e; the last stops its watcher and forgets
+// it.
+func (p *Provider) release(e *entry) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e.refs--
+	if e.refs > 0 || p.entries[e.name] != e {
+		return
+	}
+	delete(p.entries, e.name)
+	if e.stop != nil {
+		e.stop()
+	}
+	p.log.Debug("file resource released", zap.String(keyResource, e.name))
 }
 
 // newEntry parses name, builds its source and loads it once.
@@ -204,18 +257,10 @@ func (p *Provider) newEntry(name string) (*entry, error) {
 		})
 	case strings.HasPrefix(name, secretmanager.FileRootPrefix):
 		path := strings.TrimPrefix(name, secretmanager.FileRootPrefix)
-		var (
-			src *certfile.Source[*certfile.Bundle]
-			err error
-		)
-		switch path {
-		case "":
+		if path == "" {
 			return nil, errors.New("empty root path")
-		case SystemRoots:
-			src, err = certfile.NewSystemBundleSource(p.cfg.Files)
-		default:
-			src, err = certfile.NewBundleSource(p.cfg.Files, path)
 		}
+		src, err := certfile.NewRootSource(p.cfg.Files, path)
 		if err != nil {
 			return nil, err
 		}
@@ -244,10 +289,12 @@ func splitPair(s string) (certPath, keyPath string, err error) {
 	return certPath, keyPath, nil
 }
 
-// entry is one held name: its source and the secret made from its value.
+// entry is one name: its source and the secret made from its value.
 type entry struct {
 	name    string
 	version *atomic.Uint64
+	refs    int    // watchers holding it; guarded by Provider.mu
+	stop    func() // ends its goroutines once started; guarded by Provider.mu
 
 	// Bound to the source's value type by bind.
 	run     func(context.Context) error

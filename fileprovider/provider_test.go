@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/meshagent/meshagent/certfile"
@@ -62,7 +65,12 @@ func writeAtomic(t *testing.T, path string, data []byte) {
 
 func start(t *testing.T) *Provider {
 	t.Helper()
-	p := New(Config{Files: certfile.SourceConfig{Debounce: debounce}})
+	return startWith(t, Config{Files: certfile.SourceConfig{Debounce: debounce}})
+}
+
+func startWith(t *testing.T, cfg Config) *Provider {
+	t.Helper()
+	p := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
@@ -103,7 +111,8 @@ func TestFileCertFollowsChangesAndKeepsLastGood(t *testing.T) {
 	writeAtomic(t, certPath, chain1)
 	writeAtomic(t, keyPath, key1)
 
-	p := start(t)
+	reg := prometheus.NewRegistry()
+	p := startWith(t, Config{Files: certfile.SourceConfig{Debounce: debounce, Registerer: reg}})
 	name := secretmanager.FileCertPrefix + certPath + "~" + keyPath
 	ch, stop := p.Watch(name)
 	defer stop()
@@ -121,11 +130,12 @@ func TestFileCertFollowsChangesAndKeepsLastGood(t *testing.T) {
 		t.Errorf("unchanged files gave a new version %d, was %d", again.Version, s1.Version)
 	}
 
-	// A truncated key is rejected; the first pair stays.
+	// A truncated key is rejected (the reload happens: its failure is
+	// counted); the first pair stays.
 	if err := os.WriteFile(keyPath, key1[:len(key1)/2], 0o600); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(10 * debounce) // long enough for the debounced reload to have happened
+	waitRejected(t, reg, 1)
 	if s := secret(t, p, name); s.Version != s1.Version || !bytes.Equal(s.PrivateKey, key1) {
 		t.Fatal("a truncated key replaced the last good pair")
 	}
@@ -148,6 +158,39 @@ func TestFileCertFollowsChangesAndKeepsLastGood(t *testing.T) {
 			t.Fatal("the new pair was not served")
 		}
 	}
+}
+
+// waitRejected waits until at least n loads of watched files have been
+// rejected: the reload after a bad change has happened.
+func waitRejected(t *testing.T, reg *prometheus.Registry, n float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if rejectedLoads(t, reg) >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no rejected load counted within 5 s (want %v)", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func rejectedLoads(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == "meshagent_certfile_load_failures_total" {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }
 
 func TestFileRootBundleWithSeveralRoots(t *testing.T) {
@@ -199,24 +242,33 @@ func TestUnservableNames(t *testing.T) {
 	}
 }
 
+// A name held before Run is watched once Run starts; after Run has
+// returned, new names are refused.
 func TestNamesAfterStopAreRefused(t *testing.T) {
 	ca := newCA(t)
 	path := filepath.Join(t.TempDir(), "root.pem")
 	writeAtomic(t, path, ca.RootPEM())
-	p := New(Config{})
-	// Requested before Run: served, and watched once Run starts.
+	p := New(Config{Files: certfile.SourceConfig{Debounce: debounce}})
 	name := secretmanager.FileRootPrefix + path
+	ch, stop := p.Watch(name)
+	defer stop()
 	if s := secret(t, p, name); s.Name != name {
 		t.Fatalf("name %q", s.Name)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
+	ca2 := newCA(t)
+	writeAtomic(t, path, ca2.RootPEM())
+	waitSignal(t, ch)
+	if s := secret(t, p, name); !bytes.Equal(s.Roots, ca2.RootPEM()) {
+		t.Error("the change was signalled but not served")
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Secret(context.Background(), secretmanager.FileRootPrefix+path+"x"); !errors.Is(err, ErrStopped) {
+	if _, err := p.hold(name + "x"); !errors.Is(err, ErrStopped) {
 		t.Errorf("after Run: %v, want ErrStopped", err)
 	}
 	if err := p.Run(context.Background()); !errors.Is(err, ErrRunning) {
@@ -224,16 +276,92 @@ func TestNamesAfterStopAreRefused(t *testing.T) {
 	}
 }
 
-func TestMaxResources(t *testing.T) {
+// MaxResources bounds the names held at once: a third name is refused
+// while two are held, and served once one of them is released.
+func TestMaxResourcesHeldAtOnce(t *testing.T) {
 	ca := newCA(t)
 	dir := t.TempDir()
-	p := New(Config{MaxResources: 1})
-	for i, n := range []string{"a.pem", "b.pem"} {
-		path := filepath.Join(dir, n)
+	p := startWith(t, Config{MaxResources: 2, Files: certfile.SourceConfig{Debounce: debounce}})
+	names := make([]string, 3)
+	for i := range names {
+		path := filepath.Join(dir, fmt.Sprintf("%d.pem", i))
 		writeAtomic(t, path, ca.RootPEM())
-		_, err := p.Secret(context.Background(), secretmanager.FileRootPrefix+path)
-		if (err != nil) != (i == 1) {
-			t.Errorf("resource %d: %v", i, err)
+		names[i] = secretmanager.FileRootPrefix + path
+	}
+	_, stop0 := p.Watch(names[0])
+	ch1, stop1 := p.Watch(names[1])
+	defer stop1()
+	if ch, stop := p.Watch(names[2]); ch != nil {
+		stop()
+		t.Fatal("a third name was held while two are")
+	}
+	if _, err := p.Secret(context.Background(), names[2]); !errors.Is(err, ErrTooMany) {
+		t.Errorf("Secret of an unheld name while full: %v, want ErrTooMany", err)
+	}
+	stop0()
+	stop0() // safe twice; releases once
+	ch2, stop2 := p.Watch(names[2])
+	defer stop2()
+	if ch2 == nil {
+		t.Fatal("a name was refused after another was released")
+	}
+	if got := p.Held(); got != 2 {
+		t.Errorf("%d names held, want 2", got)
+	}
+	// The name still held keeps following its file.
+	ca2 := newCA(t)
+	writeAtomic(t, strings.TrimPrefix(names[1], secretmanager.FileRootPrefix), ca2.RootPEM())
+	waitSignal(t, ch1)
+	if s := secret(t, p, names[1]); !bytes.Equal(s.Roots, ca2.RootPEM()) {
+		t.Error("held name did not follow its file")
+	}
+}
+
+// Names asked for once and released do not count: 200 distinct names, one
+// after another, are all served with a limit of 4, and none stays held.
+func TestReleasedNamesAreForgotten(t *testing.T) {
+	ca := newCA(t)
+	dir := t.TempDir()
+	p := startWith(t, Config{MaxResources: 4, Files: certfile.SourceConfig{Debounce: debounce}})
+	for i := range 200 {
+		path := filepath.Join(dir, fmt.Sprintf("r%d.pem", i))
+		writeAtomic(t, path, ca.RootPEM())
+		name := secretmanager.FileRootPrefix + path
+		ch, stop := p.Watch(name)
+		if ch == nil {
+			t.Fatalf("name %d refused", i)
 		}
+		if s := secret(t, p, name); s.Name != name {
+			t.Fatalf("name %q", s.Name)
+		}
+		stop()
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := p.Held(); got != 0 {
+		t.Errorf("%d names held after every watcher released", got)
+	}
+}
+
+// Two watchers of one name: the first release keeps it (and its signals),
+// the second drops it.
+func TestNameHeldUntilLastRelease(t *testing.T) {
+	ca := newCA(t)
+	path := filepath.Join(t.TempDir(), "root.pem")
+	writeAtomic(t, path, ca.RootPEM())
+	p := start(t)
+	name := secretmanager.FileRootPrefix + path
+	_, stopA := p.Watch(name)
+	chB, stopB := p.Watch(name)
+	stopA()
+	if got := p.Held(); got != 1 {
+		t.Fatalf("%d names held with one watcher left", got)
+	}
+	writeAtomic(t, path, newCA(t).RootPEM())
+	waitSignal(t, chB)
+	stopB()
+	if got := p.Held(); got != 0 {
+		t.Fatalf("%d names held after the last release", got)
 	}
 }

@@ -2,7 +2,8 @@ package filewatch
 
 // Log field keys.
 const (
-	keyDir   = "dir"
-	keyEvent = "event"
-	keyPaths = "paths"
+	keyDir          = "dir"
+	keyPaths        = "paths"
+	keyPollInterval = "poll_interval"
+	keyReason       = "reason"
 )

@@ -7,19 +7,29 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/internal/regularfile"
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 )
 
 // DefaultDebounce is FILE_DEBOUNCE_DURATION's default.
 const DefaultDebounce = 100 * time.Millisecond
+
+// DefaultPollInterval is how often the files of a Watcher are re-read while
+// one of its directories cannot be watched (no read permission on the
+// directory, the inotify limits of the user reached, or no inotify at all).
+const DefaultPollInterval = time.Second
 
 // maxDelayFactor bounds how long a burst of events can postpone a signal: at
 // most maxDelayFactor debounce periods after the first event of the burst,
@@ -43,21 +53,35 @@ type Config struct {
 	// that never goes quiet is cut off after ten debounce periods. Zero means
 	// DefaultDebounce; negative is an error.
 	Debounce time.Duration
-	// Clock times the debounce. Default clock.RealClock{}.
+	// PollInterval is how often the files are re-read while a directory
+	// cannot be watched. Zero means DefaultPollInterval; negative is an
+	// error.
+	PollInterval time.Duration
+	// Clock times the debounce and the polling. Default clock.RealClock{}.
 	Clock clock.Clock
-	// Logger receives debug lines for events and warnings for watch errors.
-	// Nil means zap.NewNop().
+	// Logger receives debug lines for events and warnings for directories
+	// that cannot be watched. Nil means zap.NewNop().
 	Logger *zap.Logger
+	// Registerer receives the meshagent_filewatch_* metrics. Nil means they
+	// are not registered. Several watchers may share one registry.
+	Registerer prometheus.Registerer
+
+	// hub replaces the process's shared watcher (tests).
+	hub *hub
 }
 
 // Watcher signals when the content of its files has changed.
 type Watcher struct {
 	paths    []string
 	debounce time.Duration
+	poll     time.Duration
 	maxDelay time.Duration
 	clock    clock.Clock
 	log      *zap.Logger
+	metrics  *metrics
+	hub      *hub
 	changes  chan struct{}
+	events   chan struct{} // from the hub: something happened in a watched directory
 	started  atomic.Bool
 }
 
@@ -69,14 +93,23 @@ func New(cfg Config) (*Watcher, error) {
 	if cfg.Debounce < 0 {
 		return nil, fmt.Errorf("filewatch: negative debounce %s", cfg.Debounce)
 	}
+	if cfg.PollInterval < 0 {
+		return nil, fmt.Errorf("filewatch: negative poll interval %s", cfg.PollInterval)
+	}
 	if cfg.Debounce == 0 {
 		cfg.Debounce = DefaultDebounce
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = DefaultPollInterval
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
+	}
+	if cfg.hub == nil {
+		cfg.hub = processHub
 	}
 	paths := make([]string, 0, len(cfg.Paths))
 	for _, p := range cfg.Paths {
@@ -94,10 +127,14 @@ func New(cfg Config) (*Watcher, error) {
 	return &Watcher{
 		paths:    paths,
 		debounce: cfg.Debounce,
+		poll:     cfg.PollInterval,
 		maxDelay: maxDelayFactor * cfg.Debounce,
 		clock:    cfg.Clock,
 		log:      cfg.Logger.Named("filewatch").With(zap.Strings(keyPaths, paths)),
+		metrics:  newMetrics(cfg.Registerer),
+		hub:      cfg.hub,
 		changes:  make(chan struct{}, 1),
+		events:   make(chan struct{}, 1),
 	}, nil
 }
 
@@ -117,33 +154,52 @@ func (w *Watcher) signal() {
 	}
 }
 
-// Run watches until ctx ends (returning nil) or watching becomes impossible
-// (returning the error). It may be called once.
+// notify is called by the hub after an event in one of w's directories.
+func (w *Watcher) notify() {
+	select {
+	case w.events <- struct{}{}:
+	default:
+	}
+}
+
+// dirState is what Run knows of the directories it needs.
+type dirState struct {
+	watched  map[string]bool  // subscribed at the hub
+	failed   map[string]error // wanted but not watchable: polled
+	polling  bool
+	lastPoll string // the reason last logged, to log a change of reason once
+}
+
+// Run watches until ctx ends and returns nil; it never fails for what it
+// finds on disk. A directory that cannot be watched makes the Watcher re-read
+// its files every poll interval instead, until the directory can be watched
+// again. It may be called once.
 func (w *Watcher) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return ErrRunTwice
 	}
-	fw, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("filewatch: creating watcher: %w", err)
-	}
-	defer fw.Close()
-
-	watched := map[string]bool{}
-	if err := w.rewatch(fw, watched); err != nil {
-		return err
-	}
+	st := &dirState{watched: map[string]bool{}, failed: map[string]error{}}
+	defer func() {
+		w.hub.releaseAll(w, slices.Collect(maps.Keys(st.watched)))
+		if st.polling {
+			w.metrics.polling.Dec()
+		}
+	}()
+	w.rewatch(st)
 	last := w.fingerprint()
 	w.signal()
 
 	var (
-		timer      clock.Timer
-		timerC     <-chan time.Time
-		burstStart time.Time
+		timer, pollTimer   clock.Timer
+		timerC, pollTimerC <-chan time.Time
+		burstStart         time.Time
 	)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
+		}
+		if pollTimer != nil {
+			pollTimer.Stop()
 		}
 	}()
 	arm := func() {
@@ -156,37 +212,41 @@ func (w *Watcher) Run(ctx context.Context) error {
 		timer = w.clock.NewTimer(w.wait(burstStart, now))
 		timerC = timer.C()
 	}
+	armPoll := func() {
+		switch {
+		case st.polling && pollTimer == nil:
+			pollTimer = w.clock.NewTimer(w.poll)
+			pollTimerC = pollTimer.C()
+		case !st.polling && pollTimer != nil:
+			pollTimer.Stop()
+			pollTimer, pollTimerC = nil, nil
+		}
+	}
+	reread := func() {
+		w.rewatch(st)
+		armPoll()
+		fp := w.fingerprint()
+		if !slices.Equal(fp, last) {
+			last = fp
+			w.log.Debug("watched files changed")
+			w.signal()
+		}
+	}
+	armPoll()
 
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case ev, ok := <-fw.Events:
-			if !ok {
-				return errors.New("filewatch: event channel closed")
-			}
-			w.log.Debug("file system event", zap.String(keyEvent, ev.String()))
-			arm()
-		case err, ok := <-fw.Errors:
-			if !ok {
-				return errors.New("filewatch: error channel closed")
-			}
-			// An overflow means events were lost; re-reading covers it.
-			w.log.Warn("file watch error, re-reading the files", zap.Error(err))
+		case <-w.events:
+			w.log.Debug("file system event")
 			arm()
 		case <-timerC:
 			timer, timerC = nil, nil
-			if err := w.rewatch(fw, watched); err != nil {
-				// Keep going: the directories that are watched still
-				// report, and the next event retries.
-				w.log.Warn("updating watched directories failed", zap.Error(err))
-			}
-			fp := w.fingerprint()
-			if !slices.Equal(fp, last) {
-				last = fp
-				w.log.Debug("watched files changed")
-				w.signal()
-			}
+			reread()
+		case <-pollTimerC:
+			pollTimer, pollTimerC = nil, nil
+			reread()
 		}
 	}
 }
@@ -199,35 +259,88 @@ func (w *Watcher) wait(burstStart, now time.Time) time.Duration {
 	return max(min(w.debounce, rest), 0)
 }
 
-// rewatch makes the set of watched directories match what the paths resolve
-// to now. It returns the errors of directories it could not watch.
-func (w *Watcher) rewatch(fw *fsnotify.Watcher, watched map[string]bool) error {
+// rewatch makes the set of watched directories match what the paths
+// resolve to now, re-adding the watch of a directory that was deleted and
+// made again. Directories that cannot be watched are recorded in st.failed,
+// and st.polling says whether any is.
+func (w *Watcher) rewatch(st *dirState) {
+	// A directory made between computing the set and watching its parent
+	// sent its event to no one: compute again until the set is stable.
+	want := w.wantDirs()
+	for range maxSymlinkHops {
+		w.applyWatch(st, want)
+		again := w.wantDirs()
+		if maps.Equal(again, want) {
+			break
+		}
+		want = again
+	}
+	polling := len(st.failed) > 0
+	switch {
+	case polling && !st.polling:
+		w.metrics.polling.Inc()
+	case !polling && st.polling:
+		w.metrics.polling.Dec()
+	}
+	st.polling = polling
+}
+
+func (w *Watcher) wantDirs() map[string]bool {
 	want := map[string]bool{}
 	for _, p := range w.paths {
 		for _, d := range watchDirs(p) {
 			want[d] = true
 		}
 	}
-	var errs []error
+	return want
+}
+
+// applyWatch subscribes to the directories in want and releases the others.
+func (w *Watcher) applyWatch(st *dirState, want map[string]bool) {
 	for d := range want {
-		if watched[d] {
+		if err := w.hub.ensure(d, w); err != nil {
+			delete(st.watched, d)
+			if _, known := st.failed[d]; !known {
+				reason := failureReason(err)
+				w.metrics.failures.WithLabelValues(reason).Inc()
+				w.log.Warn("directory cannot be watched; re-reading the files periodically instead",
+					zap.String(keyDir, d), zap.String(keyReason, reason), zap.Duration(keyPollInterval, w.poll), zap.Error(err))
+			}
+			st.failed[d] = err
 			continue
 		}
-		if err := fw.Add(d); err != nil {
-			errs = append(errs, fmt.Errorf("filewatch: watching %s: %w", d, err))
-			continue
+		st.watched[d] = true
+		if _, was := st.failed[d]; was {
+			delete(st.failed, d)
+			w.log.Info("directory watched again", zap.String(keyDir, d))
 		}
-		watched[d] = true
-		w.log.Debug("watching directory", zap.String(keyDir, d))
 	}
-	for d := range watched {
+	for d := range st.watched {
 		if !want[d] {
-			// The directory may be gone already; its watch went with it.
-			_ = fw.Remove(d)
-			delete(watched, d)
+			w.hub.release(d, w)
+			delete(st.watched, d)
 		}
 	}
-	return errors.Join(errs...)
+	for d := range st.failed {
+		if !want[d] {
+			delete(st.failed, d)
+		}
+	}
+}
+
+// failureReason names why a directory could not be watched, for metrics.
+func failureReason(err error) string {
+	switch {
+	case errors.Is(err, errNoInstance):
+		return "no_instance"
+	case errors.Is(err, fs.ErrPermission):
+		return "permission"
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EMFILE):
+		return "limit"
+	case errors.Is(err, fs.ErrNotExist):
+		return "missing"
+	}
+	return "other"
 }
 
 // watchDirs returns the directories whose events can change what path p
@@ -293,7 +406,7 @@ func (w *Watcher) fingerprint() []string {
 }
 
 func fileFingerprint(p string) string {
-	f, err := os.Open(p)
+	f, err := regularfile.Open(p)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return "missing"
@@ -302,7 +415,7 @@ func fileFingerprint(p string) string {
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	if _, err := io.Copy(h, io.LimitReader(f, regularfile.MaxSize+1)); err != nil {
 		return "error: " + err.Error()
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))

@@ -29,9 +29,6 @@ const (
 	// DefaultGenerator is the node's GENERATOR metadata unless set: it asks
 	// istiod for configuration in the form gRPC understands.
 	DefaultGenerator = "grpc"
-	// BundleMapFile is the usual name of the SPIFFE trust bundle map, kept
-	// next to root-cert.pem.
-	BundleMapFile = "spiffe-trust-bundle-map.json"
 )
 
 // Bounds of the file_watcher refresh interval.
@@ -70,12 +67,6 @@ type Config struct {
 	// SecretTTL is the certificate lifetime the refresh interval is derived
 	// from. Zero means 24h (SECRET_TTL's default).
 	SecretTTL time.Duration
-	// BundleMapFile, when set, is the SPIFFE trust bundle map the provider
-	// uses for roots instead of root-cert.pem (gRFC A87; gRPC honours it
-	// only with GRPC_EXPERIMENTAL_XDS_MTLS_SPIFFE=true and falls back to
-	// root-cert.pem otherwise). Relative paths resolve against WorkDir.
-	// Requires CertDir.
-	BundleMapFile string
 	// ServerListenerTemplate defaults to ServerListenerNameTemplate.
 	ServerListenerTemplate string
 }
@@ -113,7 +104,6 @@ type fileWatcherConfig struct {
 	CertificateFile   string `json:"certificate_file"`
 	PrivateKeyFile    string `json:"private_key_file"`
 	CACertificateFile string `json:"ca_certificate_file"`
-	BundleMapFile     string `json:"spiffe_trust_bundle_map_file,omitempty"`
 	RefreshInterval   string `json:"refresh_interval"`
 }
 
@@ -148,9 +138,6 @@ func Generate(cfg Config) ([]byte, error) {
 	}
 	if cfg.NodeID == "" {
 		return nil, errors.New("grpcbootstrap: no node ID")
-	}
-	if cfg.BundleMapFile != "" && cfg.CertDir == "" {
-		return nil, errors.New("grpcbootstrap: a trust bundle map needs the certificate directory")
 	}
 	if cfg.WorkDir == "" {
 		wd, err := os.Getwd()
@@ -200,9 +187,6 @@ func Generate(cfg Config) ([]byte, error) {
 			PrivateKeyFile:    filepath.Join(dir, outputcerts.KeyFile),
 			CACertificateFile: filepath.Join(dir, outputcerts.RootCertFile),
 			RefreshInterval:   fmt.Sprintf("%ds", int64(RefreshInterval(cfg.SecretTTL)/time.Second)),
-		}
-		if cfg.BundleMapFile != "" {
-			fw.BundleMapFile = abs(cfg.BundleMapFile)
 		}
 		b.CertificateProviders = map[string]certProvider{
 			CertProviderInstance: {PluginName: FileWatcherPlugin, Config: fw},

@@ -39,15 +39,14 @@ func TestGenerateGolden(t *testing.T) {
 			},
 		},
 		{
-			name: "short-ttl-spiffe",
+			name: "short-ttl",
 			cfg: Config{
-				XDSSocket:     "/var/run/meshagent/XDS",
-				WorkDir:       "/",
-				NodeID:        SidecarNodeID("192.168.0.7", "vm-1", "billing", "corp.internal"),
-				NodeMetadata:  map[string]any{"GENERATOR": "grpc", "LABELS": map[string]string{"app": "billing"}},
-				CertDir:       "/etc/meshagent/certs",
-				SecretTTL:     5 * time.Minute,
-				BundleMapFile: "/etc/meshagent/certs/" + BundleMapFile,
+				XDSSocket:    "/var/run/meshagent/XDS",
+				WorkDir:      "/",
+				NodeID:       SidecarNodeID("192.168.0.7", "vm-1", "billing", "corp.internal"),
+				NodeMetadata: map[string]any{"GENERATOR": "grpc", "LABELS": map[string]string{"app": "billing"}},
+				CertDir:      "/etc/meshagent/certs",
+				SecretTTL:    5 * time.Minute,
 			},
 		},
 		{
@@ -165,7 +164,6 @@ func TestGenerateErrors(t *testing.T) {
 		"no socket":          {NodeID: "n"},
 		"no node id":         {XDSSocket: "/x"},
 		"relative work dir":  {XDSSocket: "x", NodeID: "n", WorkDir: "rel"},
-		"bundle map no dir":  {XDSSocket: "/x", NodeID: "n", BundleMapFile: "/m.json"},
 		"percent in socket":  {XDSSocket: "/run/x%2f/XDS", NodeID: "n"},
 		"unencodable values": {XDSSocket: "/x", NodeID: "n", NodeMetadata: map[string]any{"f": func() {}}},
 	} {

@@ -1,6 +1,5 @@
 // Package grpcbootstrap writes the xDS bootstrap file that proxyless gRPC
-// applications read from GRPC_XDS_BOOTSTRAP (SPEC 11), and the SPIFFE trust
-// bundle map file of gRFC A87.
+// applications read from GRPC_XDS_BOOTSTRAP (SPEC 11).
 //
 // The bootstrap points gRPC at the agent's xDS proxy over its Unix socket,
 // by absolute path (pilot-agent writes a path that is only right when its

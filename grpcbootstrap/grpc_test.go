@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -105,7 +104,7 @@ func TestAcceptedByGRPCXDSServer(t *testing.T) {
 	good, err := Generate(Config{
 		XDSSocket: "./etc/istio/proxy/XDS", WorkDir: t.TempDir(), NodeID: SidecarNodeID("127.0.0.1", "p", "ns", ""),
 		NodeMetadata: map[string]any{"CLUSTER_ID": "Kubernetes"}, Locality: &Locality{Zone: "z"},
-		CertDir: "certs", SecretTTL: time.Minute, BundleMapFile: "certs/" + BundleMapFile,
+		CertDir: "certs", SecretTTL: time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -209,63 +208,5 @@ func TestFileWatcherReadsOutputCerts(t *testing.T) {
 			t.Fatal("gRPC's file_watcher did not pick up the rotated certificate")
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-const spiffeChildEnv = "MESHAGENT_GRPCBOOTSTRAP_SPIFFE_CHILD"
-
-// With GRPC_EXPERIMENTAL_XDS_MTLS_SPIFFE=true (read by grpc-go when the
-// process starts, hence the child process), gRPC takes its roots from the
-// bundle map named in the bootstrap, in preference to root-cert.pem;
-// without it, from root-cert.pem.
-func TestBundleMapUsedByGRPC(t *testing.T) {
-	if os.Getenv(spiffeChildEnv) == "" {
-		t.Run("spiffe disabled", func(t *testing.T) { checkBundleMapUse(t, false) })
-		cmd := exec.Command(os.Args[0], "-test.run=^TestBundleMapUsedByGRPC$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), spiffeChildEnv+"=1", "GRPC_EXPERIMENTAL_XDS_MTLS_SPIFFE=true")
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestBundleMapUsedByGRPC/spiffe_enabled") {
-			t.Fatalf("child test with SPIFFE enabled failed: %v\n%s", err, out)
-		}
-		return
-	}
-	t.Run("spiffe enabled", func(t *testing.T) { checkBundleMapUse(t, true) })
-}
-
-func checkBundleMapUse(t *testing.T, enabled bool) {
-	fileCA, err := localca.New(localca.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapCA, err := localca.New(localca.Config{KeyType: pki.RSA2048})
-	if err != nil {
-		t.Fatal(err)
-	}
-	work := t.TempDir()
-	writeOutputCerts(t, fileCA, work, time.Hour)
-	mapPath := filepath.Join(work, BundleMapFile)
-	if _, err := WriteBundleMap(mapPath, map[string][]*x509.Certificate{"cluster.local": {mapCA.Root()}}); err != nil {
-		t.Fatal(err)
-	}
-	data, err := Generate(Config{XDSSocket: "XDS", WorkDir: work, NodeID: "n", CertDir: ".", BundleMapFile: BundleMapFile})
-	if err != nil {
-		t.Fatal(err)
-	}
-	km := keyMaterial(t, buildProvider(t, data))
-	if !enabled {
-		if km.SPIFFEBundleMap != nil {
-			t.Fatal("gRPC used the bundle map although SPIFFE support is off")
-		}
-		if _, err := fileCA.Root().Verify(x509.VerifyOptions{Roots: km.Roots}); err != nil {
-			t.Fatal("gRPC's roots are not root-cert.pem")
-		}
-		return
-	}
-	b, ok := km.SPIFFEBundleMap["cluster.local"]
-	if !ok {
-		t.Fatalf("gRPC's bundle map has no cluster.local: %v", km.SPIFFEBundleMap)
-	}
-	if auth := b.X509Authorities(); len(auth) != 1 || !auth[0].Equal(mapCA.Root()) {
-		t.Fatal("gRPC's bundle map does not hold the written root")
 	}
 }

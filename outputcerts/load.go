@@ -61,7 +61,7 @@ func check(p *certfile.Pair, id pki.Identity, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	if got != id {
+	if !got.Matches(id) {
 		return fmt.Errorf("%w: found %s, want %s", pki.ErrIdentityMismatch, got, id)
 	}
 	return nil

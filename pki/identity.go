@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // Identity is the name a workload certificate is issued for: either a SPIFFE ID
@@ -42,7 +44,7 @@ func (i Identity) Validate() error {
 	case i.SPIFFEID != "" && i.DNSName != "":
 		return errors.New("identity has both a SPIFFE ID and a DNS name")
 	case i.SPIFFEID != "":
-		_, err := i.URI()
+		_, err := i.SPIFFE()
 		return err
 	case i.DNSName != "":
 		if strings.ContainsAny(i.DNSName, " /:@") || strings.HasPrefix(i.DNSName, ".") || strings.HasSuffix(i.DNSName, ".") || strings.Contains(i.DNSName, "..") {
@@ -54,14 +56,38 @@ func (i Identity) Validate() error {
 	}
 }
 
-// URI parses the SPIFFE ID.
-func (i Identity) URI() (*url.URL, error) {
-	u, err := url.Parse(i.SPIFFEID)
+// SPIFFE parses the SPIFFE ID by the SPIFFE standard (go-spiffe's
+// spiffeid): a lower-case trust domain, a path of non-empty segments of
+// letters, digits, '.', '-' and '_' other than "." and "..", and nothing else
+// (no user, port, query or fragment).
+func (i Identity) SPIFFE() (spiffeid.ID, error) {
+	id, err := spiffeid.FromString(i.SPIFFEID)
 	if err != nil {
-		return nil, fmt.Errorf("SPIFFE ID %q: %w", i.SPIFFEID, err)
+		return spiffeid.ID{}, fmt.Errorf("SPIFFE ID %q: %w", i.SPIFFEID, err)
 	}
-	if u.Scheme != "spiffe" || u.Host == "" || u.User != nil || u.Port() != "" || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("SPIFFE ID %q: want spiffe://<trust-domain>/<path>", i.SPIFFEID)
+	return id, nil
+}
+
+// URI parses the SPIFFE ID (see SPIFFE) into a URL.
+func (i Identity) URI() (*url.URL, error) {
+	id, err := i.SPIFFE()
+	if err != nil {
+		return nil, err
 	}
-	return u, nil
+	return id.URL(), nil
+}
+
+// Matches reports whether i and other name the same workload: equal SPIFFE
+// IDs (compared as parsed IDs; an ID that does not parse matches nothing),
+// or equal DNS names.
+func (i Identity) Matches(other Identity) bool {
+	switch {
+	case i.SPIFFEID != "" && other.SPIFFEID != "":
+		a, errA := i.SPIFFE()
+		b, errB := other.SPIFFE()
+		return errA == nil && errB == nil && a == b
+	case i.DNSName != "" && other.DNSName != "":
+		return i.SPIFFEID == "" && other.SPIFFEID == "" && i.DNSName == other.DNSName
+	}
+	return false
 }

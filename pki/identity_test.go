@@ -33,6 +33,14 @@ func TestIdentity(t *testing.T) {
 		{pki.Identity{SPIFFEID: "spiffe://td/a?q=1"}, false},
 		{pki.Identity{SPIFFEID: "spiffe://td/a#f"}, false},
 		{pki.Identity{SPIFFEID: "%zz"}, false},
+		// The SPIFFE standard's rules, beyond URL syntax.
+		{pki.Identity{SPIFFEID: "spiffe://Cluster.Local/ns/a/sa/b"}, false},
+		{pki.Identity{SPIFFEID: "spiffe://td/ns//sa/b"}, false},
+		{pki.Identity{SPIFFEID: "spiffe://td/ns/a/sa/b/"}, false},
+		{pki.Identity{SPIFFEID: "spiffe://td/ns/./sa/b"}, false},
+		{pki.Identity{SPIFFEID: "spiffe://td/ns/../sa/b"}, false},
+		{pki.Identity{SPIFFEID: "spiffe://td/ns/a%20b/sa/c"}, false},
+		{pki.Identity{SPIFFEID: "SPIFFE://td/ns/a/sa/b"}, false},
 		{pki.Identity{DNSName: "a..b"}, false},
 		{pki.Identity{DNSName: ".a"}, false},
 		{pki.Identity{DNSName: "a."}, false},
@@ -42,6 +50,26 @@ func TestIdentity(t *testing.T) {
 	for _, tt := range tests {
 		if err := tt.id.Validate(); (err == nil) != tt.ok {
 			t.Errorf("Validate(%+v) = %v, want ok=%v", tt.id, err, tt.ok)
+		}
+	}
+}
+
+func TestIdentityMatches(t *testing.T) {
+	tests := []struct {
+		a, b pki.Identity
+		want bool
+	}{
+		{testID, testID, true},
+		{testID, pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/shop/sa/api"}, false},
+		{testID, pki.Identity{SPIFFEID: "spiffe://other.local/ns/shop/sa/web"}, false},
+		{pki.Identity{SPIFFEID: "spiffe://td/ns/a/sa/b/"}, pki.Identity{SPIFFEID: "spiffe://td/ns/a/sa/b/"}, false}, // not a SPIFFE ID
+		{pki.Identity{DNSName: "a.b"}, pki.Identity{DNSName: "a.b"}, true},
+		{pki.Identity{DNSName: "a.b"}, pki.Identity{SPIFFEID: "spiffe://a.b"}, false},
+		{pki.Identity{}, pki.Identity{}, false},
+	}
+	for _, tt := range tests {
+		if got := tt.a.Matches(tt.b); got != tt.want {
+			t.Errorf("%v.Matches(%v) = %v, want %v", tt.a, tt.b, got, tt.want)
 		}
 	}
 }

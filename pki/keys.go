@@ -28,20 +28,6 @@ const (
 // KeyTypes lists every supported key type, default first.
 var KeyTypes = []KeyType{ECP256, ECP384, RSA2048, RSA3072, RSA4096}
 
-// ParseKeyType accepts one of KeyTypes.
-func ParseKeyType(s string) (KeyType, error) {
-	for _, k := range KeyTypes {
-		if string(k) == s {
-			return k, nil
-		}
-	}
-	names := make([]string, len(KeyTypes))
-	for i, k := range KeyTypes {
-		names[i] = string(k)
-	}
-	return "", fmt.Errorf("unknown key type %q (accepted: %s)", s, strings.Join(names, ", "))
-}
-
 // GenerateKey makes a fresh private key in memory.
 func GenerateKey(t KeyType) (crypto.Signer, error) {
 	switch t {

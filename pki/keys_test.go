@@ -68,18 +68,6 @@ func TestGenerateKeyTypes(t *testing.T) {
 	}
 }
 
-func TestParseKeyType(t *testing.T) {
-	for _, kt := range pki.KeyTypes {
-		if got, err := pki.ParseKeyType(string(kt)); err != nil || got != kt {
-			t.Errorf("%s: %v %v", kt, got, err)
-		}
-	}
-	_, err := pki.ParseKeyType("rsa-1024")
-	if err == nil || !strings.Contains(err.Error(), "ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096") {
-		t.Errorf("error %v does not list the accepted types", err)
-	}
-}
-
 func TestParseKeyPEMForms(t *testing.T) {
 	ec := newKey(t).(*ecdsa.PrivateKey)
 	sec1, err := x509.MarshalECPrivateKey(ec)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // Reasons a CA answer is rejected. VerifyIssued wraps one of these, so callers
@@ -72,11 +74,15 @@ func VerifyIssued(chain []*x509.Certificate, pub crypto.PublicKey, id Identity, 
 }
 
 // IdentityOf returns the identity a leaf certificate names: its only URI SAN,
-// else its only DNS SAN.
+// which must be a SPIFFE ID, else its only DNS SAN.
 func IdentityOf(leaf *x509.Certificate) (Identity, error) {
 	switch {
 	case len(leaf.URIs) == 1 && len(leaf.DNSNames) == 0:
-		return Identity{SPIFFEID: leaf.URIs[0].String()}, nil
+		id, err := spiffeid.FromURI(leaf.URIs[0])
+		if err != nil {
+			return Identity{}, fmt.Errorf("%w: URI SAN %q is not a SPIFFE ID: %v", ErrIdentityMismatch, leaf.URIs[0], err)
+		}
+		return Identity{SPIFFEID: id.String()}, nil
 	case len(leaf.URIs) == 0 && len(leaf.DNSNames) == 1:
 		return Identity{DNSName: leaf.DNSNames[0]}, nil
 	}
@@ -91,7 +97,7 @@ func checkIdentity(leaf *x509.Certificate, want Identity) error {
 	if len(leaf.IPAddresses) != 0 || len(leaf.EmailAddresses) != 0 {
 		return fmt.Errorf("%w: certificate carries IP or email names", ErrIdentityMismatch)
 	}
-	if got != want {
+	if !got.Matches(want) {
 		return fmt.Errorf("%w: got %s, want %s", ErrIdentityMismatch, got, want)
 	}
 	return nil

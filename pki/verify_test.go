@@ -48,6 +48,10 @@ func TestVerifyIssued(t *testing.T) {
 		{"extra IP SAN", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, IPs: []net.IP{loopbackIP}}), pub, testID, ca.Pool(), now, pki.ErrIdentityMismatch, "identity_mismatch"},
 		{"two URIs", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, URIs: []*url.URL{mustURL(t, "spiffe://cluster.local/x")}}), pub, testID, ca.Pool(), now, pki.ErrIdentityMismatch, "identity_mismatch"},
 		{"DNS identity", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: pki.Identity{DNSName: "web.shop.serviceaccount.identity.linkerd.cluster.local"}}), pub, pki.Identity{DNSName: "web.shop.serviceaccount.identity.linkerd.cluster.local"}, ca.Pool(), now, nil, ""},
+		// A URI SAN that only looks like the request: not a SPIFFE ID (trailing
+		// slash, upper-case trust domain), even when the request says the same.
+		{"URI SAN not a SPIFFE ID", issue(t, ca, localca.Leaf{PublicKey: pub, URIs: []*url.URL{mustURL(t, "spiffe://cluster.local/ns/shop/sa/web/")}}), pub, pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/shop/sa/web/"}, ca.Pool(), now, pki.ErrIdentityMismatch, "identity_mismatch"},
+		{"upper-case trust domain", issue(t, ca, localca.Leaf{PublicKey: pub, URIs: []*url.URL{mustURL(t, "spiffe://Cluster.Local/ns/shop/sa/web")}}), pub, pki.Identity{SPIFFEID: "spiffe://Cluster.Local/ns/shop/sa/web"}, ca.Pool(), now, pki.ErrIdentityMismatch, "identity_mismatch"},
 		{"DNS cert for a SPIFFE request", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: pki.Identity{DNSName: "web"}}), pub, testID, ca.Pool(), now, pki.ErrIdentityMismatch, "identity_mismatch"},
 	}
 	for _, tt := range tests {

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"k8s.io/utils/clock"
 
+	"github.com/meshagent/meshagent/internal/sockprobe"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -39,9 +40,9 @@ const (
 	probeTimeout = time.Second
 )
 
-// ErrSocketInUse is returned by Run when something already answers on the
-// socket path; the socket is left alone.
-var ErrSocketInUse = errors.New("SDS socket is in use by another process")
+// ErrSocketInUse is wrapped by Run's error when something already answers
+// on the socket path; the socket is left alone.
+var ErrSocketInUse = sockprobe.ErrInUse
 
 // SecretSource is what the server needs from the secret manager.
 type SecretSource interface {
@@ -177,17 +178,11 @@ func (s *Server) listen() (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("creating SDS socket directory: %w", err)
 	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("SDS socket path %s exists and is not a socket", path)
-		}
-		if conn, err := net.DialTimeout("unix", path, probeTimeout); err == nil {
-			_ = conn.Close()
-			return nil, fmt.Errorf("%w: %s", ErrSocketInUse, path)
-		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("removing stale SDS socket: %w", err)
-		}
+	removed, err := sockprobe.RemoveStale(context.Background(), path, probeTimeout, sockprobe.Connect)
+	if err != nil {
+		return nil, fmt.Errorf("SDS socket: %w", err)
+	}
+	if removed {
 		s.log.Info("removed stale SDS socket", zap.String(keySocket, path))
 	}
 	lis, err := net.Listen("unix", path)

@@ -15,6 +15,14 @@ const (
 	ProviderLinkerd = "Linkerd"
 )
 
+// PILOT_CERT_PROVIDER values.
+const (
+	CertProviderIstiod     = "istiod"
+	CertProviderKubernetes = "kubernetes"
+	CertProviderCustom     = "custom"
+	CertProviderNone       = "none"
+)
+
 // SystemRoots is the CA_ROOT_CA / XDS_ROOT_CA value that means the system trust store.
 const SystemRoots = "SYSTEM"
 
@@ -30,7 +38,8 @@ type Config struct {
 	CARoot string
 	// XDSRoot is the xDS root bundle path, or SystemRoots (XDS_ROOT_CA, derived per SPEC 7).
 	XDSRoot string
-	// PilotCertProvider names who signs istiod's serving certificate (PILOT_CERT_PROVIDER).
+	// PilotCertProvider names who signs istiod's serving certificate; it
+	// chooses the default CA root (PILOT_CERT_PROVIDER).
 	PilotCertProvider string
 	// IstiodSAN is the name the CA's and control plane's certificates must carry;
 	// empty means the host part of the address dialled (ISTIOD_SAN).
@@ -45,6 +54,9 @@ type Config struct {
 	// POD_NAMESPACE, SERVICE_ACCOUNT). In dev mode empty namespace and service
 	// account become "default".
 	PodName, PodNamespace, ServiceAccount string
+	// InstanceIP is the workload's IP address, the second field of the node
+	// ID (INSTANCE_IP, derived from the host's addresses).
+	InstanceIP string
 	// ClusterID is sent to the CA and control plane as ClusterID metadata (ISTIO_META_CLUSTER_ID).
 	ClusterID string
 	// CertSigner is sent in the CSR request metadata as CertSigner (ISTIO_META_CERT_SIGNER).
@@ -151,6 +163,37 @@ func (c *Config) Identity() (pki.Identity, error) {
 		return pki.Identity{}, fmt.Errorf("workload identity: %w", err)
 	}
 	return id, nil
+}
+
+// Warning is a setting whose value the agent accepts but does not act on.
+type Warning struct {
+	// Name is the environment variable.
+	Name string
+	// Value is its resolved value.
+	Value string
+	// Why says why the value has no effect.
+	Why string
+}
+
+func (w Warning) String() string {
+	return w.Name + "=" + strconv.Quote(w.Value) + " has no effect: " + w.Why
+}
+
+// Warnings lists the settings whose value has no effect (Setting.Unused),
+// in registry order; the agent logs them at start-up.
+func (c *Config) Warnings() []Warning {
+	var out []Warning
+	for i := range Registry {
+		s := &Registry[i]
+		if s.Unused == nil {
+			continue
+		}
+		set := c.rows[i].Source != SourceDefault
+		if why := s.Unused(c, set); why != "" {
+			out = append(out, Warning{Name: s.Name, Value: c.rows[i].Value, Why: why})
+		}
+	}
+	return out
 }
 
 // Table returns every setting with its resolved value, where the value came

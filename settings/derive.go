@@ -1,6 +1,7 @@
 package settings
 
 import (
+	"net"
 	"path/filepath"
 	"strconv"
 
@@ -106,11 +107,23 @@ func (r *resolution) derive(in Input) error {
 			r.notes["MESHAGENT_TOKEN_PATH"] = "JWT_POLICY=first-party-jwt"
 		}
 	}
+	// CA_ROOT_CA, in pilot-agent's order: PILOT_CERT_PROVIDER=custom, PROV_CERT,
+	// PILOT_CERT_PROVIDER=none (no default), the istiod root.
 	if c.CARoot == "" {
-		c.CARoot = istioRootPath
-		if c.ProvCert != "" {
+		switch {
+		case c.PilotCertProvider == CertProviderCustom:
+			c.CARoot = filepath.Join(c.FileMountedCertsDir, "root-cert.pem")
+			r.notes["CA_ROOT_CA"] = "PILOT_CERT_PROVIDER=custom"
+		case c.ProvCert != "":
 			c.CARoot = filepath.Join(c.ProvCert, "root-cert.pem")
 			r.notes["CA_ROOT_CA"] = "from PROV_CERT"
+		case c.PilotCertProvider == CertProviderNone:
+			r.notes["CA_ROOT_CA"] = "PILOT_CERT_PROVIDER=none: no default"
+			if !c.Dev && !c.FileMountedCerts {
+				return r.invalid("PILOT_CERT_PROVIDER", c.PilotCertProvider, "no default CA root: set CA_ROOT_CA (a path, or SYSTEM) or PROV_CERT")
+			}
+		default:
+			c.CARoot = istioRootPath
 		}
 	}
 	if c.XDSRoot == "" {
@@ -122,8 +135,59 @@ func (r *resolution) derive(in Input) error {
 			c.XDSRoot = c.CARoot
 			r.notes["XDS_ROOT_CA"] = "the CA root"
 		}
+		if c.XDSRoot == "" && c.XDSProxy {
+			return r.invalid("PILOT_CERT_PROVIDER", c.PilotCertProvider, "no default xDS root: set XDS_ROOT_CA or CA_ROOT_CA (a path, or SYSTEM)")
+		}
+	}
+
+	// INSTANCE_IP: the host's address, as pilot-agent falls back to.
+	if c.InstanceIP == "" {
+		c.InstanceIP = hostIP(in.InterfaceAddrs)
+		r.notes["INSTANCE_IP"] = "the host's address"
 	}
 	return nil
+}
+
+// invalid is an InvalidError for a value that conflicts with the others,
+// naming the flag when the value came from one.
+func (r *resolution) invalid(name, value, why string) error {
+	if r.sources[name] == SourceFlag {
+		if s := SettingByName(name); s != nil && s.Flag != "" {
+			name = s.FlagName()
+		}
+	}
+	return &InvalidError{Name: name, Value: value, Why: why}
+}
+
+// hostIP is the first address of addrs (net.InterfaceAddrs when nil) that is
+// not loopback, link-local or unspecified, IPv4 before IPv6; 127.0.0.1 when
+// there is none.
+func hostIP(addrs func() ([]net.Addr, error)) string {
+	if addrs == nil {
+		addrs = net.InterfaceAddrs
+	}
+	list, _ := addrs()
+	var v6 string
+	for _, a := range list {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip := n.IP
+		if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() || ip.IsMulticast() {
+			continue
+		}
+		if ip.To4() != nil {
+			return ip.String()
+		}
+		if v6 == "" {
+			v6 = ip.String()
+		}
+	}
+	if v6 != "" {
+		return v6
+	}
+	return "127.0.0.1"
 }
 
 // from records that a setting's value was derived from another setting with

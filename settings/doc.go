@@ -11,7 +11,12 @@
 // It owns parsing and validation of configuration text, including the
 // PROXY_CONFIG JSON and the CA_HEADER_/XDS_HEADER_ prefix variables. It does
 // not own deciding which certificate source runs (cmd/agent does that) and it
-// reads no files except to check whether the file-mounted xDS root exists.
+// reads no files except to check whether the file-mounted xDS root exists; it
+// lists the host's addresses for the derived INSTANCE_IP.
+//
+// A setting the agent accepts but does not act on (for all or some of its
+// values) says so through Setting.Unused; Config.Warnings collects these and
+// the agent logs them at start-up.
 //
 // Resolve does not read the process environment itself: the caller passes it
 // in, so tests and `meshagent config` see exactly what `meshagent run` would.

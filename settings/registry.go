@@ -25,7 +25,7 @@ var Registry = []Setting{
 	},
 	{
 		Name: "CA_ROOT_CA", Flag: "ca-root", Group: GroupIstio,
-		DerivedDefault: "PROV_CERT/root-cert.pem when PROV_CERT is set, else ./var/run/secrets/istio/root-cert.pem",
+		DerivedDefault: "<MESHAGENT_FILE_MOUNTED_CERTS_DIR>/root-cert.pem for PILOT_CERT_PROVIDER=custom, else PROV_CERT/root-cert.pem when PROV_CERT is set, else none for PILOT_CERT_PROVIDER=none, else ./var/run/secrets/istio/root-cert.pem",
 		Doc:            "Root bundle that verifies the CA's TLS certificate and the certificates it issues; SYSTEM means the system trust store. Watched for changes.",
 		Value:          CARoot(func(c *Config) *string { return &c.CARoot }),
 	},
@@ -37,8 +37,12 @@ var Registry = []Setting{
 	},
 	{
 		Name: "PILOT_CERT_PROVIDER", Default: "istiod", Group: GroupIstio,
-		Doc:   "Who signs the control plane's serving certificate, as in pilot-agent.",
-		Value: Enum(func(c *Config) *string { return &c.PilotCertProvider }, "istiod", "kubernetes", "custom", "none"),
+		Doc: "Who signs the control plane's serving certificate; it chooses the default CA root, as in pilot-agent. " +
+			"istiod: ./var/run/secrets/istio/root-cert.pem. custom: <MESHAGENT_FILE_MOUNTED_CERTS_DIR>/root-cert.pem. " +
+			"none: no default root, so CA_ROOT_CA or PROV_CERT must be set (except with FILE_MOUNTED_CERTS=true or in dev mode, where the xDS proxy still needs XDS_ROOT_CA or the file-mounted root); the agent refuses to start otherwise. " +
+			"kubernetes is accepted and treated as istiod, with a warning at start-up.",
+		Value:  Enum(func(c *Config) *string { return &c.PilotCertProvider }, CertProviderIstiod, CertProviderKubernetes, CertProviderCustom, CertProviderNone),
+		Unused: pilotCertProviderUnused,
 	},
 	{
 		Name: "ISTIOD_SAN", Group: GroupIstio,
@@ -79,6 +83,12 @@ var Registry = []Setting{
 		Value:          Label(func(c *Config) *string { return &c.ServiceAccount }),
 	},
 	{
+		Name: "INSTANCE_IP", Group: GroupIstio,
+		DerivedDefault: "the host's first non-loopback, non-link-local address (IPv4 first), else 127.0.0.1",
+		Doc:            "IP address of the workload; the second field of the gRPC bootstrap's node ID (sidecar~<INSTANCE_IP>~<POD_NAME>.<POD_NAMESPACE>~<POD_NAMESPACE>.svc.cluster.local).",
+		Value:          IP(func(c *Config) *string { return &c.InstanceIP }),
+	},
+	{
 		Name: "ISTIO_META_CLUSTER_ID", Group: GroupIstio,
 		Doc:   "Cluster ID, sent to the CA and the control plane as ClusterID gRPC metadata.",
 		Value: String(func(c *Config) *string { return &c.ClusterID }),
@@ -95,13 +105,15 @@ var Registry = []Setting{
 	},
 	{
 		Name: "CREDENTIAL_FETCHER_TYPE", Default: "JWT", Group: GroupIstio,
-		Doc:   "Where the bearer token comes from; JWT reads the token file.",
-		Value: Enum(func(c *Config) *string { return &c.CredentialFetcherType }, "JWT"),
+		Doc:    "Where the bearer token comes from; JWT reads the token file (MESHAGENT_TOKEN_PATH), the only fetcher so far: setting it has no effect, and a warning says so at start-up.",
+		Value:  Enum(func(c *Config) *string { return &c.CredentialFetcherType }, "JWT"),
+		Unused: ignoredWhenSet("the token always comes from the token file (MESHAGENT_TOKEN_PATH)"),
 	},
 	{
 		Name: "CREDENTIAL_IDENTITY_PROVIDER", Group: GroupIstio,
-		Doc:   "Identity provider of the credential fetcher, as in pilot-agent.",
-		Value: String(func(c *Config) *string { return &c.CredentialIdentityProvider }),
+		Doc:    "Audience of tokens a credential fetcher asks for; no fetcher uses it yet (the token file is read as it is): setting it has no effect, and a warning says so at start-up.",
+		Value:  String(func(c *Config) *string { return &c.CredentialIdentityProvider }),
+		Unused: ignoredWhenSet("the token file is read as it is, whatever its audience"),
 	},
 	{
 		Name: "PROV_CERT", Flag: "prov-cert", Group: GroupIstio,

@@ -2,6 +2,7 @@ package settings
 
 import (
 	"errors"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -17,6 +18,9 @@ type Input struct {
 	// FileExists reports whether a file exists; it decides the derived
 	// XDS_ROOT_CA. Nil means a stat relative to the working directory.
 	FileExists func(path string) bool
+	// InterfaceAddrs lists the host's addresses; it decides the derived
+	// INSTANCE_IP. Nil means net.InterfaceAddrs.
+	InterfaceAddrs func() ([]net.Addr, error)
 }
 
 // Resolve turns defaults, the environment and flags into a Config: a flag

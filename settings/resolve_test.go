@@ -2,6 +2,7 @@ package settings
 
 import (
 	"errors"
+	"net"
 	"reflect"
 	"slices"
 	"strings"
@@ -13,7 +14,8 @@ import (
 
 func resolve(t *testing.T, env []string, flags map[string]string) *Config {
 	t.Helper()
-	c, err := Resolve(Input{Env: env, Flags: flags, FileExists: func(string) bool { return false }})
+	noAddrs := func() ([]net.Addr, error) { return nil, nil }
+	c, err := Resolve(Input{Env: env, Flags: flags, FileExists: func(string) bool { return false }, InterfaceAddrs: noAddrs})
 	if err != nil {
 		t.Fatalf("Resolve: %v", err)
 	}
@@ -83,7 +85,7 @@ func TestDefaults(t *testing.T) {
 		LinkerdIdentityServiceName: "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local",
 		SDSSocket:                  "./var/run/secrets/workload-spiffe-uds/socket", XDSSocket: "./etc/istio/proxy/XDS",
 		WorkloadCredentialsDir: "./var/run/secrets/workload-spiffe-credentials", FileMountedCertsDir: "./etc/certs",
-		TokenPath: "./var/run/secrets/tokens/istio-token", LogLevel: "info",
+		TokenPath: "./var/run/secrets/tokens/istio-token", LogLevel: "info", InstanceIP: "127.0.0.1",
 	}
 	c.rows, c.proxyStatusPort = nil, 0
 	if len(c.CAHeaders) != 0 || len(c.XDSHeaders) != 0 {
@@ -287,8 +289,8 @@ func TestKeyType(t *testing.T) {
 			if c.KeyType != tt.want {
 				t.Errorf("key type %s, want %s", c.KeyType, tt.want)
 			}
-			if _, err := pki.ParseKeyType(string(c.KeyType)); err != nil {
-				t.Error(err)
+			if !slices.Contains(pki.KeyTypes, c.KeyType) {
+				t.Errorf("key type %s is not one of pki.KeyTypes", c.KeyType)
 			}
 			if r := row(t, c, "MESHAGENT_KEY_TYPE"); r.Source != tt.source {
 				t.Errorf("source %s, want %s", r.Source, tt.source)
@@ -379,5 +381,130 @@ func TestIdentity(t *testing.T) {
 	id, err = dev.Identity()
 	if err != nil || id.SPIFFEID != "spiffe://cluster.local/ns/default/sa/default" {
 		t.Errorf("dev identity %v, %v", id, err)
+	}
+}
+
+func TestInstanceIP(t *testing.T) {
+	addrs := func(list ...string) func() ([]net.Addr, error) {
+		return func() ([]net.Addr, error) {
+			var out []net.Addr
+			for _, s := range list {
+				ip, n, err := net.ParseCIDR(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n.IP = ip
+				out = append(out, n)
+			}
+			return out, nil
+		}
+	}
+	tests := []struct {
+		name  string
+		env   []string
+		addrs func() ([]net.Addr, error)
+		want  string
+	}{
+		{"set", []string{"INSTANCE_IP=10.1.2.3"}, addrs("192.168.0.9/24"), "10.1.2.3"},
+		{"set v6 canonical", []string{"INSTANCE_IP=FD00:0::1"}, nil, "fd00::1"},
+		{"first usable v4", nil, addrs("127.0.0.1/8", "fe80::1/64", "2001:db8::5/64", "10.0.0.7/24", "10.0.0.8/24"), "10.0.0.7"},
+		{"v6 when no v4", nil, addrs("127.0.0.1/8", "::1/128", "fe80::1/64", "2001:db8::5/64"), "2001:db8::5"},
+		{"loopback only", nil, addrs("127.0.0.1/8", "::1/128"), "127.0.0.1"},
+		{"no interfaces", nil, func() ([]net.Addr, error) { return nil, errors.New("no") }, "127.0.0.1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Resolve(Input{Env: tt.env, FileExists: func(string) bool { return false }, InterfaceAddrs: tt.addrs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.InstanceIP != tt.want {
+				t.Errorf("InstanceIP = %q, want %q", c.InstanceIP, tt.want)
+			}
+		})
+	}
+	_, err := Resolve(Input{Env: []string{"INSTANCE_IP=10.1.2"}})
+	var ie *InvalidError
+	if !errors.As(err, &ie) || ie.Name != "INSTANCE_IP" {
+		t.Fatalf("INSTANCE_IP=10.1.2: %v, want an InvalidError naming INSTANCE_IP", err)
+	}
+}
+
+func TestPilotCertProviderChoosesTheCARoot(t *testing.T) {
+	tests := []struct {
+		name     string
+		env      []string
+		wantCA   string
+		wantNote string
+	}{
+		{"istiod", nil, "./var/run/secrets/istio/root-cert.pem", ""},
+		{"custom", []string{"PILOT_CERT_PROVIDER=custom"}, "etc/certs/root-cert.pem", "PILOT_CERT_PROVIDER=custom"},
+		{"custom before PROV_CERT", []string{"PILOT_CERT_PROVIDER=custom", "PROV_CERT=/prov", "MESHAGENT_FILE_MOUNTED_CERTS_DIR=/mounted"}, "/mounted/root-cert.pem", "PILOT_CERT_PROVIDER=custom"},
+		{"CA_ROOT_CA wins", []string{"PILOT_CERT_PROVIDER=custom", "CA_ROOT_CA=/ca.pem"}, "/ca.pem", ""},
+		{"none with PROV_CERT", []string{"PILOT_CERT_PROVIDER=none", "PROV_CERT=/prov"}, "/prov/root-cert.pem", "from PROV_CERT"},
+		{"none with CA_ROOT_CA", []string{"PILOT_CERT_PROVIDER=none", "CA_ROOT_CA=SYSTEM"}, "SYSTEM", ""},
+		{"kubernetes as istiod", []string{"PILOT_CERT_PROVIDER=kubernetes"}, "./var/run/secrets/istio/root-cert.pem", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := resolve(t, tt.env, nil)
+			if c.CARoot != tt.wantCA {
+				t.Errorf("CARoot = %q, want %q", c.CARoot, tt.wantCA)
+			}
+			if n := row(t, c, "CA_ROOT_CA").Note; n != tt.wantNote {
+				t.Errorf("CA_ROOT_CA note = %q, want %q", n, tt.wantNote)
+			}
+		})
+	}
+}
+
+func TestPilotCertProviderNoneNeedsARoot(t *testing.T) {
+	for _, env := range [][]string{
+		{"PILOT_CERT_PROVIDER=none"},
+		{"PILOT_CERT_PROVIDER=none", "FILE_MOUNTED_CERTS=true"}, // the xDS proxy still needs one
+	} {
+		_, err := Resolve(Input{Env: env, FileExists: func(string) bool { return false }})
+		var ie *InvalidError
+		if !errors.As(err, &ie) || ie.Name != "PILOT_CERT_PROVIDER" || ie.Value != "none" || !strings.Contains(ie.Why, "_ROOT_CA") {
+			t.Errorf("%v: %v, want an InvalidError naming PILOT_CERT_PROVIDER and the root to set", env, err)
+		}
+	}
+	// No CA and no xDS proxy: nothing to verify, nothing to refuse.
+	if _, err := Resolve(Input{Env: []string{"PILOT_CERT_PROVIDER=none", "FILE_MOUNTED_CERTS=true", "MESHAGENT_XDS_PROXY=false"}}); err != nil {
+		t.Errorf("file-mounted certificates without the xDS proxy: %v", err)
+	}
+	// The file-mounted root serves the xDS proxy.
+	c, err := Resolve(Input{Env: []string{"PILOT_CERT_PROVIDER=none", "FILE_MOUNTED_CERTS=true"}, FileExists: func(string) bool { return true }})
+	if err != nil || c.XDSRoot != "etc/certs/root-cert.pem" {
+		t.Errorf("file-mounted root for xDS: %v, %q", err, c.XDSRoot)
+	}
+}
+
+func TestWarningsNameSettingsWithoutEffect(t *testing.T) {
+	tests := []struct {
+		name string
+		env  []string
+		want []string
+	}{
+		{"defaults", nil, nil},
+		{"fetcher set", []string{"CREDENTIAL_FETCHER_TYPE=JWT"}, []string{"CREDENTIAL_FETCHER_TYPE"}},
+		{"identity provider", []string{"CREDENTIAL_IDENTITY_PROVIDER=https://issuer"}, []string{"CREDENTIAL_IDENTITY_PROVIDER"}},
+		{"kubernetes", []string{"PILOT_CERT_PROVIDER=kubernetes"}, []string{"PILOT_CERT_PROVIDER"}},
+		{"custom is honoured", []string{"PILOT_CERT_PROVIDER=custom"}, nil},
+		{"istiod set", []string{"PILOT_CERT_PROVIDER=istiod"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, w := range resolve(t, tt.env, nil).Warnings() {
+				got = append(got, w.Name)
+				if w.Why == "" || !strings.Contains(w.String(), w.Name+"=") {
+					t.Errorf("warning %q does not say what and why", w)
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("warnings for %v: %v, want %v", tt.env, got, tt.want)
+			}
+		})
 	}
 }

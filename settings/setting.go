@@ -39,6 +39,11 @@ type Setting struct {
 	Group Group
 	// Value parses, checks and stores the setting into Config.
 	Value Value
+	// Unused, when set, says why the resolved value has no effect, or
+	// returns "" when it has one. Config.Warnings collects these for the
+	// agent to log at start-up; a setting loses its Unused once the agent
+	// acts on every value it accepts.
+	Unused func(c *Config, set bool) string
 }
 
 // Prefix reports whether the setting collects every variable starting with a

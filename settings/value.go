@@ -433,3 +433,20 @@ func checkLabel(s string) error {
 	}
 	return nil
 }
+
+// IP is an IPv4 or IPv6 address, stored in its canonical text form.
+func IP(field func(*Config) *string) Value {
+	return Value{
+		Type:     "IP address",
+		Accepted: "an IPv4 or IPv6 address",
+		set: func(c *Config, raw string) error {
+			ip := net.ParseIP(strings.TrimSpace(raw))
+			if ip == nil {
+				return reason("want an IPv4 or IPv6 address")
+			}
+			*field(c) = ip.String()
+			return nil
+		},
+		get: func(c *Config) string { return *field(c) },
+	}
+}

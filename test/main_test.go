@@ -4,9 +4,15 @@
 package test
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(inotifyHogEnv) == "1" {
+		os.Exit(hogInotify())
+	}
+	goleak.VerifyTestMain(m)
+}

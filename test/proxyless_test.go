@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -88,7 +89,10 @@ func pxAgentBinary(t *testing.T) string {
 
 // pxAgent is one agent process with its own working directory.
 type pxAgent struct {
-	name      string
+	name string
+	// nodeID is the node ID the agent must present to the control plane,
+	// built from the agent's inputs (INSTANCE_IP, POD_NAME, POD_NAMESPACE).
+	nodeID    string
 	dir       string
 	certs     string
 	bootstrap string
@@ -115,8 +119,9 @@ func (a *pxAgent) logs() string {
 	return a.log.String()
 }
 
-// startPxAgent runs the agent binary for service account sa.
-func startPxAgent(t *testing.T, bin string, ca *istioca.Server, xs *xdsserver.Server, rootPath, sa string) *pxAgent {
+// startPxAgent runs the agent binary for service account sa, with
+// INSTANCE_IP instanceIP.
+func startPxAgent(t *testing.T, bin string, ca *istioca.Server, xs *xdsserver.Server, rootPath, sa, instanceIP string) *pxAgent {
 	t.Helper()
 	// Short, so the xDS socket path fits a Unix socket address.
 	dir, err := os.MkdirTemp("", "px")
@@ -130,8 +135,10 @@ func startPxAgent(t *testing.T, bin string, ca *istioca.Server, xs *xdsserver.Se
 	if err := os.WriteFile(tokenPath, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	pod := sa + "-pod"
 	a := &pxAgent{
 		name:      sa,
+		nodeID:    "sidecar~" + instanceIP + "~" + pod + "." + pxNamespace + "~" + pxNamespace + ".svc.cluster.local",
 		dir:       dir,
 		certs:     filepath.Join(dir, "certs"),
 		bootstrap: filepath.Join(dir, "grpc-bootstrap.json"),
@@ -154,7 +161,8 @@ func startPxAgent(t *testing.T, bin string, ca *istioca.Server, xs *xdsserver.Se
 		"ISTIOD_SAN=" + istioca.DefaultServerName,
 		"PROXY_CONFIG=" + string(proxyConfig),
 		"SECRET_TTL=" + pxSecretTTL.String(),
-		"POD_NAME=" + sa + "-pod",
+		"POD_NAME=" + pod,
+		"INSTANCE_IP=" + instanceIP,
 		"POD_NAMESPACE=" + pxNamespace,
 		"SERVICE_ACCOUNT=" + sa,
 		"MESHAGENT_TOKEN_PATH=" + tokenPath,
@@ -214,20 +222,25 @@ func (a *pxAgent) bootstrapJSON(t *testing.T) []byte {
 	return b
 }
 
-func (a *pxAgent) nodeID(t *testing.T) string {
-	t.Helper()
-	var bs struct {
-		Node struct {
-			ID string `json:"id"`
-		} `json:"node"`
+// pxReceivedNodeIDs maps each bearer token to the node IDs the control
+// plane received on streams carrying it.
+func pxReceivedNodeIDs(xs *xdsserver.Server) map[string][]string {
+	out := map[string][]string{}
+	for _, c := range xs.Calls() {
+		for _, auth := range c.Metadata.Get("authorization") {
+			for _, r := range c.Requests {
+				if id := r.GetNode().GetId(); id != "" && !slices.Contains(out[auth], id) {
+					out[auth] = append(out[auth], id)
+				}
+			}
+			for _, r := range c.DeltaRequests {
+				if id := r.GetNode().GetId(); id != "" && !slices.Contains(out[auth], id) {
+					out[auth] = append(out[auth], id)
+				}
+			}
+		}
 	}
-	if err := json.Unmarshal(a.bootstrapJSON(t), &bs); err != nil {
-		t.Fatal(err)
-	}
-	if bs.Node.ID == "" {
-		t.Fatalf("agent %s: bootstrap without a node id", a.name)
-	}
-	return bs.Node.ID
+	return out
 }
 
 // leaf is the current leaf certificate in OUTPUT_CERTS (nil while the file
@@ -455,9 +468,10 @@ func TestProxylessGRPCWithAgentBootstraps(t *testing.T) {
 	if err := os.WriteFile(rootPath, ca.RootPEM(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	serverAgent := startPxAgent(t, bin, ca, xs, rootPath, "server")
-	clientAgent := startPxAgent(t, bin, ca, xs, rootPath, "client")
-	otherAgent := startPxAgent(t, bin, ca, xs, rootPath, "other")
+	// INSTANCE_IP only names the workload in its node ID; nothing dials it.
+	serverAgent := startPxAgent(t, bin, ca, xs, rootPath, "server", "10.20.0.1")
+	clientAgent := startPxAgent(t, bin, ca, xs, rootPath, "client", "10.20.0.2")
+	otherAgent := startPxAgent(t, bin, ca, xs, rootPath, "other", "fd00::3")
 	agents := []*pxAgent{serverAgent, clientAgent, otherAgent}
 	for _, a := range agents {
 		a.waitReady(t)
@@ -471,8 +485,10 @@ func TestProxylessGRPCWithAgentBootstraps(t *testing.T) {
 	}
 	port := lis.Addr().(*net.TCPAddr).Port
 	res := pxResources(t, port, serverID, clientID)
+	// The configuration is keyed by the node ID istiod would parse: an agent
+	// presenting any other ID gets nothing.
 	for _, a := range agents {
-		if err := xs.SetResources(a.nodeID(t), "1", res); err != nil {
+		if err := xs.SetResources(a.nodeID, "1", res); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -514,7 +530,7 @@ func TestProxylessGRPCWithAgentBootstraps(t *testing.T) {
 			t.Fatalf("the xDS server did not start serving: %v", err)
 		}
 	case <-time.After(15 * time.Second):
-		t.Fatal("the xDS server got no listener through the agent's xDS proxy")
+		t.Fatalf("the xDS server got no listener through the agent's xDS proxy (want node ID %q; the control plane received %v)", serverAgent.nodeID, pxReceivedNodeIDs(xs))
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
@@ -610,6 +626,13 @@ func TestProxylessGRPCWithAgentBootstraps(t *testing.T) {
 	for _, a := range agents {
 		if !tokens["Bearer token-"+a.name] {
 			t.Errorf("no xDS stream from agent %s reached the control plane (saw %v)", a.name, tokens)
+		}
+	}
+	// Each agent's streams carried exactly the node ID built from its inputs.
+	received := pxReceivedNodeIDs(xs)
+	for _, a := range agents {
+		if got := received["Bearer token-"+a.name]; !slices.Equal(got, []string{a.nodeID}) {
+			t.Errorf("agent %s: the control plane received node IDs %q, want exactly %q", a.name, got, a.nodeID)
 		}
 	}
 	if seen != newSerial && (serverAgent.leaf() == nil || seen != serverAgent.leaf().SerialNumber.String()) {

@@ -15,7 +15,8 @@ import (
 // workload certificate are shared with the rest of the agent and read
 // afresh at every upstream connection.
 func ExampleNew() {
-	xdsRoots := caclient.NewSwappableRoots(x509.NewCertPool()) // updated by the root watcher
+	// The agent passes its watched root bundle; any caclient.RootSource does.
+	xdsRoots := caclient.StaticRoots{Pool: x509.NewCertPool()}
 	workloadCert := func() (*tls.Certificate, error) {
 		return nil, nil // the secret manager's current certificate
 	}

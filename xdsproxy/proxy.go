@@ -16,17 +16,18 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/sockprobe"
 )
 
 var (
 	// ErrNotReady is wrapped by Ready until an upstream has answered.
 	ErrNotReady = errors.New("xds proxy: no answer from the control plane yet")
-	// ErrSocketInUse is returned by Run when another process answers on the
-	// socket path.
-	ErrSocketInUse = errors.New("xds proxy socket is in use by another process")
-	// ErrNotSocket is returned by Run when something other than a socket is
-	// at the socket path.
-	ErrNotSocket = errors.New("xds proxy socket path holds a file that is not a socket")
+	// ErrSocketInUse is wrapped by Run's error when another process answers
+	// on the socket path.
+	ErrSocketInUse = sockprobe.ErrInUse
+	// ErrNotSocket is wrapped by Run's error when something other than a
+	// socket is at the socket path.
+	ErrNotSocket = sockprobe.ErrNotSocket
 )
 
 // Socket permissions, as pilot-agent sets them: the directory keeps out
@@ -203,8 +204,8 @@ func listen(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), socketDirMode); err != nil {
 		return nil, fmt.Errorf("creating xds proxy socket directory: %w", err)
 	}
-	if err := removeStale(path); err != nil {
-		return nil, err
+	if _, err := sockprobe.RemoveStale(context.Background(), path, staleProbeTimeout, sockprobe.Connect); err != nil {
+		return nil, fmt.Errorf("xds proxy socket: %w", err)
 	}
 	lis, err := net.Listen("unix", path)
 	if err != nil {
@@ -215,26 +216,4 @@ func listen(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("setting xds proxy socket mode: %w", err)
 	}
 	return lis, nil
-}
-
-// removeStale removes a socket nobody answers on.
-func removeStale(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("checking xds proxy socket path: %w", err)
-	}
-	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("%w: %s", ErrNotSocket, path)
-	}
-	if c, err := net.DialTimeout("unix", path, staleProbeTimeout); err == nil {
-		_ = c.Close()
-		return fmt.Errorf("%w: %s", ErrSocketInUse, path)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("removing stale xds proxy socket: %w", err)
-	}
-	return nil
 }

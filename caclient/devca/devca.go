@@ -117,7 +117,7 @@ func checkCSR(csr *x509.CertificateRequest, id pki.Identity) error {
 	}
 	switch {
 	case id.SPIFFEID != "":
-		if len(csr.URIs) != 1 || len(csr.DNSNames) != 0 || csr.URIs[0].String() != id.SPIFFEID {
+		if len(csr.URIs) != 1 || len(csr.DNSNames) != 0 || !(pki.Identity{SPIFFEID: csr.URIs[0].String()}).Matches(id) {
 			return fmt.Errorf("%w: want exactly the URI SAN %s", ErrBadCSR, id)
 		}
 		if csr.Subject.CommonName != "" {

@@ -32,7 +32,7 @@ func ExampleNew() {
 		Transport: caclient.TransportConfig{
 			Addr:      addr,
 			Plaintext: istio.PlaintextPort(addr),
-			Roots:     caclient.NewSwappableRoots(pki.CertPool(roots)),
+			Roots:     caclient.StaticRoots{Pool: pki.CertPool(roots)},
 			Token:     credfetcher.File{Path: "./var/run/secrets/tokens/istio-token"},
 			Metadata:  map[string]string{"ClusterID": "Kubernetes"},
 		},

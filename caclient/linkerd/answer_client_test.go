@@ -55,9 +55,6 @@ func TestMalformedAnswers(t *testing.T) {
 			if !errors.Is(err, linkerd.ErrMalformedAnswer) {
 				t.Fatalf("Sign: %d certificates, error %v; want ErrMalformedAnswer", len(chain), err)
 			}
-			if linkerd.Retryable(err) {
-				t.Error("a malformed answer is retryable")
-			}
 			if got := e.outcomes("malformed_answer"); got != 1 {
 				t.Errorf("requests_total{outcome=malformed_answer} = %v, want 1", got)
 			}
@@ -110,8 +107,8 @@ func TestRecoversAfterRestart(t *testing.T) {
 	}
 	e.s.Stop()
 	_, err := e.sign(t)
-	if status.Code(err) != codes.Unavailable || !linkerd.Retryable(err) {
-		t.Fatalf("Sign with the service down: %v, want retryable Unavailable", err)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Sign with the service down: %v, want Unavailable", err)
 	}
 	e.s.Restart(t)
 	start := time.Now()
@@ -128,8 +125,8 @@ func TestSlowServiceTimesOut(t *testing.T) {
 	e.s.SetDelay(time.Hour)
 	start := time.Now()
 	_, err := e.sign(t)
-	if status.Code(err) != codes.DeadlineExceeded || !linkerd.Retryable(err) {
-		t.Fatalf("Sign: %v, want retryable DeadlineExceeded", err)
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("Sign: %v, want DeadlineExceeded", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("Sign took %s with a 200ms timeout", d)
@@ -148,8 +145,8 @@ func TestCallerCancels(t *testing.T) {
 		cancel()
 	}()
 	_, err := e.c.Sign(ctx, e.csr, webID, 0)
-	if status.Code(err) != codes.Canceled || linkerd.Retryable(err) {
-		t.Fatalf("Sign: %v, want Canceled, not retryable", err)
+	if status.Code(err) != codes.Canceled {
+		t.Fatalf("Sign: %v, want Canceled", err)
 	}
 }
 
@@ -310,29 +307,5 @@ func TestNewTwiceSameRegistry(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = c.Close()
-	}
-}
-
-func TestRetryable(t *testing.T) {
-	tests := []struct {
-		err  error
-		want bool
-	}{
-		{nil, false},
-		{errors.New("plain"), false},
-		{status.Error(codes.Unavailable, "x"), true},
-		{status.Error(codes.DeadlineExceeded, "x"), true},
-		{status.Error(codes.ResourceExhausted, "x"), true},
-		{status.Error(codes.Internal, "x"), true},
-		{status.Error(codes.InvalidArgument, "x"), false},
-		{status.Error(codes.FailedPrecondition, "x"), false},
-		{status.Error(codes.Canceled, "x"), false},
-		{errors.Join(errors.New("wrapped"), status.Error(codes.Unavailable, "x")), true},
-		{caclient.ErrUnverifiedPeer, false},
-	}
-	for _, tt := range tests {
-		if got := linkerd.Retryable(tt.err); got != tt.want {
-			t.Errorf("Retryable(%v) = %v, want %v", tt.err, got, tt.want)
-		}
 	}
 }

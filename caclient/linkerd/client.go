@@ -141,8 +141,7 @@ func (c *Client) ServerName() string { return c.serverName }
 // verified peer (see the package doc). The answer is parsed but not judged:
 // the caller checks it with pki.VerifyIssued.
 //
-// Errors keep the gRPC status in their chain (status.Code works on them);
-// Retryable tells which are worth retrying soon. A refusal to send the token
+// Errors keep the gRPC status in their chain (status.Code works on them). A refusal to send the token
 // wraps caclient.ErrUnverifiedPeer; a bad answer wraps ErrMalformedAnswer.
 func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.Duration) ([]*x509.Certificate, error) {
 	if id.DNSName == "" {

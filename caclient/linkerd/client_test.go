@@ -230,9 +230,6 @@ func TestTokenWithheldWhenTransportDoesNotVerify(t *testing.T) {
 	if !errors.Is(err, caclient.ErrUnverifiedPeer) {
 		t.Fatalf("Sign error %v, want ErrUnverifiedPeer", err)
 	}
-	if linkerd.Retryable(err) {
-		t.Error("refusal to send the token is retryable")
-	}
 	if n := len(e.s.Requests()); n != 0 {
 		t.Fatalf("server saw %d requests (tokens %q)", n, e.s.Tokens())
 	}
@@ -263,10 +260,9 @@ func TestPlaintextLoopback(t *testing.T) {
 
 func TestServiceErrors(t *testing.T) {
 	tests := []struct {
-		name      string
-		prepare   func(t *testing.T, e *env)
-		want      codes.Code
-		retryable bool
+		name    string
+		prepare func(t *testing.T, e *env)
+		want    codes.Code
 	}{
 		{
 			name:    "bad token",
@@ -295,16 +291,14 @@ func TestServiceErrors(t *testing.T) {
 			want:    codes.FailedPrecondition,
 		},
 		{
-			name:      "issuer not ready",
-			prepare:   func(t *testing.T, e *env) { e.s.SetReady(false) },
-			want:      codes.Unavailable,
-			retryable: true,
+			name:    "issuer not ready",
+			prepare: func(t *testing.T, e *env) { e.s.SetReady(false) },
+			want:    codes.Unavailable,
 		},
 		{
-			name:      "service down",
-			prepare:   func(t *testing.T, e *env) { e.s.Stop() },
-			want:      codes.Unavailable,
-			retryable: true,
+			name:    "service down",
+			prepare: func(t *testing.T, e *env) { e.s.Stop() },
+			want:    codes.Unavailable,
 		},
 	}
 	for _, tt := range tests {
@@ -321,9 +315,6 @@ func TestServiceErrors(t *testing.T) {
 			var se interface{ GRPCStatus() *status.Status }
 			if !errors.As(err, &se) {
 				t.Errorf("gRPC status not in the error chain: %v", err)
-			}
-			if got := linkerd.Retryable(err); got != tt.retryable {
-				t.Errorf("Retryable = %v, want %v", got, tt.retryable)
 			}
 			if got := e.outcomes(tt.want.String()); got != 1 {
 				t.Errorf("requests_total{outcome=%s} = %v, want 1", tt.want, got)

@@ -7,7 +7,7 @@
 // metadata, is only placed in the body once the connection that will carry it
 // has shown a TLS peer with the expected identity-service name (or is a
 // plaintext connection to a loopback address), the parsing of the answer (DER leaf and intermediates, checked
-// against valid_until), the error classification (Retryable) and the request
+// against valid_until) and the request
 // metrics. It does not own the TLS verification itself (caclient.Dial checks
 // the peer against the trust anchors at every handshake), where tokens come
 // from (credfetcher), retries and rotation (the secret manager), nor the

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 	"os/signal"
 	"syscall"
 
@@ -15,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/meshagent/meshagent/internal/sockprobe"
 	"github.com/meshagent/meshagent/logging"
 	"github.com/meshagent/meshagent/settings"
 	"github.com/meshagent/meshagent/status"
@@ -61,8 +60,11 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 
 	mode := selectMode(ctx, cfg)
 	log.Info("starting meshagent", zap.String(keyVersion, version), zap.String(keyMode, string(mode.Mode)), zap.String(keyReason, mode.Reason))
+	for _, w := range cfg.Warnings() {
+		log.Warn("setting has no effect", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
+	}
 	if mode.StaleSocket {
-		removeStaleSocket(log, cfg.SDSSocket)
+		removeStaleSocket(ctx, log, cfg.SDSSocket)
 	}
 
 	a := &agent{cfg: cfg, log: log, base: base, reg: newRegistry(mode), mode: mode, served: newServed()}
@@ -156,17 +158,17 @@ func runComponents(ctx context.Context, log *zap.Logger, cs []component) error {
 	return g.Wait()
 }
 
-// removeStaleSocket deletes a socket that answered nothing at the SDS path.
-func removeStaleSocket(log *zap.Logger, path string) {
-	st, err := os.Lstat(path)
-	if err != nil || st.Mode().Type() != fs.ModeSocket {
-		return
-	}
-	if err := os.Remove(path); err != nil {
+// removeStaleSocket deletes the socket at the SDS path if it still answers
+// no gRPC dial (SPEC 5.1).
+func removeStaleSocket(ctx context.Context, log *zap.Logger, path string) {
+	removed, err := sockprobe.RemoveStale(ctx, path, sdsProbeTimeout, sockprobe.GRPC)
+	if err != nil {
 		log.Warn("cannot remove stale SDS socket", zap.String(keyPath, path), zap.Error(err))
 		return
 	}
-	log.Info("removed stale SDS socket", zap.String(keyPath, path))
+	if removed {
+		log.Info("removed stale SDS socket", zap.String(keyPath, path))
+	}
 }
 
 // newRegistry makes the metrics registry every component registers with.

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // blocker runs until ctx ends and counts how often it stopped.
@@ -52,16 +54,54 @@ func TestRunComponents(t *testing.T) {
 		}
 	})
 	t.Run("a finite component does not stop the rest", func(t *testing.T) {
-		var stopped atomic.Int32
+		core, logs := observer.New(zapcore.DebugLevel)
 		ctx, cancel := context.WithCancel(context.Background())
-		oneShotDone := make(chan struct{})
-		go func() { <-oneShotDone; time.Sleep(50 * time.Millisecond); cancel() }()
-		err := runComponents(ctx, zap.NewNop(), []component{
-			{name: "a", run: blocker(&stopped)},
-			{name: "writer", finite: true, run: func(context.Context) error { close(oneShotDone); return nil }},
-		})
-		if err != nil || stopped.Load() != 1 {
-			t.Errorf("err %v, stopped %d", err, stopped.Load())
+		defer cancel()
+		ping := make(chan chan error)
+		done := make(chan error, 1)
+		go func() {
+			done <- runComponents(ctx, zap.New(core), []component{
+				{name: "a", run: func(ctx context.Context) error {
+					for {
+						select {
+						case <-ctx.Done():
+							return nil
+						case reply := <-ping:
+							reply <- ctx.Err()
+						}
+					}
+				}},
+				{name: "writer", finite: true, run: func(context.Context) error { return nil }},
+			})
+		}()
+		// Wait until runComponents has dealt with the writer's return.
+		writer := func() []observer.LoggedEntry {
+			return logs.FilterField(zap.String(keyComponent, "writer")).All()
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for len(writer()) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("runComponents logged nothing about the finished writer")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if msg := writer()[0].Message; msg != "component finished" {
+			t.Fatalf("the writer's return was handled as %q, want \"component finished\"", msg)
+		}
+		// The other component still runs, with a live context, and
+		// runComponents has not returned.
+		reply := make(chan error)
+		select {
+		case ping <- reply:
+			if err := <-reply; err != nil {
+				t.Fatalf("the other component's context ended: %v", err)
+			}
+		case err := <-done:
+			t.Fatalf("runComponents returned %v after a finite component finished", err)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("err %v after cancel", err)
 		}
 	})
 	t.Run("context.Canceled while stopping is not a failure", func(t *testing.T) {

@@ -13,6 +13,8 @@ import (
 type configReport struct {
 	Settings []settings.Row `json:"settings"`
 	Mode     ModeDecision   `json:"mode"`
+	// Warnings name the settings whose value has no effect.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // printConfig writes every setting with its value and source, and the mode.
@@ -20,7 +22,11 @@ func printConfig(w io.Writer, cfg *settings.Config, mode ModeDecision, format st
 	if format == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(configReport{Settings: cfg.Table(), Mode: mode})
+		var warnings []string
+		for _, wn := range cfg.Warnings() {
+			warnings = append(warnings, wn.String())
+		}
+		return enc.Encode(configReport{Settings: cfg.Table(), Mode: mode, Warnings: warnings})
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SETTING\tVALUE\tSOURCE\tNOTE")
@@ -33,6 +39,9 @@ func printConfig(w io.Writer, cfg *settings.Config, mode ModeDecision, format st
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, wn := range cfg.Warnings() {
+		fmt.Fprintf(w, "\nwarning: %s", wn)
 	}
 	_, err := fmt.Fprintf(w, "\nmode: %s (%s)\n", mode.Mode, mode.Reason)
 	return err

@@ -9,4 +9,6 @@ const (
 	keyPath      = "path"
 	keyIdentity  = "identity"
 	keyRoot      = "root_serial"
+	keySetting   = "setting"
+	keyValue     = "value"
 )

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +114,7 @@ func TestInvalidSettingExits2WithOneLine(t *testing.T) {
 		{"bool flag", nil, []string{"run", "--dev=maybe"}, `invalid --dev="maybe": accepted: true or false`},
 		{"identity", []string{"SERVICE_ACCOUNT=web"}, []string{"run"}, `POD_NAMESPACE is not set: it names the workload identity`},
 		{"unknown command", nil, []string{"serve"}, `meshagent: unknown command "serve" for "meshagent"`},
+		{"no root for none", []string{"PILOT_CERT_PROVIDER=none"}, []string{"run"}, `invalid PILOT_CERT_PROVIDER="none": no default CA root: set CA_ROOT_CA (a path, or SYSTEM) or PROV_CERT`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -288,5 +290,84 @@ func quit(t *testing.T, base string) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("quit: %d", resp.StatusCode)
+	}
+}
+
+func TestSettingsWithoutEffectAreWarnedAtStartUp(t *testing.T) {
+	t.Chdir(t.TempDir())
+	env := []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "CREDENTIAL_FETCHER_TYPE=JWT",
+		"CREDENTIAL_IDENTITY_PROVIDER=istio-ca", "PILOT_CERT_PROVIDER=kubernetes"}
+	want := []string{"PILOT_CERT_PROVIDER", "CREDENTIAL_FETCHER_TYPE", "CREDENTIAL_IDENTITY_PROVIDER"} // registry order
+
+	code, out, errOut := runCmd(t, env, "config", "--dev")
+	if code != exitOK {
+		t.Fatalf("config: exit %d: %s", code, errOut)
+	}
+	for _, name := range want {
+		if !strings.Contains(out, "warning: "+name+"=") {
+			t.Errorf("config output lacks a warning for %s:\n%s", name, out)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, wait, log := startAgent(t, ctx, env, "--dev")
+	cancel()
+	if code := wait(); code != exitOK {
+		t.Fatalf("exit %d; log:\n%s", code, log)
+	}
+	var warned []string
+	for _, line := range strings.Split(log.String(), "\n") {
+		if !strings.Contains(line, "setting has no effect") {
+			continue
+		}
+		for _, name := range want {
+			if strings.Contains(line, `"setting":"`+name+`"`) {
+				warned = append(warned, name)
+			}
+		}
+	}
+	if !slices.Equal(warned, want) {
+		t.Errorf("start-up warnings for %v, want %v; log:\n%s", warned, want, log)
+	}
+}
+
+func TestRunWritesTheSidecarNodeID(t *testing.T) {
+	t.Chdir(t.TempDir())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env := []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "DISABLE_ENVOY=true",
+		"INSTANCE_IP=10.9.8.7", "POD_NAME=web-0", "POD_NAMESPACE=shop", "SERVICE_ACCOUNT=web", "TRUST_DOMAIN=example.org"}
+	base, wait, log := startAgent(t, ctx, env, "--dev")
+	if code, body := waitReady(t, base); code != 200 {
+		t.Fatalf("ready: %d %q", code, body)
+	}
+	var bs struct {
+		Node struct {
+			ID string `json:"id"`
+		} `json:"node"`
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile("etc/istio/proxy/grpc-bootstrap.json")
+		if err == nil {
+			if err := json.Unmarshal(b, &bs); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no bootstrap written: %v; log:\n%s", err, log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The DNS domain is the namespace's service domain in cluster.local,
+	// whatever the trust domain.
+	if want := "sidecar~10.9.8.7~web-0.shop~shop.svc.cluster.local"; bs.Node.ID != want {
+		t.Errorf("node ID %q, want %q", bs.Node.ID, want)
+	}
+	cancel()
+	if code := wait(); code != exitOK {
+		t.Errorf("exit %d; log:\n%s", code, log)
 	}
 }

@@ -2,18 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
-
+	"github.com/meshagent/meshagent/internal/sockprobe"
 	"github.com/meshagent/meshagent/settings"
 )
 
@@ -52,65 +47,6 @@ type ModeDecision struct {
 	StaleSocket bool `json:"stale_socket,omitempty"`
 }
 
-// socketState is what was found at the SDS socket path.
-type socketState int
-
-const (
-	socketAbsent socketState = iota
-	socketHealthy
-	socketStale
-	socketNotSocket
-)
-
-// probeSocket looks at path: nothing there, a socket that answers a gRPC dial
-// within timeout, a socket that does not, or something that is not a socket.
-// It never changes anything on disk.
-func probeSocket(ctx context.Context, path string, timeout time.Duration) (socketState, error) {
-	st, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return socketAbsent, nil
-	}
-	if err != nil {
-		return socketNotSocket, err
-	}
-	if st.Mode().Type() != fs.ModeSocket {
-		return socketNotSocket, fmt.Errorf("%s is a %s, not a socket", path, describeType(st.Mode()))
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return socketStale, err
-	}
-	conn, err := grpc.NewClient("unix://"+abs, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return socketStale, err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	conn.Connect()
-	for {
-		s := conn.GetState()
-		if s == connectivity.Ready {
-			return socketHealthy, nil
-		}
-		if !conn.WaitForStateChange(ctx, s) {
-			return socketStale, fmt.Errorf("no gRPC answer within %s (last state %s)", timeout, s)
-		}
-	}
-}
-
-func describeType(m fs.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "directory"
-	case m.IsRegular():
-		return "regular file"
-	case m&fs.ModeSymlink != 0:
-		return "symbolic link"
-	}
-	return "special file"
-}
-
 // missingFiles returns the credential files not present in dir.
 func missingFiles(dir string) []string {
 	var missing []string
@@ -133,13 +69,13 @@ func missingFiles(dir string) []string {
 func selectMode(ctx context.Context, cfg *settings.Config) ModeDecision {
 	var notes []string
 	stale := false
-	switch state, err := probeSocket(ctx, cfg.SDSSocket, sdsProbeTimeout); state {
-	case socketHealthy:
+	switch state, err := sockprobe.Probe(ctx, cfg.SDSSocket, sdsProbeTimeout, sockprobe.GRPC); state {
+	case sockprobe.Alive:
 		return ModeDecision{Mode: ModeExternal, Reason: fmt.Sprintf("an SDS server already answers on %s; meshagent will not serve SDS there", cfg.SDSSocket)}
-	case socketStale:
+	case sockprobe.Stale:
 		stale = true
 		notes = append(notes, fmt.Sprintf("stale socket %s will be removed (%v)", cfg.SDSSocket, err))
-	case socketNotSocket:
+	case sockprobe.NotSocket:
 		notes = append(notes, fmt.Sprintf("SDS socket path unusable: %v", err))
 	}
 	decide := func(d ModeDecision) ModeDecision {

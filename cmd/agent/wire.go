@@ -294,26 +294,19 @@ func (a *agent) fileSource(dir, source string) ([]component, error) {
 		g, ctx := errgroup.WithContext(ctx)
 		g.Go(func() error { return pairs.Run(ctx) })
 		g.Go(func() error {
-			for {
-				p, ok, changed := pairs.Current()
-				if ok {
-					sec := &secretmanager.Secret{
-						Name: secretmanager.WorkloadCertName, CertChain: p.ChainPEM, PrivateKey: p.KeyPEM,
-						Leaf: p.Leaf(), NotAfter: p.Leaf().NotAfter, Source: source,
-					}
-					if id, err := pki.IdentityOf(p.Leaf()); err == nil {
-						sec.Identity = id
-					}
-					if err := m.Publish(sec); err != nil {
-						a.log.Warn("certificate files not served", zap.String(keyPath, dir), zap.Error(err))
-					}
+			pairs.Follow(ctx, func(p *certfile.Pair) {
+				sec := &secretmanager.Secret{
+					Name: secretmanager.WorkloadCertName, CertChain: p.ChainPEM, PrivateKey: p.KeyPEM,
+					Leaf: p.Leaf(), NotAfter: p.Leaf().NotAfter, Source: source,
 				}
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-changed:
+				if id, err := pki.IdentityOf(p.Leaf()); err == nil {
+					sec.Identity = id
 				}
-			}
+				if err := m.Publish(sec); err != nil {
+					a.log.Warn("certificate files not served", zap.String(keyPath, dir), zap.Error(err))
+				}
+			})
+			return nil
 		})
 		return g.Wait()
 	}
@@ -329,19 +322,8 @@ func (a *agent) fileConfig() certfile.SourceConfig {
 // watchedRoots loads a root bundle file (or the system roots) and returns a
 // RootSource that follows the file, and the component that watches it.
 func (a *agent) watchedRoots(name, path string) (*secretmanager.Roots, func(context.Context) error, error) {
-	var (
-		src *certfile.Source[*certfile.Bundle]
-		err error
-	)
-	if path == settings.SystemRoots {
-		src, err = certfile.NewSystemBundleSource(a.fileConfig())
-	} else {
-		src, err = certfile.NewBundleSource(a.fileConfig(), path)
-	}
+	src, err := certfile.LoadRootSource(a.fileConfig(), path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s %s: %w", name, path, err)
-	}
-	if _, err := src.Reload(); err != nil {
 		return nil, nil, fmt.Errorf("%s %s: %w", name, path, err)
 	}
 	b, _, _ := src.Current()
@@ -353,19 +335,12 @@ func (a *agent) watchedRoots(name, path string) (*secretmanager.Roots, func(cont
 		g, ctx := errgroup.WithContext(ctx)
 		g.Go(func() error { return src.Run(ctx) })
 		g.Go(func() error {
-			for {
-				b, ok, changed := src.Current()
-				if ok {
-					if err := roots.Set(b.PEM, path); err != nil {
-						a.log.Warn("root bundle not applied", zap.String(keyPath, path), zap.Error(err))
-					}
+			src.Follow(ctx, func(b *certfile.Bundle) {
+				if err := roots.Set(b.PEM, path); err != nil {
+					a.log.Warn("root bundle not applied", zap.String(keyPath, path), zap.Error(err))
 				}
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-changed:
-				}
-			}
+			})
+			return nil
 		})
 		return g.Wait()
 	}
@@ -490,7 +465,7 @@ func (a *agent) writeBootstrap(context.Context) error {
 	}
 	_, err := grpcbootstrap.WriteFile(c.GRPCXDSBootstrap, grpcbootstrap.Config{
 		XDSSocket:    c.XDSSocket,
-		NodeID:       grpcbootstrap.SidecarNodeID("127.0.0.1", pod, ns, ns+".svc."+c.TrustDomain),
+		NodeID:       grpcbootstrap.SidecarNodeID(c.InstanceIP, pod, ns, ""),
 		NodeMetadata: map[string]any{"CLUSTER_ID": c.ClusterID, "NAMESPACE": ns},
 		CertDir:      c.OutputCerts,
 		SecretTTL:    c.SecretTTL,

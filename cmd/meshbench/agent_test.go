@@ -24,15 +24,15 @@ func shellAgent(t *testing.T, script string) *agentProc {
 func TestAgentStopsOnTERM(t *testing.T) {
 	a := shellAgent(t, `trap 'echo stopping; exit 0' TERM; echo started; while :; do sleep 0.01; done`)
 	waitLog(t, a, "started")
-	start := time.Now()
-	a.Stop(5 * time.Second)
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("stopping took %v", d)
-	}
+	a.Stop(time.Minute)
 	select {
 	case <-a.Exited():
 	default:
 		t.Fatal("not exited after Stop")
+	}
+	// It ended by its TERM handler (status 0), not by the kill after the grace.
+	if err := a.ExitErr(); err == nil || err.Error() != "agent exited with status 0" {
+		t.Errorf("exit: %v, want status 0", err)
 	}
 	if !strings.Contains(a.LogTail(), "stopping") {
 		t.Errorf("log %q: TERM handler did not run", a.LogTail())
@@ -44,12 +44,12 @@ func TestAgentStopsOnTERM(t *testing.T) {
 }
 
 func TestAgentKilledAfterGrace(t *testing.T) {
-	a := shellAgent(t, `trap '' TERM; echo started; while :; do sleep 0.01; done`)
+	a := shellAgent(t, `trap 'echo got TERM' TERM; echo started; while :; do sleep 0.01; done`)
 	waitLog(t, a, "started")
-	start := time.Now()
-	a.Stop(200 * time.Millisecond)
-	if d := time.Since(start); d < 200*time.Millisecond || d > 5*time.Second {
-		t.Errorf("stop took %v with a 200ms grace", d)
+	a.Stop(time.Second)
+	// TERM came first and was survived; the kill ended it.
+	if !strings.Contains(a.LogTail(), "got TERM") {
+		t.Errorf("log %q: no TERM before the kill", a.LogTail())
 	}
 	if err := a.ExitErr(); err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Errorf("exit: %v", err)

@@ -46,6 +46,8 @@ type agentParams struct {
 	xdsAddr    string
 	serverName string
 	rootPEM    []byte
+	// uid the agent runs as (its group too); -1 means this process's user.
+	uid int
 }
 
 // startAgent lays out p.dir and starts the agent in it with only the
@@ -96,6 +98,12 @@ func startAgent(p agentParams) (*agent, error) {
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if p.uid >= 0 && p.uid != os.Geteuid() {
+		if err := chownTree(p.dir, p.uid); err != nil {
+			return nil, fmt.Errorf("handing the agent directory to uid %d: %w", p.uid, err)
+		}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(p.uid), Gid: uint32(p.uid)}
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", p.binary, err)
 	}
@@ -105,6 +113,17 @@ func startAgent(p agentParams) (*agent, error) {
 		close(a.exited)
 	}()
 	return a, nil
+}
+
+// chownTree gives dir and everything under it to uid (and the group of the
+// same number).
+func chownTree(dir string, uid int) error {
+	return filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, uid)
+	})
 }
 
 func (a *agent) pid() int               { return a.cmd.Process.Pid }

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -46,7 +47,12 @@ type options struct {
 	duration time.Duration
 	seed     uint64
 	keep     bool
+	agentUID int
 }
+
+// nobody is the user the agent runs as when meshsoak runs as root, so that
+// a directory it may not list is really unwatchable for it.
+const nobody = 65534
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("meshsoak", flag.ContinueOnError)
@@ -56,6 +62,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 3*time.Minute, "how long to inject faults (at most 5m)")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed; 0 picks one")
 	fs.BoolVar(&o.keep, "keep", false, "keep the agent's working directory")
+	defUID := -1
+	if os.Geteuid() == 0 {
+		defUID = nobody
+	}
+	fs.IntVar(&o.agentUID, "agent-uid", defUID, "uid (and gid) to run the agent as; -1 for this user (default nobody when run as root)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -93,6 +104,8 @@ type figures struct {
 	chaos                                 chaosCounts
 	caRequests                            int
 	upstream                              xdsserver.Counts
+	hostile                               hostileCounts
+	budgets                               []budget
 }
 
 func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
@@ -122,13 +135,13 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		logf("starting test servers: %v", err)
 		return 1
 	}
-	a, err := startAgent(agentParams{binary: opts.agent, dir: dir, caAddr: ca.Addr(), xdsAddr: xds.Addr(), serverName: istioca.DefaultServerName, rootPEM: ca.RootPEM()})
+	a, err := startAgent(agentParams{binary: opts.agent, dir: dir, caAddr: ca.Addr(), xdsAddr: xds.Addr(), serverName: istioca.DefaultServerName, rootPEM: ca.RootPEM(), uid: opts.agentUID})
 	if err != nil {
 		logf("%v", err)
 		return 1
 	}
 	defer a.stop(5 * time.Second)
-	logf("agent pid %d, seed %d, duration %s", a.pid(), opts.seed, opts.duration)
+	logf("agent pid %d (uid %d), seed %d, duration %s", a.pid(), opts.agentUID, opts.seed, opts.duration)
 
 	led := newLedger()
 	var f figures
@@ -149,6 +162,11 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		return 1
 	}
 	rng := rand.New(rand.NewPCG(opts.seed, 1))
+	hc, err := newHostile(filepath.Join(dir, "hostile"), a.path(sdsSocket), opts.agentUID, led)
+	if err != nil {
+		logf("laying out the hostile clients' files: %v", err)
+		return 1
+	}
 	pool := &clientPool{socket: a.path(sdsSocket), identity: soakIdentity, led: led}
 	for range numClients {
 		pool.slots = append(pool.slots, &slot{})
@@ -165,6 +183,8 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 	var chaosErr error
 	chaosRng := rand.New(rand.NewPCG(rng.Uint64(), 2))
 	wg.Go(func() { chaosErr = ch.run(loadCtx, chaosRng) })
+	hostileRng := rand.New(rand.NewPCG(rng.Uint64(), 3))
+	wg.Go(func() { hc.run(loadCtx, hostileRng) })
 
 	// Continuous checks.
 	tick := time.NewTicker(time.Second)
@@ -180,6 +200,7 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		}
 		f.checks++
 		f.clientChecks += pool.check(time.Now(), grace)
+		hc.check(time.Now())
 		if f.rssLoad == 0 && time.Now().After(loadRSSAt) {
 			f.rssLoad, _ = rssKB(a.pid())
 		}
@@ -194,6 +215,16 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 	}
 	f.chaos, f.connects, f.slow, f.adsStreams, f.caRequests = ch.counts, pool.connects.Load(), pool.slowOnes.Load(), int64(adsOpened), ca.Requests()
 	f.upstream = xds.Streams()
+	f.hostile = hc.counts()
+	f.budgets = caBudget(ca.CSRs(), budgetWindow)
+	for _, b := range f.budgets {
+		if b.MaxPerWindow > maxCSRsPerIdentityMinute {
+			led.Violate("ca_budget", "%s: %d CSRs in the minute from %s (bound %d)", b.Identity, b.MaxPerWindow, b.At.Format(time.TimeOnly), maxCSRsPerIdentityMinute)
+		}
+	}
+	if f.hostile.distinctNames < min(numNames, int(f.hostile.nameStreams)) {
+		led.Violate("file_names", "%d distinct names served of %d streams", f.hostile.distinctNames, f.hostile.nameStreams)
+	}
 	if err := a.exitedErr(); err != nil {
 		led.Violate("agent_exited", "%v", err)
 	} else {
@@ -292,6 +323,24 @@ func report(w io.Writer, opts options, f figures, led *ledger) {
 		c.CARestarts, c.CASlow, c.CABad, c.XDSFlaps, c.RootRewrites, c.RootExtras)
 	fmt.Fprintf(w, "SOAK clients connects %d slow_readers %d ads_streams %d upstream_streams %d (rejected %d) ca_requests %d\n",
 		f.connects, f.slow, f.adsStreams, f.upstream.Opened, f.upstream.Rejected, f.caRequests)
+	hc := f.hostile
+	unwatchable := "yes"
+	if !hc.unwatchableReal {
+		unwatchable = "no (the agent runs as this user and can list the directory)"
+	}
+	fmt.Fprintf(w, "SOAK hostile unwatchable_dir sessions %d rewrites %d updates %d (really unwatchable: %s)\n",
+		hc.unwatchable.sessions, hc.unwatchable.rewrites, hc.unwatchable.updates, unwatchable)
+	fmt.Fprintf(w, "SOAK hostile vanishing_dir sessions %d remakes %d updates %d\n",
+		hc.vanishing.sessions, hc.vanishing.rewrites, hc.vanishing.updates)
+	fmt.Fprintf(w, "SOAK hostile names streams %d served %d distinct %d (of %d)\n",
+		hc.nameStreams, hc.namesServed, hc.distinctNames, numNames)
+	for _, b := range f.budgets {
+		id := b.Identity
+		if id == "" {
+			id = "(none)"
+		}
+		fmt.Fprintf(w, "SOAK ca_budget identity %s csrs %d max_per_minute %d (bound %d)\n", id, b.Total, b.MaxPerWindow, maxCSRsPerIdentityMinute)
+	}
 	if led.Total() == 0 {
 		fmt.Fprintln(w, "SOAK PASS")
 	} else {

@@ -74,6 +74,19 @@ func (p *Proc) Logs() string {
 // Socket is the absolute SDS socket path.
 func (p *Proc) Socket() string { return filepath.Join(p.Dir, SDSSocket) }
 
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// ExitCode is the process's exit code, or -1 while it runs.
+func (p *Proc) ExitCode() int {
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.ExitCode()
+	default:
+		return -1
+	}
+}
+
 // Done is closed when the process has exited.
 func (p *Proc) Done() <-chan struct{} { return p.done }
 
@@ -81,13 +94,35 @@ func (p *Proc) Done() <-chan struct{} { return p.done }
 // stops it when the test ends.
 func Start(t testing.TB, dir string, env ...string) *Proc {
 	t.Helper()
+	return start(t, dir, nil, env)
+}
+
+// StartAs is Start with the process running as cred's user and group (the
+// tests run as root; this is how one sees what an unprivileged agent may
+// not do). dir must be writable by that user; the binary's directory is
+// made readable by everyone.
+func StartAs(t testing.TB, cred *syscall.Credential, dir string, env ...string) *Proc {
+	t.Helper()
+	return start(t, dir, cred, env)
+}
+
+func start(t testing.TB, dir string, cred *syscall.Credential, env []string) *Proc {
+	t.Helper()
 	bin, err := Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cred != nil {
+		if err := os.Chmod(filepath.Dir(bin), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	p := &Proc{Dir: dir, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, "run")
 	p.cmd.Dir = dir
+	if cred != nil {
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir}, env...)
 	p.cmd.Stdout, p.cmd.Stderr = p, p
 	if err := p.cmd.Start(); err != nil {

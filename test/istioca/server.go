@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -119,6 +120,7 @@ type Server struct {
 	failCode codes.Code
 	delay    time.Duration
 	requests int
+	csrs     []CSRRecord
 	lastMD   metadata.MD
 	lastReq  *pb.IstioCertificateRequest
 	seen     []string // every bearer token received, in order
@@ -394,6 +396,7 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requests++
+	s.csrs = append(s.csrs, CSRRecord{At: time.Now(), Identity: csrIdentity(req.GetCsr())})
 	s.lastMD = md.Copy()
 	if s.lastMD == nil {
 		s.lastMD = metadata.MD{}
@@ -439,15 +442,11 @@ func (s *Server) spiffeID(leaf *x509.Certificate) (pki.Identity, bool) {
 	if len(leaf.URIs) != 1 {
 		return pki.Identity{}, false
 	}
-	u := leaf.URIs[0]
-	if u.Scheme != "spiffe" || u.Host != s.cfg.TrustDomain {
+	id, err := spiffeid.FromURI(leaf.URIs[0])
+	if err != nil || id.TrustDomain().Name() != s.cfg.TrustDomain {
 		return pki.Identity{}, false
 	}
-	id := pki.Identity{SPIFFEID: u.String()}
-	if id.Validate() != nil {
-		return pki.Identity{}, false
-	}
-	return id, true
+	return pki.Identity{SPIFFEID: id.String()}, true
 }
 
 func parseCSR(s string) (*x509.CertificateRequest, error) {
@@ -469,7 +468,7 @@ func checkCSR(csr *x509.CertificateRequest, id pki.Identity) error {
 		return fmt.Errorf("CSR carries email addresses %v", csr.EmailAddresses)
 	case csr.Subject.CommonName != "":
 		return fmt.Errorf("CSR carries common name %q", csr.Subject.CommonName)
-	case len(csr.URIs) != 1 || csr.URIs[0].String() != id.SPIFFEID:
+	case len(csr.URIs) != 1 || !(pki.Identity{SPIFFEID: csr.URIs[0].String()}).Matches(id):
 		got := make([]string, len(csr.URIs))
 		for i, u := range csr.URIs {
 			got[i] = u.String()

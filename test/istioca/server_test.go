@@ -133,6 +133,9 @@ func TestIssuesForTheTokensServiceAccount(t *testing.T) {
 	if n := s.Requests(); n != 1 {
 		t.Errorf("Requests() = %d, want 1", n)
 	}
+	if csrs := s.CSRs(); len(csrs) != 1 || csrs[0].Identity != id.String() || csrs[0].At.IsZero() {
+		t.Errorf("CSRs() = %+v, want one for %s", csrs, id)
+	}
 }
 
 func TestValidity(t *testing.T) {

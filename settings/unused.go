@@ -1,0 +1,23 @@
+package settings
+
+// ignoredWhenSet is an Unused check for a setting the agent never acts on:
+// it warns whenever the user sets it.
+func ignoredWhenSet(why string) func(*Config, bool) string {
+	return func(_ *Config, set bool) string {
+		if set {
+			return why
+		}
+		return ""
+	}
+}
+
+// pilotCertProviderUnused: kubernetes chose the Kubernetes CA bundle as the
+// root in older pilot-agents; pilot-agent no longer does, and neither does
+// meshagent. Say so, so that a control plane signed by the cluster CA is not
+// a silent TLS failure.
+func pilotCertProviderUnused(c *Config, _ bool) string {
+	if c.PilotCertProvider != CertProviderKubernetes {
+		return ""
+	}
+	return "treated as istiod: the CA root is " + c.CARoot + "; set CA_ROOT_CA and XDS_ROOT_CA to the bundle that signed the control plane's certificate if that is the cluster CA"
+}
