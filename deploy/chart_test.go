@@ -267,6 +267,72 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 	}
 }
 
+// TestInstallUpgradeUninstall installs the chart with helm into the API server, reads
+// its notes, upgrades it from JWT to TokenRequest and back (the Role follows), and
+// uninstalls it (the cluster-wide RBAC goes with it).
+func TestInstallUpgradeUninstall(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "upgrade")
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := kube.Kubeconfig(kubeconfig, kube.AdminToken()); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := helm(t, append(args, "--kubeconfig", kubeconfig, "--namespace", ns)...)
+		if err != nil {
+			t.Fatalf("helm %s: %v\n%s", args[0], err, out)
+		}
+		return string(out)
+	}
+	roles := func() int {
+		t.Helper()
+		list, err := kube.Client().RbacV1().Roles(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(list.Items)
+	}
+
+	notes := run("install", "mesh", chartDir, "--set", "node.enabled=true")
+	for _, want := range []string{
+		"spiffe://cluster.local/ns/" + ns + "/sa/mesh-meshagent-workload",
+		ns + "/mesh-meshagent-node to istiod's CA_TRUSTED_NODE_ACCOUNTS",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("install notes do not say %q:\n%s", want, notes)
+		}
+	}
+	if _, err := kube.Client().AppsV1().DaemonSets(ns).Get(ctx, "mesh-meshagent-node", metav1.GetOptions{}); err != nil {
+		t.Errorf("DaemonSet after install: %v", err)
+	}
+	if n := roles(); n != 0 {
+		t.Errorf("%d Roles with JWT, want none", n)
+	}
+
+	run("upgrade", "mesh", chartDir, "--reuse-values", "--set", "credentialFetcherType=TokenRequest")
+	if n := roles(); n != 2 {
+		t.Errorf("%d Roles after the upgrade to TokenRequest, want 2 (workload's and node agent's own token)", n)
+	}
+	d, err := kube.Client().AppsV1().Deployments(ns).Get(ctx, "mesh-meshagent-workload", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !*d.Spec.Template.Spec.AutomountServiceAccountToken {
+		t.Error("Deployment not upgraded: still no API credentials with TokenRequest")
+	}
+
+	run("upgrade", "mesh", chartDir, "--reuse-values", "--set", "credentialFetcherType=JWT")
+	if n := roles(); n != 0 {
+		t.Errorf("%d Roles after the upgrade back to JWT, want none", n)
+	}
+
+	run("uninstall", "mesh")
+	if _, err := kube.Client().RbacV1().ClusterRoles().Get(ctx, "mesh-meshagent-node", metav1.GetOptions{}); err == nil {
+		t.Error("ClusterRole left behind by uninstall")
+	}
+}
+
 // TestDryRunRefusesInvalidObjects shows the validation above can fail: values that
 // helm renders without complaint but that make an invalid or unknown field.
 func TestDryRunRefusesInvalidObjects(t *testing.T) {
