@@ -3,6 +3,9 @@
 // connection whose TLS peer is verified against the current trust roots (which
 // may change at run time), optional client certificates, extra metadata, and the
 // rule that a bearer token is only ever sent to a verified CA or over loopback.
+// A call the peer refuses with Unauthenticated is reported to a token fetcher
+// that keeps tokens (credfetcher.Invalidator), so the next call carries a new
+// one.
 //
 // The protocols live in sub-packages: caclient/istio (IstioCertificateService)
 // and caclient/linkerd (Identity.Certify). Clients are safe for concurrent use;

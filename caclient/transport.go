@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/credfetcher"
 )
@@ -137,12 +140,18 @@ func Dial(cfg TransportConfig) (*grpc.ClientConn, error) {
 		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLSConfig())))
 	}
 	if cfg.Token != nil || len(cfg.Metadata) > 0 {
-		opts = append(opts, grpc.WithPerRPCCredentials(&callCreds{
+		cc := &callCreds{
 			token:    cfg.Token,
 			optional: cfg.TokenOptional,
 			md:       cfg.Metadata,
 			loopback: IsLoopback(cfg.Addr),
-		}))
+		}
+		opts = append(opts, grpc.WithPerRPCCredentials(cc))
+		if _, ok := cfg.Token.(credfetcher.Invalidator); ok {
+			opts = append(opts,
+				grpc.WithChainUnaryInterceptor(cc.unaryRefusals),
+				grpc.WithChainStreamInterceptor(cc.streamRefusals))
+		}
 	}
 	opts = append(opts, cfg.DialOptions...)
 	conn, err := grpc.NewClient(target(cfg.Addr), opts...)
@@ -184,6 +193,9 @@ type callCreds struct {
 	optional bool
 	md       map[string]string
 	loopback bool
+	// sent is the last token attached to a call; a call refused with
+	// Unauthenticated reports it to the fetcher (credfetcher.Refused).
+	sent atomic.Pointer[string]
 }
 
 func (c *callCreds) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
@@ -206,7 +218,50 @@ func (c *callCreds) GetRequestMetadata(ctx context.Context, _ ...string) (map[st
 		return nil, fmt.Errorf("fetching token: %w", err)
 	}
 	out["authorization"] = "Bearer " + tok
+	c.sent.Store(&tok)
 	return out, nil
+}
+
+// refused reports the last token sent when err says the peer refused it.
+// Calls on one connection share a token except across a refresh, when the
+// report names a token the fetcher has already replaced and changes nothing.
+func (c *callCreds) refused(err error) {
+	if status.Code(err) != codes.Unauthenticated {
+		return
+	}
+	if tok := c.sent.Load(); tok != nil {
+		credfetcher.Refused(c.token, *tok)
+	}
+}
+
+func (c *callCreds) unaryRefusals(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	c.refused(err)
+	return err
+}
+
+func (c *callCreds) streamRefusals(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		c.refused(err)
+		return nil, err
+	}
+	return &refusalStream{ClientStream: s, creds: c}, nil
+}
+
+// refusalStream watches a stream's receive errors for Unauthenticated (a
+// control plane refuses the token when the stream starts, on RecvMsg).
+type refusalStream struct {
+	grpc.ClientStream
+	creds *callCreds
+}
+
+func (s *refusalStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err != nil {
+		s.creds.refused(err)
+	}
+	return err
 }
 
 // RequireTransportSecurity is false: the rule above is stricter than gRPC's

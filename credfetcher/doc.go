@@ -1,6 +1,18 @@
 // Package credfetcher says where bearer tokens come from. A Fetcher returns the
-// token to present to the CA or the control plane; it is asked again on every
-// request, so a token that the kubelet rotates on disk is always fresh.
+// token to present to the CA or the control plane; clients ask it on every
+// request.
 //
-// Fetchers hold no goroutines and are safe for concurrent use.
+// File reads the token file each time, so a token the kubelet rotates on disk
+// is always fresh; it keeps nothing. TokenRequest asks the Kubernetes API for a
+// token of the workload's service account, bound to its pod, keeps it in
+// memory only, and replaces it after a share of its life or when a peer
+// refused it: clients report a refusal through Invalidator (see Refused).
+//
+// What it does not own: which peer a token may be sent to (caclient), how the
+// Kubernetes client is configured (kubeclient).
+//
+// Fetchers are safe for concurrent use. File holds no state. TokenRequest
+// guards its token, its request in flight and its retry state with one mutex,
+// never held across a request; the request runs in a goroutine of its own
+// that ends with it.
 package credfetcher

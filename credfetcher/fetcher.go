@@ -40,3 +40,17 @@ func (f File) Token(context.Context) (string, error) {
 	}
 	return tok, nil
 }
+
+// Invalidator is implemented by fetchers that keep a token between calls. A
+// client whose peer refused a token (gRPC Unauthenticated) calls Invalidate
+// with that token, so the next Token returns a new one.
+type Invalidator interface {
+	Invalidate(token string)
+}
+
+// Refused tells f, when it keeps tokens, that a peer refused token.
+func Refused(f Fetcher, token string) {
+	if inv, ok := f.(Invalidator); ok {
+		inv.Invalidate(token)
+	}
+}

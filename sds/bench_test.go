@@ -11,6 +11,7 @@ import (
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
+	"github.com/meshagent/meshagent/udsserver"
 )
 
 // BenchmarkFirstSecret measures the time from starting the secret manager
@@ -36,14 +37,18 @@ func BenchmarkFirstSecret(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		srv, err := New(Config{SocketPath: socket, Secrets: mgr})
+		srv, err := New(Config{Secrets: mgr})
+		if err != nil {
+			b.Fatal(err)
+		}
+		uds, err := socketServer(srv, udsserver.Config{SocketPath: socket})
 		if err != nil {
 			b.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{}, 2)
 		go func() { _ = mgr.Run(ctx); done <- struct{}{} }()
-		go func() { _ = srv.Run(ctx); done <- struct{}{} }()
+		go func() { _ = uds.Run(ctx); done <- struct{}{} }()
 
 		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
 		c, err := sdsclient.Dial(dctx, socket)

@@ -1,25 +1,39 @@
 // Package sds serves Envoy's Secret Discovery Service (StreamSecrets and
-// FetchSecrets, go-control-plane types) on a Unix socket.
+// FetchSecrets, go-control-plane types), registered with Register on the
+// agent's local socket server (package udsserver, which owns the socket, the
+// peer credentials, the uid allow-list, the caller in each RPC's context and
+// the largest message accepted).
 //
-// It owns the socket (directory created 0750, socket 0666 as pilot-agent; a
-// stale socket file is removed before listening, a live one is left alone and
-// Run fails with ErrSocketInUse; the socket is removed when Run returns), the
-// xDS stream rules and the conversion of held secrets into Envoy resources:
-// a certificate becomes a TlsCertificate (chain and PKCS#8 key as inline
-// bytes), a trust bundle a ValidationContext (trusted CA as inline bytes).
+// It owns the xDS stream rules and the conversion of held secrets into
+// Envoy resources: a certificate becomes a TlsCertificate (chain and PKCS#8
+// key as inline bytes), a trust bundle a ValidationContext (trusted CA as
+// inline bytes).
 // It does not own the secrets: it asks a SecretSource (two methods, Secret
-// and Watch), which decides what each name means (default, ROOTCA,
+// and Watch, given the RPC's context, which carries the caller), which
+// decides what each name means (default is the caller's identity, ROOTCA,
 // file-cert:..., file-root:...). DeltaSecrets is not implemented, as in
 // pilot-agent and SPIRE.
 //
 // Stream rules (SPEC 9): a request whose resource names differ (as a set)
-// from the stream's current ones is answered with every named secret; an ACK
-// (our latest nonce, same names, no error_detail) gets no reply; a NACK
-// (error_detail set) gets no reply and is logged and counted; a request whose
-// nonce is not our latest is stale and ignored; a name that cannot be served
-// ends the stream with InvalidArgument naming it, as does a request for
-// another type or for more than MaxNames names. VersionInfo is a timestamp
-// and a counter; the nonce is random.
+// from the stream's current ones is answered with every named secret
+// available, even when it carries error_detail (a NACK that changes the
+// names is a subscription change); an ACK (our latest nonce, same names, no
+// error_detail) gets no reply; a NACK (error_detail set, same names) gets no
+// reply and is logged and counted; a request whose nonce is not our latest
+// is stale and ignored; a name that can never be served (unknown, or no
+// identity for the caller) ends the stream with InvalidArgument naming it,
+// as does a request for another type or for more than MaxNames names.
+// VersionInfo is a timestamp and a counter; the nonce is random.
+//
+// Every name on a stream resolves on its own (SPEC 13): the stream reads its
+// names without waiting (a source asked with a done context answers at
+// once). A name not available now (no certificate yet, CA down, expired, a
+// file not readable yet) is left out of the response, logged and counted in
+// meshagent_sds_resources_unavailable_total, and pushed as soon as its
+// source signals it; the other names, ROOTCA above all, are served and
+// pushed meanwhile. Responses are not deletions: a name left out keeps what
+// the client already holds. FetchSecrets waits (bounded by its context) for
+// every name and fails naming the first one not available.
 //
 // Empty resource_names: the stream is served Config.DefaultNames ("default"
 // and "ROOTCA"), the two secrets this agent always holds, like SPIRE's
@@ -27,12 +41,8 @@
 //
 // Limits and peers: at most Config.MaxStreams streams are served at once (one
 // more is refused with ResourceExhausted naming the limit, counted in
-// meshagent_sds_refused_total and logged); gRPC refuses a request larger than
-// Config.MaxRecvBytes with ResourceExhausted. The server's transport
-// credentials add no security (the socket is local) but read each new
-// connection's SO_PEERCRED (uid, gid, pid; Linux only), log it, and carry it
-// to the RPCs (PeerCredFromContext); with Config.AllowedUIDs set, interceptors
-// refuse every other peer with PermissionDenied.
+// meshagent_sds_refused_total and logged). The RPC context carries the
+// caller (caller.FromContext) and is what the SecretSource is asked with.
 //
 // Concurrency: each stream has one goroutine reading requests and the
 // handler goroutine, which alone owns the stream's state, reads secrets and

@@ -3,8 +3,11 @@ package sds_test
 import (
 	"context"
 
+	"google.golang.org/grpc"
+
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/udsserver"
 )
 
 // Serving a secret manager's secrets on pilot-agent's socket path, as
@@ -12,13 +15,19 @@ import (
 func Example() {
 	run := func(ctx context.Context, m *secretmanager.Manager) error {
 		srv, err := sds.New(sds.Config{
-			SocketPath: "./var/run/secrets/workload-spiffe-uds/socket",
-			Secrets:    m, // any Secret/Watch pair will do
+			Secrets: m, // any Secret/Watch pair will do
 		})
 		if err != nil {
 			return err
 		}
-		return srv.Run(ctx)
+		socket, err := udsserver.New(udsserver.Config{
+			SocketPath: "./var/run/secrets/workload-spiffe-uds/socket",
+			Services:   []func(*grpc.Server){srv.Register},
+		})
+		if err != nil {
+			return err
+		}
+		return socket.Run(ctx)
 	}
 	_ = run
 }

@@ -5,10 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"path/filepath"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -22,7 +18,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"k8s.io/utils/clock"
 
-	"github.com/meshagent/meshagent/internal/sockprobe"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -32,34 +27,26 @@ const (
 	DefaultMaxNames = 100
 	// DefaultMaxStreams bounds the StreamSecrets streams open at once.
 	DefaultMaxStreams = 4096
-	// DefaultMaxRecvBytes bounds the size of one received request.
-	DefaultMaxRecvBytes = 64 << 10
-	// maxSocketPath is the longest path a Unix socket address can hold.
-	maxSocketPath = 107
-	// probeTimeout bounds the check whether an existing socket is alive.
-	probeTimeout = time.Second
 )
 
-// ErrSocketInUse is wrapped by Run's error when something already answers
-// on the socket path; the socket is left alone.
-var ErrSocketInUse = sockprobe.ErrInUse
-
-// SecretSource is what the server needs from the secret manager.
+// SecretSource is what the server needs from the secret manager. ctx is the
+// RPC's or stream's context and carries the caller (caller.FromContext):
+// what "default" means depends on it.
 type SecretSource interface {
 	// Secret returns the current secret for name, waiting (bounded by ctx)
-	// while it is not available yet. Errors other than ctx's mean the name
-	// cannot be served.
+	// while it is not available yet; with a ctx already done it answers at
+	// once. An error wrapping secretmanager.ErrUnknownResource or
+	// secretmanager.ErrNoIdentity means the name can never be served to
+	// this caller; other errors mean not now.
 	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
 	// Watch signals, on a channel with a one-slot buffer, each time the secret
-	// under name is replaced; the function ends the subscription.
-	Watch(name string) (<-chan struct{}, func())
+	// under name is replaced; the function ends the subscription (a resource
+	// nobody watches may be released).
+	Watch(ctx context.Context, name string) (<-chan struct{}, func())
 }
 
 // Config describes an SDS server. Zero values get the defaults noted.
 type Config struct {
-	// SocketPath is the Unix socket to serve on. Required. Its directory is
-	// created with mode 0750 and the socket is made 0666, as pilot-agent does.
-	SocketPath string
 	// Secrets provides the secrets. Required.
 	Secrets SecretSource
 	// DefaultNames are served to a request that names no resource. Default
@@ -70,13 +57,6 @@ type Config struct {
 	// MaxStreams bounds the StreamSecrets streams open at once; a stream over
 	// the limit is refused with ResourceExhausted. Default DefaultMaxStreams.
 	MaxStreams int
-	// MaxRecvBytes bounds the size of one received request; gRPC answers a
-	// larger one with ResourceExhausted. Default DefaultMaxRecvBytes.
-	MaxRecvBytes int
-	// AllowedUIDs, when not empty, are the only peer uids (SO_PEERCRED) let
-	// in; other peers are refused with PermissionDenied. Empty lets anyone
-	// who can open the socket in.
-	AllowedUIDs []uint32
 	// Clock stamps VersionInfo. Default the real clock.
 	Clock clock.PassiveClock
 	// Logger receives the server's logs. Nil means no logs.
@@ -85,8 +65,8 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// Server serves StreamSecrets and FetchSecrets on a Unix socket. Create it
-// with New and start it with Run.
+// Server serves StreamSecrets and FetchSecrets. Create it with New and serve
+// it on a gRPC server with Register (udsserver runs the socket).
 type Server struct {
 	secretv3.UnimplementedSecretDiscoveryServiceServer
 
@@ -101,12 +81,6 @@ type Server struct {
 
 // New checks cfg and returns a server. It starts nothing.
 func New(cfg Config) (*Server, error) {
-	if cfg.SocketPath == "" {
-		return nil, errors.New("SDS server: no socket path")
-	}
-	if len(cfg.SocketPath) > maxSocketPath {
-		return nil, fmt.Errorf("SDS server: socket path %q is longer than %d bytes", cfg.SocketPath, maxSocketPath)
-	}
 	if cfg.Secrets == nil {
 		return nil, errors.New("SDS server: no secret source")
 	}
@@ -119,10 +93,6 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxStreams <= 0 {
 		cfg.MaxStreams = DefaultMaxStreams
 	}
-	if cfg.MaxRecvBytes <= 0 {
-		cfg.MaxRecvBytes = DefaultMaxRecvBytes
-	}
-	cfg.AllowedUIDs = slices.Clone(cfg.AllowedUIDs)
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -136,75 +106,9 @@ func New(cfg Config) (*Server, error) {
 	return &Server{cfg: cfg, log: cfg.Logger.Named("sds"), metrics: m}, nil
 }
 
-// Run listens on the socket and serves until ctx ends (then it returns nil)
-// or serving fails. A stale socket file is removed first; a live one makes
-// Run fail with ErrSocketInUse. The socket is removed when Run returns.
-func (s *Server) Run(ctx context.Context) error {
-	lis, err := s.listen()
-	if err != nil {
-		return err
-	}
-	info, _ := os.Lstat(s.cfg.SocketPath)
-	defer s.removeSocket(info)
-
-	gs := grpc.NewServer(
-		grpc.Creds(peerCreds{log: s.log}),
-		grpc.MaxRecvMsgSize(s.cfg.MaxRecvBytes),
-		grpc.ChainUnaryInterceptor(s.unaryAuth),
-		grpc.ChainStreamInterceptor(s.streamAuth),
-	)
+// Register adds the SDS service to gs.
+func (s *Server) Register(gs *grpc.Server) {
 	secretv3.RegisterSecretDiscoveryServiceServer(gs, s)
-	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
-	s.log.Info("serving SDS", zap.String(keySocket, s.cfg.SocketPath),
-		zap.Int(keyMaxStreams, s.cfg.MaxStreams), zap.Int(keyMaxRecvBytes, s.cfg.MaxRecvBytes),
-		zap.Uint32s(keyAllowedUIDs, s.cfg.AllowedUIDs))
-
-	select {
-	case <-ctx.Done():
-		// Streams are long-lived: end them now rather than wait for clients.
-		gs.Stop()
-		<-served
-		s.log.Info("SDS server stopped", zap.String(keySocket, s.cfg.SocketPath))
-		return nil
-	case err := <-served:
-		gs.Stop()
-		return fmt.Errorf("serving SDS on %s: %w", s.cfg.SocketPath, err)
-	}
-}
-
-func (s *Server) listen() (net.Listener, error) {
-	path := s.cfg.SocketPath
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return nil, fmt.Errorf("creating SDS socket directory: %w", err)
-	}
-	removed, err := sockprobe.RemoveStale(context.Background(), path, probeTimeout, sockprobe.Connect)
-	if err != nil {
-		return nil, fmt.Errorf("SDS socket: %w", err)
-	}
-	if removed {
-		s.log.Info("removed stale SDS socket", zap.String(keySocket, path))
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listening on SDS socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o666); err != nil {
-		_ = lis.Close()
-		return nil, fmt.Errorf("setting SDS socket mode: %w", err)
-	}
-	return lis, nil
-}
-
-// removeSocket removes the socket file if it is still the one Run made.
-func (s *Server) removeSocket(ours os.FileInfo) {
-	now, err := os.Lstat(s.cfg.SocketPath)
-	if err != nil || ours == nil || !os.SameFile(ours, now) {
-		return
-	}
-	if err := os.Remove(s.cfg.SocketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		s.log.Warn("removing SDS socket failed", zap.Error(err))
-	}
 }
 
 // FetchSecrets answers one request with the current secrets.
@@ -264,19 +168,24 @@ func checkType(typeURL string) error {
 	return nil
 }
 
-// resolve gets every named secret. A name that cannot be served fails with
-// InvalidArgument naming it; the end of ctx fails with ctx's code.
+// resolve gets every named secret for a fetch, waiting (bounded by ctx) for
+// those not available yet. A name that can never be served fails with
+// InvalidArgument naming it; one still unavailable when ctx ends fails with
+// ctx's code naming it; any other failure with Unavailable naming it.
 func (s *Server) resolve(ctx context.Context, names []string) ([]*secretmanager.Secret, error) {
 	out := make([]*secretmanager.Secret, len(names))
 	for i, name := range names {
 		sec, err := s.cfg.Secrets.Secret(ctx, name)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return nil, status.FromContextError(err).Err()
-			}
+		switch {
+		case err == nil:
+			out[i] = sec
+		case permanent(err):
 			return nil, status.Errorf(codes.InvalidArgument, "resource %.200q cannot be served: %v", name, err)
+		case ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			return nil, status.Errorf(status.FromContextError(err).Code(), "resource %.200q not available: %v", name, err)
+		default:
+			return nil, status.Errorf(codes.Unavailable, "resource %.200q not available: %v", name, err)
 		}
-		out[i] = sec
 	}
 	return out, nil
 }

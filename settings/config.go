@@ -15,6 +15,12 @@ const (
 	ProviderLinkerd = "Linkerd"
 )
 
+// Credential fetchers (CREDENTIAL_FETCHER_TYPE).
+const (
+	FetcherJWT          = "JWT"
+	FetcherTokenRequest = "TokenRequest"
+)
+
 // PILOT_CERT_PROVIDER values.
 const (
 	CertProviderIstiod     = "istiod"
@@ -65,8 +71,18 @@ type Config struct {
 	JWTPolicy string
 	// CredentialFetcherType is where tokens come from (CREDENTIAL_FETCHER_TYPE).
 	CredentialFetcherType string
-	// CredentialIdentityProvider (CREDENTIAL_IDENTITY_PROVIDER).
+	// CredentialIdentityProvider is the audience of TokenRequest tokens
+	// (CREDENTIAL_IDENTITY_PROVIDER; derived from CA_PROVIDER).
 	CredentialIdentityProvider string
+	// PodUID is the pod's UID; TokenRequest tokens are bound to it (POD_UID).
+	PodUID string
+	// Kubeconfig lists kubeconfig files; empty means in-cluster (KUBECONFIG).
+	Kubeconfig string
+	// TokenLifetime is asked for TokenRequest tokens (MESHAGENT_TOKEN_LIFETIME).
+	TokenLifetime time.Duration
+	// TokenRefreshRatio is the share of a TokenRequest token's life after
+	// which it is replaced (MESHAGENT_TOKEN_REFRESH_RATIO).
+	TokenRefreshRatio float64
 	// ProvCert is a directory with a provisioning certificate used as client
 	// certificate towards the CA (PROV_CERT).
 	ProvCert string
@@ -124,6 +140,9 @@ type Config struct {
 	LogLevel string
 	// Dev runs an in-process CA with a fresh in-memory root (MESHAGENT_DEV).
 	Dev bool
+	// CAMaxConcurrentCSRs bounds the CA requests in flight across identities
+	// (MESHAGENT_CA_MAX_CONCURRENT_CSRS).
+	CAMaxConcurrentCSRs int
 	// SDSMaxStreams bounds the SDS streams open at once (MESHAGENT_SDS_MAX_STREAMS).
 	SDSMaxStreams int
 	// SDSMaxRecvBytes bounds one SDS request's size (MESHAGENT_SDS_MAX_RECV_BYTES).
@@ -133,6 +152,8 @@ type Config struct {
 	SDSAllowedUIDs []uint32
 	// XDSProxy runs the xDS proxy (MESHAGENT_XDS_PROXY; default true, false in dev mode).
 	XDSProxy bool
+	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
+	WorkloadAPI bool
 
 	proxyStatusPort int // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row

@@ -17,6 +17,8 @@ const (
 	linkerdIdentityPort = "8080"
 	linkerdGraceRatio   = 0.3
 	devName             = "default"
+	istioAudience       = "istio-ca"
+	linkerdAudience     = "identity.l5d.io"
 )
 
 // derive fills the defaults that depend on other settings. Each rule applies
@@ -69,6 +71,15 @@ func (r *resolution) derive(in Input) error {
 	if !r.isSet("SECRET_GRACE_PERIOD_RATIO") && c.CAProvider == ProviderLinkerd {
 		c.GraceRatio = linkerdGraceRatio
 		r.notes["SECRET_GRACE_PERIOD_RATIO"] = "Linkerd default"
+	}
+
+	// CREDENTIAL_IDENTITY_PROVIDER: the audience the CA checks.
+	if !r.isSet("CREDENTIAL_IDENTITY_PROVIDER") {
+		c.CredentialIdentityProvider = istioAudience
+		if c.CAProvider == ProviderLinkerd {
+			c.CredentialIdentityProvider = linkerdAudience
+			r.notes["CREDENTIAL_IDENTITY_PROVIDER"] = "Linkerd identity audience"
+		}
 	}
 
 	// MESHAGENT_KEY_TYPE: pilot-agent's variables, when set, choose the key.

@@ -104,16 +104,16 @@ var Registry = []Setting{
 		Value: Enum(func(c *Config) *string { return &c.JWTPolicy }, "third-party-jwt", "first-party-jwt"),
 	},
 	{
-		Name: "CREDENTIAL_FETCHER_TYPE", Default: "JWT", Group: GroupIstio,
-		Doc:    "Where the bearer token comes from; JWT reads the token file (MESHAGENT_TOKEN_PATH), the only fetcher so far: setting it has no effect, and a warning says so at start-up.",
-		Value:  Enum(func(c *Config) *string { return &c.CredentialFetcherType }, "JWT"),
-		Unused: ignoredWhenSet("the token always comes from the token file (MESHAGENT_TOKEN_PATH)"),
+		Name: "CREDENTIAL_FETCHER_TYPE", Default: FetcherJWT, Group: GroupIstio,
+		Doc:   "Where the bearer token for the CA and the control plane comes from: JWT reads the token file (MESHAGENT_TOKEN_PATH) at every request; TokenRequest asks the Kubernetes API for a token of SERVICE_ACCOUNT bound to the pod POD_NAME (POD_UID), kept in memory only. See docs/tokens.md.",
+		Value: Enum(func(c *Config) *string { return &c.CredentialFetcherType }, FetcherJWT, FetcherTokenRequest),
 	},
 	{
 		Name: "CREDENTIAL_IDENTITY_PROVIDER", Group: GroupIstio,
-		Doc:    "Audience of tokens a credential fetcher asks for; no fetcher uses it yet (the token file is read as it is): setting it has no effect, and a warning says so at start-up.",
-		Value:  String(func(c *Config) *string { return &c.CredentialIdentityProvider }),
-		Unused: ignoredWhenSet("the token file is read as it is, whatever its audience"),
+		DerivedDefault: "istio-ca; identity.l5d.io for CA_PROVIDER=Linkerd",
+		Doc:            "Audience of the tokens asked for with CREDENTIAL_FETCHER_TYPE=TokenRequest: the audience the CA checks.",
+		Value:          String(func(c *Config) *string { return &c.CredentialIdentityProvider }),
+		Unused:         tokenRequestOnly,
 	},
 	{
 		Name: "PROV_CERT", Flag: "prov-cert", Group: GroupIstio,
@@ -138,8 +138,8 @@ var Registry = []Setting{
 	{
 		Name: "SECRET_GRACE_PERIOD_RATIO", Default: "0.5", Group: GroupIstio,
 		DerivedDefault: "0.5; 0.3 for CA_PROVIDER=Linkerd",
-		Doc:            "Share of a certificate's life left when it is renewed (0.5 renews at half-life).",
-		Value:          Float(func(c *Config) *float64 { return &c.GraceRatio }, 0, 1),
+		Doc:            "Share of a certificate's life left when it is renewed (0.5 renews at half-life). 0 is refused (it would renew only after expiry). Whatever the ratio, a certificate is not renewed sooner than 1% of its life after it arrived (at least 5 s, at most half its life).",
+		Value:          GraceRatio(func(c *Config) *float64 { return &c.GraceRatio }),
 	},
 	{
 		Name: "SECRET_GRACE_PERIOD_RATIO_JITTER", Default: "0.01", Group: GroupIstio,
@@ -213,6 +213,28 @@ var Registry = []Setting{
 		Value:          String(func(c *Config) *string { return &c.LinkerdIdentityServiceName }),
 	},
 	{
+		Name: "POD_UID", Group: GroupIstio,
+		Doc:   "UID of the pod the agent runs beside (from the downward API, metadata.uid). With CREDENTIAL_FETCHER_TYPE=TokenRequest tokens are bound to this exact pod; empty binds them to whichever pod is named POD_NAME.",
+		Value: String(func(c *Config) *string { return &c.PodUID }),
+	},
+	{
+		Name: "KUBECONFIG", Flag: "kubeconfig", Group: GroupIstio,
+		Doc:   "Kubernetes client configuration files, as for kubectl (a list separated by ':'). Empty: the in-cluster configuration of the pod's service account. Used by CREDENTIAL_FETCHER_TYPE=TokenRequest.",
+		Value: Path(func(c *Config) *string { return &c.Kubeconfig }),
+	},
+	{
+		Name: "MESHAGENT_TOKEN_LIFETIME", Default: "1h", Group: GroupMeshagent,
+		Doc:    "Lifetime asked for the tokens of CREDENTIAL_FETCHER_TYPE=TokenRequest; the API server's minimum is 10m.",
+		Value:  Duration(func(c *Config) *time.Duration { return &c.TokenLifetime }, 10*time.Minute),
+		Unused: tokenRequestOnly,
+	},
+	{
+		Name: "MESHAGENT_TOKEN_REFRESH_RATIO", Default: "0.8", Group: GroupMeshagent,
+		Doc:    "Share of a TokenRequest token's life after which the next request uses a new token (0.8, as the kubelet). Lower values only serve tests that must see a refresh without waiting minutes.",
+		Value:  Float(func(c *Config) *float64 { return &c.TokenRefreshRatio }, 0.001, 1),
+		Unused: tokenRequestOnly,
+	},
+	{
 		Name: "MESHAGENT_STATUS_HOST", Flag: "status-host", Group: GroupMeshagent,
 		Doc:   "Host or IP the status server listens on; empty means every interface (as pilot-agent).",
 		Value: String(func(c *Config) *string { return &c.StatusHost }),
@@ -243,9 +265,19 @@ var Registry = []Setting{
 		Value: Int(func(c *Config) *int { return &c.SDSMaxRecvBytes }, 1024, 16<<20),
 	},
 	{
+		Name: "MESHAGENT_CA_MAX_CONCURRENT_CSRS", Default: "8", Group: GroupMeshagent,
+		Doc:   "Most certificate requests in flight to the CA at once, across all identities; further identities wait their turn (a caller waiting first, then first certificates, then renewals).",
+		Value: Int(func(c *Config) *int { return &c.CAMaxConcurrentCSRs }, 1, 1024),
+	},
+	{
 		Name: "MESHAGENT_SDS_ALLOWED_UIDS", Flag: "sds-allowed-uids", Group: GroupMeshagent,
 		Doc:   "Comma-separated uids allowed to use the SDS socket (checked with SO_PEERCRED); others get PERMISSION_DENIED. Empty lets anyone who can open the socket in.",
 		Value: UIDs(func(c *Config) *[]uint32 { return &c.SDSAllowedUIDs }),
+	},
+	{
+		Name: "MESHAGENT_WORKLOAD_API", Flag: "workload-api", Default: "true", Group: GroupMeshagent,
+		Doc:   "Serve the SPIFFE Workload API (X.509-SVIDs and bundles, for go-spiffe, spiffe-helper and other SPIFFE clients) on the SDS socket beside SDS. Set SPIFFE_ENDPOINT_SOCKET=unix://<SDS socket> in the clients.",
+		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),
 	},
 
 	// Paths (SPEC 2), relative to the working directory as in pilot-agent.

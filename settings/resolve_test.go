@@ -79,13 +79,14 @@ func TestDefaults(t *testing.T) {
 		CAAddr: DefaultDiscoveryAddress, CAProvider: ProviderIstio, CARoot: "./var/run/secrets/istio/root-cert.pem",
 		XDSRoot: "./var/run/secrets/istio/root-cert.pem", PilotCertProvider: "istiod", TrustDomain: "cluster.local",
 		JWTPolicy: "third-party-jwt", CredentialFetcherType: "JWT", SecretTTL: 24 * time.Hour, GraceRatio: 0.5,
-		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, SDSMaxStreams: 4096, SDSMaxRecvBytes: 65536, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
+		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadAPI: true, SDSMaxStreams: 4096, SDSMaxRecvBytes: 65536, CAMaxConcurrentCSRs: 8, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
 		GRPCXDSBootstrap: "etc/istio/proxy/grpc-bootstrap.json", DiscoveryAddress: DefaultDiscoveryAddress,
 		StatusPort: 15020, WorkloadIdentitySocketFile: "socket", KeyType: pki.ECP256, LinkerdNamespace: "linkerd",
 		LinkerdIdentityServiceName: "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local",
 		SDSSocket:                  "./var/run/secrets/workload-spiffe-uds/socket", XDSSocket: "./etc/istio/proxy/XDS",
 		WorkloadCredentialsDir: "./var/run/secrets/workload-spiffe-credentials", FileMountedCertsDir: "./etc/certs",
 		TokenPath: "./var/run/secrets/tokens/istio-token", LogLevel: "info", InstanceIP: "127.0.0.1",
+		CredentialIdentityProvider: "istio-ca", TokenLifetime: time.Hour, TokenRefreshRatio: 0.8,
 	}
 	c.rows, c.proxyStatusPort = nil, 0
 	if len(c.CAHeaders) != 0 || len(c.XDSHeaders) != 0 {
@@ -162,8 +163,10 @@ func TestInvalidValues(t *testing.T) {
 		{"enum from flag", nil, map[string]string{"ca-provider": "Bogus"}, `invalid --ca-provider="Bogus": accepted: Citadel, Linkerd`},
 		{"duration", []string{"SECRET_TTL=forever"}, nil, `invalid SECRET_TTL="forever": want a duration such as 100ms, 90s or 24h`},
 		{"duration too short", []string{"SECRET_TTL=10ms"}, nil, `invalid SECRET_TTL="10ms": want at least 1s`},
-		{"ratio", []string{"SECRET_GRACE_PERIOD_RATIO=1.5"}, nil, `invalid SECRET_GRACE_PERIOD_RATIO="1.5": want a number from 0 to 1`},
-		{"nan", []string{"SECRET_GRACE_PERIOD_RATIO=NaN"}, nil, `invalid SECRET_GRACE_PERIOD_RATIO="NaN": want a number from 0 to 1`},
+		{"ratio", []string{"SECRET_GRACE_PERIOD_RATIO=1.5"}, nil, `invalid SECRET_GRACE_PERIOD_RATIO="1.5": want a number greater than 0 and at most 1 (0 would renew only after the certificate expired)`},
+		{"nan", []string{"SECRET_GRACE_PERIOD_RATIO=NaN"}, nil, `invalid SECRET_GRACE_PERIOD_RATIO="NaN": want a number greater than 0 and at most 1 (0 would renew only after the certificate expired)`},
+		{"ratio 0", []string{"SECRET_GRACE_PERIOD_RATIO=0"}, nil, `invalid SECRET_GRACE_PERIOD_RATIO="0": want a number greater than 0 and at most 1 (0 would renew only after the certificate expired)`},
+		{"max csrs 0", []string{"MESHAGENT_CA_MAX_CONCURRENT_CSRS=0"}, nil, `invalid MESHAGENT_CA_MAX_CONCURRENT_CSRS="0": want an integer from 1 to 1024`},
 		{"bool", []string{"FILE_MOUNTED_CERTS=yes"}, nil, `invalid FILE_MOUNTED_CERTS="yes": accepted: true or false`},
 		{"rsa size", []string{"WORKLOAD_RSA_KEY_SIZE=1024"}, nil, `invalid WORKLOAD_RSA_KEY_SIZE="1024": accepted: one of 2048, 3072, 4096`},
 		{"key type", []string{"MESHAGENT_KEY_TYPE=ed25519"}, nil, `invalid MESHAGENT_KEY_TYPE="ed25519": accepted: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096`},
@@ -180,6 +183,9 @@ func TestInvalidValues(t *testing.T) {
 		{"sds streams", []string{"MESHAGENT_SDS_MAX_STREAMS=0"}, nil, `invalid MESHAGENT_SDS_MAX_STREAMS="0": want an integer from 1 to 1048576`},
 		{"header name", []string{"CA_HEADER_a b=1"}, nil, `invalid CA_HEADER_a b="1": a header name may hold only letters, digits, '-', '_' and '.'`},
 		{"header empty name", []string{"XDS_HEADER_=1"}, nil, `invalid XDS_HEADER_="1": the header name after the prefix is empty`},
+		{"fetcher type", []string{"CREDENTIAL_FETCHER_TYPE=GoogleComputeEngine"}, nil, `invalid CREDENTIAL_FETCHER_TYPE="GoogleComputeEngine": accepted: JWT, TokenRequest`},
+		{"token lifetime below the API minimum", []string{"MESHAGENT_TOKEN_LIFETIME=5m"}, nil, `invalid MESHAGENT_TOKEN_LIFETIME="5m": want at least 10m0s`},
+		{"token refresh ratio", []string{"MESHAGENT_TOKEN_REFRESH_RATIO=0"}, nil, `invalid MESHAGENT_TOKEN_REFRESH_RATIO="0": want a number from 0.001 to 1`},
 		{"header value hidden", []string{"CA_HEADER_X=secret\x01"}, nil, `invalid CA_HEADER_X="<redacted>": a header value may hold only printable ASCII (no line breaks)`},
 	}
 	for _, tt := range tests {
@@ -264,6 +270,33 @@ func TestLinkerdDefaults(t *testing.T) {
 	}
 	if c.LinkerdIdentityServiceName != "linkerd-identity.l5d.serviceaccount.identity.l5d.cluster.local" {
 		t.Errorf("service name %q", c.LinkerdIdentityServiceName)
+	}
+}
+
+func TestTokenSettings(t *testing.T) {
+	tests := []struct {
+		name     string
+		env      []string
+		fetcher  string
+		audience string
+	}{
+		{"defaults", nil, FetcherJWT, "istio-ca"},
+		{"token request, any case", []string{"CREDENTIAL_FETCHER_TYPE=tokenrequest"}, FetcherTokenRequest, "istio-ca"},
+		{"jwt, any case", []string{"CREDENTIAL_FETCHER_TYPE=jwt"}, FetcherJWT, "istio-ca"},
+		{"linkerd audience", []string{"CA_PROVIDER=Linkerd", "CREDENTIAL_FETCHER_TYPE=TokenRequest"}, FetcherTokenRequest, "identity.l5d.io"},
+		{"audience set", []string{"CA_PROVIDER=Linkerd", "CREDENTIAL_IDENTITY_PROVIDER=my-ca"}, FetcherJWT, "my-ca"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := resolve(t, tt.env, nil)
+			if c.CredentialFetcherType != tt.fetcher || c.CredentialIdentityProvider != tt.audience {
+				t.Errorf("fetcher %q audience %q, want %q %q", c.CredentialFetcherType, c.CredentialIdentityProvider, tt.fetcher, tt.audience)
+			}
+		})
+	}
+	c := resolve(t, []string{"MESHAGENT_TOKEN_LIFETIME=10m", "POD_UID=1234-abcd", "KUBECONFIG=/a:/b"}, nil)
+	if c.TokenLifetime != 10*time.Minute || c.PodUID != "1234-abcd" || c.Kubeconfig != "/a:/b" {
+		t.Errorf("lifetime %s pod uid %q kubeconfig %q", c.TokenLifetime, c.PodUID, c.Kubeconfig)
 	}
 }
 
@@ -487,8 +520,12 @@ func TestWarningsNameSettingsWithoutEffect(t *testing.T) {
 		want []string
 	}{
 		{"defaults", nil, nil},
-		{"fetcher set", []string{"CREDENTIAL_FETCHER_TYPE=JWT"}, []string{"CREDENTIAL_FETCHER_TYPE"}},
-		{"identity provider", []string{"CREDENTIAL_IDENTITY_PROVIDER=https://issuer"}, []string{"CREDENTIAL_IDENTITY_PROVIDER"}},
+		{"fetcher set", []string{"CREDENTIAL_FETCHER_TYPE=JWT"}, nil},
+		{"audience without TokenRequest", []string{"CREDENTIAL_IDENTITY_PROVIDER=https://issuer"}, []string{"CREDENTIAL_IDENTITY_PROVIDER"}},
+		{"token settings without TokenRequest", []string{"MESHAGENT_TOKEN_LIFETIME=2h", "MESHAGENT_TOKEN_REFRESH_RATIO=0.5"},
+			[]string{"MESHAGENT_TOKEN_LIFETIME", "MESHAGENT_TOKEN_REFRESH_RATIO"}},
+		{"pod facts are never warned about", []string{"POD_UID=u", "KUBECONFIG=/k"}, nil},
+		{"token settings with TokenRequest", []string{"CREDENTIAL_FETCHER_TYPE=TokenRequest", "CREDENTIAL_IDENTITY_PROVIDER=my-ca", "POD_UID=u", "KUBECONFIG=/k", "MESHAGENT_TOKEN_LIFETIME=2h", "MESHAGENT_TOKEN_REFRESH_RATIO=0.5"}, nil},
 		{"kubernetes", []string{"PILOT_CERT_PROVIDER=kubernetes"}, []string{"PILOT_CERT_PROVIDER"}},
 		{"custom is honoured", []string{"PILOT_CERT_PROVIDER=custom"}, nil},
 		{"istiod set", []string{"PILOT_CERT_PROVIDER=istiod"}, nil},

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/linkerdca"
 	"github.com/meshagent/meshagent/test/sdsclient"
+	"github.com/meshagent/meshagent/udsserver"
 )
 
 // linkerdAgent is the CA path of the agent wired for CA_PROVIDER=Linkerd: the
@@ -79,13 +81,17 @@ func startLinkerdAgent(t *testing.T, lifetime time.Duration) *linkerdAgent {
 		t.Fatal(err)
 	}
 	socket := filepath.Join(dir, "sds", "socket")
-	srv, err := sds.New(sds.Config{SocketPath: socket, Secrets: m})
+	srv, err := sds.New(sds.Config{Secrets: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uds, err := udsserver.New(udsserver.Config{SocketPath: socket, Services: []func(*grpc.Server){srv.Register}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{m.Run, srv.Run} {
+	for _, run := range []func(context.Context) error{m.Run, uds.Run} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

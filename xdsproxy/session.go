@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/backoff"
 )
 
 // session is one downstream stream and the upstream streams opened for it,
@@ -157,7 +158,7 @@ func (s *session) runUpstream(ctx context.Context) error {
 		if answered {
 			failures = 0
 		}
-		delay := backoffDelay(failures, s.p.cfg.InitialBackoff, s.p.cfg.MaxBackoff, s.p.cfg.Rand())
+		delay := backoff.Policy{Base: s.p.cfg.InitialBackoff, Cap: s.p.cfg.MaxBackoff}.Delay(failures, s.p.cfg.Rand())
 		failures++
 		s.log.Info("upstream stream ended, reconnecting",
 			zap.Int(keyAttempt, attempt+1), zap.Duration(keyBackoff, delay),

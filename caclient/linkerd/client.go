@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/caclient"
@@ -182,6 +183,9 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 			return nil, fmt.Errorf("certifying %s at %s: %w", id, c.transport.Addr, refusal)
 		}
 		code := status.Code(err)
+		if tokenRefused(code) {
+			credfetcher.Refused(c.token, tok)
+		}
 		c.metrics.requests.WithLabelValues(code.String()).Inc()
 		c.metrics.latency.Observe(latency.Seconds())
 		log.Warn("certify call failed", zap.Stringer(keyCode, code), zap.Duration(keyLatency, latency), zap.Error(err))
@@ -259,4 +263,16 @@ func csrDER(csr []byte) []byte {
 		return block.Bytes
 	}
 	return csr
+}
+
+// tokenRefused reports whether an answer with code may mean the token was
+// refused: the identity service answers FailedPrecondition when the token
+// does not authenticate and InvalidArgument when it does not parse (both
+// also cover CSR faults; a needless new token costs one request).
+func tokenRefused(code codes.Code) bool {
+	switch code {
+	case codes.Unauthenticated, codes.FailedPrecondition, codes.InvalidArgument:
+		return true
+	}
+	return false
 }

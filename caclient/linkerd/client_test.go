@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -318,6 +319,45 @@ func TestServiceErrors(t *testing.T) {
 			}
 			if got := e.outcomes(tt.want.String()); got != 1 {
 				t.Errorf("requests_total{outcome=%s} = %v, want 1", tt.want, got)
+			}
+		})
+	}
+}
+
+// refusalRecorder hands out token and records what it was told was refused.
+type refusalRecorder struct {
+	mu      sync.Mutex
+	refused []string
+}
+
+func (r *refusalRecorder) Token(context.Context) (string, error) { return token, nil }
+
+func (r *refusalRecorder) Invalidate(tok string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refused = append(r.refused, tok)
+}
+
+func TestRefusedTokenIsReported(t *testing.T) {
+	tests := []struct {
+		name    string
+		prepare func(e *env)
+		refused bool
+	}{
+		{"rejected token", func(e *env) { e.s.RejectToken(token) }, true},
+		{"issuer not ready", func(e *env) { e.s.SetReady(false) }, false},
+		{"accepted", func(*env) {}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &refusalRecorder{}
+			e := setup(t, linkerdca.Config{}, func(c *linkerd.Config) { c.Token = rec })
+			tt.prepare(e)
+			_, _ = e.sign(t)
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if tt.refused != (len(rec.refused) == 1 && rec.refused[0] == token) || len(rec.refused) > 1 {
+				t.Errorf("refused tokens %v, want refused=%v", rec.refused, tt.refused)
 			}
 		})
 	}

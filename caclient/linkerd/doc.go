@@ -17,6 +17,10 @@
 // The protocol carries no lifetime: Sign's ttl argument is ignored and the
 // identity service decides (24 h by default in Linkerd).
 //
+// An answer that may mean the token was refused (Unauthenticated,
+// FailedPrecondition, InvalidArgument) is reported to the token source
+// (credfetcher.Refused), so a source that keeps tokens gets a new one.
+//
 // A Client holds at most one gRPC connection, made on the first Sign and
 // dropped after a failed call so that the next call starts with a fresh
 // handshake (new roots, a restarted identity service). The connection is

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/sockprobe"
 	"github.com/meshagent/meshagent/logging"
 	"github.com/meshagent/meshagent/settings"
@@ -39,6 +40,8 @@ type agent struct {
 	status *status.Server
 	mode   ModeDecision
 	served *served
+	// tokens is the bearer token source, built by tokenFetcher.
+	tokens credfetcher.Fetcher
 }
 
 // errSourceUnavailable: a mode without a certificate source (a mode added to

@@ -11,4 +11,9 @@ const (
 	keyRoot      = "root_serial"
 	keySetting   = "setting"
 	keyValue     = "value"
+
+	keyServiceAccount = "service_account"
+	keyPod            = "pod"
+	keyAudience       = "audience"
+	keyLifetime       = "lifetime"
 )

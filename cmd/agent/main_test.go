@@ -296,8 +296,8 @@ func quit(t *testing.T, base string) {
 func TestSettingsWithoutEffectAreWarnedAtStartUp(t *testing.T) {
 	t.Chdir(t.TempDir())
 	env := []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "CREDENTIAL_FETCHER_TYPE=JWT",
-		"CREDENTIAL_IDENTITY_PROVIDER=istio-ca", "PILOT_CERT_PROVIDER=kubernetes"}
-	want := []string{"PILOT_CERT_PROVIDER", "CREDENTIAL_FETCHER_TYPE", "CREDENTIAL_IDENTITY_PROVIDER"} // registry order
+		"CREDENTIAL_IDENTITY_PROVIDER=istio-ca", "PILOT_CERT_PROVIDER=kubernetes", "MESHAGENT_TOKEN_LIFETIME=2h"}
+	want := []string{"PILOT_CERT_PROVIDER", "CREDENTIAL_IDENTITY_PROVIDER", "MESHAGENT_TOKEN_LIFETIME"} // registry order
 
 	code, out, errOut := runCmd(t, env, "config", "--dev")
 	if code != exitOK {

@@ -13,13 +13,13 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/certfile"
-	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/fileprovider"
 	"github.com/meshagent/meshagent/grpcbootstrap"
 	"github.com/meshagent/meshagent/localca"
@@ -29,6 +29,8 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/settings"
 	"github.com/meshagent/meshagent/status"
+	"github.com/meshagent/meshagent/udsserver"
+	"github.com/meshagent/meshagent/workloadapi"
 	"github.com/meshagent/meshagent/xdsproxy"
 )
 
@@ -106,10 +108,12 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 		TTL:         c.SecretTTL,
 		GraceRatio:  c.GraceRatio,
 		GraceJitter: c.GraceJitter,
-		OnPublish:   a.served.onPublish,
-		Source:      source,
-		Logger:      a.base,
-		Registerer:  a.reg,
+		// Sidecar: one identity; the bound matters once callers carry their own.
+		MaxConcurrentCSRs: c.CAMaxConcurrentCSRs,
+		OnPublish:         a.served.onPublish,
+		Source:            source,
+		Logger:            a.base,
+		Registerer:        a.reg,
 	}
 	a.served.files = fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
 	mc.Providers = map[string]secretmanager.Provider{
@@ -223,10 +227,14 @@ func (a *agent) caClient(roots caclient.RootSource) (caclient.Client, error) {
 	for k, v := range c.CAHeaders {
 		md[k] = v
 	}
+	tokens, err := a.tokenFetcher()
+	if err != nil {
+		return nil, err
+	}
 	t := caclient.TransportConfig{
 		Addr:     c.CAAddr,
 		Roots:    roots,
-		Token:    credfetcher.File{Path: c.TokenPath},
+		Token:    tokens,
 		Metadata: md,
 	}
 	if c.CAProvider == settings.ProviderLinkerd {
@@ -347,18 +355,34 @@ func (a *agent) watchedRoots(name, path string) (*secretmanager.Roots, func(cont
 	return roots, run, nil
 }
 
-// servingComponents are the SDS server, the xDS proxy, the OUTPUT_CERTS
-// writer and the gRPC bootstrap writer, as configured.
+// servingComponents are the local socket (SDS and, unless turned off, the
+// SPIFFE Workload API), the xDS proxy, the OUTPUT_CERTS writer and the gRPC
+// bootstrap writer, as configured.
 func (a *agent) servingComponents() ([]component, error) {
 	c := a.cfg
 	var cs []component
 	m := a.served.manager
 	if m != nil && !c.DisableEnvoy {
-		srv, err := sds.New(sds.Config{SocketPath: c.SDSSocket, Secrets: m, MaxStreams: c.SDSMaxStreams, MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg})
+		srv, err := sds.New(sds.Config{Secrets: m, MaxStreams: c.SDSMaxStreams, Logger: a.base, Registerer: a.reg})
 		if err != nil {
 			return nil, err
 		}
-		cs = append(cs, component{name: "sds", run: srv.Run})
+		services := []func(*grpc.Server){srv.Register}
+		if c.WorkloadAPI {
+			wl, err := workloadapi.New(workloadapi.Config{Secrets: m, Logger: a.base, Registerer: a.reg})
+			if err != nil {
+				return nil, err
+			}
+			services = append(services, wl.Register)
+		}
+		socket, err := udsserver.New(udsserver.Config{
+			SocketPath: c.SDSSocket, Services: services,
+			MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
+		})
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, component{name: "sds", run: socket.Run})
 	}
 	if c.XDSProxy {
 		xp, rootsRun, err := a.xdsProxy()
@@ -409,6 +433,10 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error)
 		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(keyPath, c.XDSRoot), zap.Error(err))
 		roots = caclient.StaticRoots{Pool: pki.CertPool(nil)}
 	}
+	tokens, err := a.tokenFetcher()
+	if err != nil {
+		return nil, nil, err
+	}
 	xp, err := xdsproxy.New(xdsproxy.Config{
 		SocketPath: c.XDSSocket,
 		Upstream: caclient.TransportConfig{
@@ -416,7 +444,7 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error)
 			ServerName:        c.IstiodSAN,
 			Roots:             roots,
 			Plaintext:         istio.PlaintextPort(c.DiscoveryAddress),
-			Token:             credfetcher.File{Path: c.TokenPath},
+			Token:             tokens,
 			TokenOptional:     true,
 			Metadata:          md,
 			ClientCertificate: a.served.workloadCertificate,

@@ -42,7 +42,7 @@ type options struct {
 }
 
 // groups are the measurement groups -only can select.
-var groups = []string{"cold", "steady", "xds", "rotation"}
+var groups = []string{"cold", "steady", "xds", "rotation", "workloadapi"}
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
@@ -243,6 +243,28 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		}
 		if steadyAgent != nil {
 			steadyAgent.Stop(2 * time.Second)
+		}
+	}
+
+	if opts.only["workloadapi"] {
+		perStream := Figure{Name: "workloadapi_streams_rss_kb_per_stream", Unit: "KB"}
+		var werr error
+		for i := range opts.steadyRuns {
+			logf("Workload API agent %d of %d: %d FetchX509SVID streams", i+1, opts.steadyRuns, opts.conns*opts.perConn)
+			kb, err := b.workloadStreams(ctx)
+			if err != nil {
+				werr = fmt.Errorf("Workload API agent %d: %w", i+1, err)
+				break
+			}
+			perStream.Samples = append(perStream.Samples, kb)
+		}
+		if len(perStream.Samples) == 0 {
+			rep.Fail(perStream.Name, werr)
+		} else {
+			rep.Report(perStream)
+			if werr != nil {
+				logf("%v", werr)
+			}
 		}
 	}
 

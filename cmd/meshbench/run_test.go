@@ -40,7 +40,7 @@ func TestRunAgainstAgent(t *testing.T) {
 	want := []string{
 		"cold_start_ms", "cold_start_rsa2048_ms", "idle_rss_mb", "sds_streams_rss_kb_per_stream",
 		"cpu_idle_ms_per_min", "xds_forward_overhead_ratio", "xds_forward_peak_rss_mb",
-		"rotation_fanout_ms", "rotation_first_to_last_stream_ms",
+		"workloadapi_streams_rss_kb_per_stream", "rotation_fanout_ms", "rotation_first_to_last_stream_ms",
 	}
 	if len(lines) != len(want) {
 		t.Fatalf("got %d lines, want %d:\n%s", len(lines), len(want), stdout.String())

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	pb "istio.io/api/security/v1alpha1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
@@ -101,6 +102,16 @@ type Config struct {
 	// Plaintext serves without TLS, like a control plane on port 15010. Only
 	// bearer tokens authenticate then.
 	Plaintext bool
+	// Kube, when set, authenticates a bearer token that is not in Tokens by
+	// a TokenReview against this API server, as istiod does. It also
+	// serves the pod look-ups of impersonation.
+	Kube kubernetes.Interface
+	// Audiences the TokenReview asks for. Default [DefaultAudience].
+	Audiences []string
+	// TrustedNodeAccounts may ask for another identity with
+	// ImpersonatedIdentity in the request metadata (istiod's
+	// CA_TRUSTED_NODE_ACCOUNTS). Only callers authenticated by TokenReview.
+	TrustedNodeAccounts []ServiceAccount
 }
 
 // Server is a running test CA.
@@ -124,6 +135,8 @@ type Server struct {
 	lastMD   metadata.MD
 	lastReq  *pb.IstioCertificateRequest
 	seen     []string // every bearer token received, in order
+	reviews  []Review // every TokenReview made, in order
+	denials  []string // why impersonation requests were refused, in order
 	foreign  *localca.CA
 }
 
@@ -371,9 +384,17 @@ func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificat
 	if snap.mode == ModeError {
 		return nil, status.Errorf(snap.errCode, "istioca: told to fail with %s", snap.errCode)
 	}
-	id, err := h.s.authenticate(ctx, snap)
+	c, err := h.s.authenticate(ctx, snap)
 	if err != nil {
 		return nil, err
+	}
+	id := c.id
+	if want, ok := impersonated(req); ok {
+		id, err = h.s.authorizeImpersonation(ctx, c, want)
+		if err != nil {
+			h.s.deny(err)
+			return nil, status.Error(codes.Unauthenticated, errDenied)
+		}
 	}
 	csr, err := parseCSR(req.GetCsr())
 	if err != nil {
@@ -417,23 +438,64 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 	return snap
 }
 
-// authenticate returns the caller's identity: from a verified client
-// certificate of this trust domain, else from the bearer token.
-func (s *Server) authenticate(ctx context.Context, snap snapshot) (pki.Identity, error) {
+// authenticate returns the caller: from a verified client certificate of
+// this trust domain, else from the bearer token (the token table first, then
+// a TokenReview when Kube is set).
+func (s *Server) authenticate(ctx context.Context, snap snapshot) (caller, error) {
 	if p, ok := peer.FromContext(ctx); ok {
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
 			if id, ok := s.spiffeID(ti.State.VerifiedChains[0][0]); ok {
-				return id, nil
+				return caller{id: id}, nil
 			}
 		}
 	}
 	switch {
 	case !snap.hasTok:
-		return pki.Identity{}, status.Error(codes.Unauthenticated, "istioca: no bearer token and no client certificate of this trust domain")
-	case !snap.knownSA:
-		return pki.Identity{}, status.Error(codes.Unauthenticated, "istioca: unknown bearer token")
+		return caller{}, status.Error(codes.Unauthenticated, "istioca: no bearer token and no client certificate of this trust domain")
+	case snap.knownSA:
+		return caller{id: s.Identity(snap.sa)}, nil
+	case s.cfg.Kube == nil:
+		return caller{}, status.Error(codes.Unauthenticated, "istioca: unknown bearer token")
 	}
-	return s.Identity(snap.sa), nil
+	r, err := s.review(ctx, snap.token)
+	s.mu.Lock()
+	s.reviews = append(s.reviews, r)
+	s.mu.Unlock()
+	if err != nil {
+		return caller{}, status.Errorf(codes.Unauthenticated, "istioca: token review: %v", err)
+	}
+	return caller{id: s.Identity(r.ServiceAccount), review: &r}, nil
+}
+
+// impersonated returns the identity named in the request metadata's
+// ImpersonatedIdentity field, if any.
+func impersonated(req *pb.IstioCertificateRequest) (string, bool) {
+	v, ok := req.GetMetadata().GetFields()[ImpersonatedIdentityKey]
+	if !ok {
+		return "", false
+	}
+	return v.GetStringValue(), true
+}
+
+func (s *Server) deny(reason error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.denials = append(s.denials, reason.Error())
+}
+
+// Reviews lists every TokenReview the CA made, in order.
+func (s *Server) Reviews() []Review {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Review(nil), s.reviews...)
+}
+
+// Denials lists why impersonation requests were refused, in order (the
+// caller is told only that authentication failed).
+func (s *Server) Denials() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.denials...)
 }
 
 // spiffeID returns the identity of a client certificate when it carries

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -27,8 +26,6 @@ import (
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const token = "sa-token"
 

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"path/filepath"
 	"sync"
@@ -152,7 +153,9 @@ func (c *Client) Stream(ctx context.Context, cfg StreamConfig) (*Stream, error) 
 		return nil, err
 	}
 	s := &Stream{cfg: cfg, stream: stream, cancel: cancel, responses: make(chan *Response, cfg.Buffer), done: make(chan struct{}), names: cfg.Names}
-	if err := s.Request(cfg.Names, "", ""); err != nil {
+	// io.EOF means the server already ended the stream (it may refuse it
+	// before reading a request); Recv reports why, through Err.
+	if err := s.Request(cfg.Names, "", ""); err != nil && !errors.Is(err, io.EOF) {
 		cancel()
 		return nil, err
 	}

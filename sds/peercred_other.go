@@ -1,8 +1,0 @@
-//go:build !linux
-
-package sds
-
-import "net"
-
-// readPeerCred is not implemented off Linux.
-func readPeerCred(*net.UnixConn) (PeerCred, error) { return PeerCred{}, errNoPeerCred }

@@ -1,0 +1,254 @@
+package istioca
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+	pb "istio.io/api/security/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/test/kubeenv"
+)
+
+// cluster is one test's namespaces in the shared API server: a node agent
+// (istio-system-like namespace, service account "ztunnel", pod on node-a)
+// and a workload namespace.
+type cluster struct {
+	env      *kubeenv.Env
+	sys, app string
+	agentPod *corev1.Pod
+	agentSA  ServiceAccount
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	env := kubeEnv(t)
+	ctx := context.Background()
+	base := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(base) > 40 {
+		base = base[:40]
+	}
+	base = strings.Trim(base, "-")
+	c := &cluster{env: env, sys: base + "-sys", app: base + "-app"}
+	for _, ns := range []string{c.sys, c.app} {
+		if _, err := env.CreateNamespace(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.agentSA = ServiceAccount{Namespace: c.sys, Name: "ztunnel"}
+	if _, err := env.CreateServiceAccount(ctx, c.sys, "ztunnel"); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := env.CreatePod(ctx, c.sys, "ztunnel-a", "ztunnel", "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.agentPod = pod
+	return c
+}
+
+func (c *cluster) pod(t *testing.T, ns, name, sa, node string) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := c.env.Client().CoreV1().ServiceAccounts(ns).Get(ctx, sa, metav1.GetOptions{}); err != nil {
+		if _, err := c.env.CreateServiceAccount(ctx, ns, sa); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := c.env.CreatePod(ctx, ns, name, sa, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (c *cluster) token(t *testing.T, ns, sa string, aud []string, pod *corev1.Pod) string {
+	t.Helper()
+	tok, err := c.env.Token(context.Background(), ns, sa, aud, pod, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// deleteNow removes a pod at once, as a kubelet would once its containers
+// stopped: without a kubelet a pod on a node would otherwise wait out its
+// grace period, and tokens bound to it stay valid meanwhile.
+var deleteNow = metav1.DeleteOptions{GracePeriodSeconds: new(int64)}
+
+func csrFor(t *testing.T, id pki.Identity) string {
+	t.Helper()
+	der, err := pki.NewCSR(newKey(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pki.EncodeCSRPEM(der))
+}
+
+func TestTokenReviewAuthentication(t *testing.T) {
+	c := newCluster(t)
+	web := c.pod(t, c.app, "web-0", "web", "node-a")
+	webSA := ServiceAccount{Namespace: c.app, Name: "web"}
+	s := start(t, Config{Kube: c.env.Client()})
+	bound := c.token(t, c.app, "web", []string{"istio-ca"}, web)
+	gone := c.pod(t, c.app, "gone-0", "web", "node-a")
+	goneTok := c.token(t, c.app, "web", []string{"istio-ca"}, gone)
+	if err := c.env.Client().CoreV1().Pods(c.app).Delete(context.Background(), "gone-0", deleteNow); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name  string
+		token string
+		code  codes.Code
+	}{
+		{"pod-bound token, audience istio-ca", bound, codes.OK},
+		{"unbound token, audience istio-ca", c.token(t, c.app, "web", []string{"istio-ca"}, nil), codes.OK},
+		{"token for the API server's audience", c.token(t, c.app, "web", nil, web), codes.Unauthenticated},
+		{"token for another audience", c.token(t, c.app, "web", []string{"identity.l5d.io"}, web), codes.Unauthenticated},
+		{"token of a deleted pod", goneTok, codes.Unauthenticated},
+		{"not a token", "garbage", codes.Unauthenticated},
+		{"the token table still works", token, codes.OK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := s.Identity(webSA)
+			if tt.token == token {
+				id = s.Identity(sa)
+			}
+			resp, err := client(t, s, nil).CreateCertificate(withToken(t, tt.token), &pb.IstioCertificateRequest{Csr: csrFor(t, id)})
+			if code := status.Code(err); code != tt.code {
+				t.Fatalf("code %s (%v), want %s", code, err, tt.code)
+			}
+			if err == nil {
+				if got, _ := pki.IdentityOf(parse(t, resp)[0]); got != id {
+					t.Errorf("issued for %s, want %s", got, id)
+				}
+			}
+		})
+	}
+
+	// What the review of the pod-bound token said.
+	var r *Review
+	for _, rv := range s.Reviews() {
+		if rv.Token == bound {
+			r = &rv
+		}
+	}
+	if r == nil {
+		t.Fatal("the pod-bound token was not reviewed")
+	}
+	if !r.Authenticated || r.ServiceAccount != webSA || r.PodName != "web-0" || r.PodUID != string(web.UID) || r.NodeName != "node-a" {
+		t.Errorf("review %+v", *r)
+	}
+	if len(r.Audiences) != 1 || r.Audiences[0] != "istio-ca" {
+		t.Errorf("audiences %v", r.Audiences)
+	}
+	if life := r.Expiry.Sub(r.IssuedAt); life != 10*time.Minute {
+		t.Errorf("token life %s, want 10m", life)
+	}
+}
+
+func TestTokenReviewAudienceIsConfigurable(t *testing.T) {
+	c := newCluster(t)
+	web := c.pod(t, c.app, "web-0", "web", "node-a")
+	s := start(t, Config{Kube: c.env.Client(), Audiences: []string{"my-mesh"}})
+	id := s.Identity(ServiceAccount{Namespace: c.app, Name: "web"})
+	for aud, want := range map[string]codes.Code{"my-mesh": codes.OK, "istio-ca": codes.Unauthenticated} {
+		tok := c.token(t, c.app, "web", []string{aud}, web)
+		_, err := client(t, s, nil).CreateCertificate(withToken(t, tok), &pb.IstioCertificateRequest{Csr: csrFor(t, id)})
+		if status.Code(err) != want {
+			t.Errorf("audience %s: %v, want %s", aud, err, want)
+		}
+	}
+}
+
+func impersonating(t *testing.T, id pki.Identity) *structpb.Struct {
+	t.Helper()
+	return &structpb.Struct{Fields: map[string]*structpb.Value{ImpersonatedIdentityKey: structpb.NewStringValue(id.String())}}
+}
+
+func TestImpersonation(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	c.pod(t, c.app, "web-a", "web", "node-a")
+	c.pod(t, c.app, "db-b", "db", "node-b")
+	failed := c.pod(t, c.app, "batch-a", "batch", "node-a")
+	failed.Status.Phase = corev1.PodFailed
+	if _, err := c.env.Client().CoreV1().Pods(c.app).UpdateStatus(ctx, failed, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A second node agent, on node-b, and an untrusted account on node-a.
+	agentB := c.pod(t, c.sys, "ztunnel-b", "ztunnel", "node-b")
+	rogue := c.pod(t, c.sys, "rogue-a", "rogue", "node-a")
+
+	s := start(t, Config{Kube: c.env.Client(), TrustedNodeAccounts: []ServiceAccount{c.agentSA}})
+	agentTok := c.token(t, c.sys, "ztunnel", []string{"istio-ca"}, c.agentPod)
+	agentBTok := c.token(t, c.sys, "ztunnel", []string{"istio-ca"}, agentB)
+	unboundTok := c.token(t, c.sys, "ztunnel", []string{"istio-ca"}, nil)
+	rogueTok := c.token(t, c.sys, "rogue", []string{"istio-ca"}, rogue)
+	app := func(name string) pki.Identity { return s.Identity(ServiceAccount{Namespace: c.app, Name: name}) }
+
+	tests := []struct {
+		name   string
+		token  string
+		want   pki.Identity
+		ok     bool
+		reason string
+	}{
+		{"trusted agent, pod of the account on its node", agentTok, app("web"), true, ""},
+		{"trusted agent, the account's pod is on another node", agentTok, app("db"), false, "no pod of " + c.app + "/db runs on node node-a"},
+		{"trusted agent on the other node", agentBTok, app("db"), true, ""},
+		{"only a failed pod of the account on the node", agentTok, app("batch"), false, "no pod of " + c.app + "/batch runs on node node-a"},
+		{"no such account", agentTok, app("nobody"), false, "no pod of " + c.app + "/nobody runs on node node-a"},
+		{"untrusted account", rogueTok, app("web"), false, "caller " + c.sys + "/rogue is not a trusted node account"},
+		{"token not bound to a pod", unboundTok, app("web"), false, "caller's token is not bound to a pod"},
+		{"another trust domain", agentTok, pki.SPIFFEIdentity("elsewhere.org", c.app, "web"), false, "is not a service account of trust domain cluster.local"},
+		{"token table caller", token, app("web"), false, "impersonation needs a caller authenticated by TokenReview"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := len(s.Denials())
+			resp, err := client(t, s, nil).CreateCertificate(withToken(t, tt.token), &pb.IstioCertificateRequest{
+				Csr: csrFor(t, tt.want), Metadata: impersonating(t, tt.want),
+			})
+			if tt.ok {
+				if err != nil {
+					t.Fatalf("refused: %v (denials %v)", err, s.Denials()[before:])
+				}
+				if got, _ := pki.IdentityOf(parse(t, resp)[0]); got != tt.want {
+					t.Errorf("issued for %s, want %s", got, tt.want)
+				}
+				return
+			}
+			if status.Code(err) != codes.Unauthenticated || status.Convert(err).Message() != errDenied {
+				t.Fatalf("answer %v, want Unauthenticated %q", err, errDenied)
+			}
+			d := s.Denials()[before:]
+			if len(d) != 1 || !strings.Contains(d[0], tt.reason) {
+				t.Errorf("denials %v, want one with %q", d, tt.reason)
+			}
+		})
+	}
+
+	t.Run("caller pod deleted", func(t *testing.T) {
+		gone := c.pod(t, c.sys, "ztunnel-gone", "ztunnel", "node-a")
+		tok := c.token(t, c.sys, "ztunnel", []string{"istio-ca"}, gone)
+		if err := c.env.Client().CoreV1().Pods(c.sys).Delete(ctx, gone.Name, deleteNow); err != nil {
+			t.Fatal(err)
+		}
+		_, err := client(t, s, nil).CreateCertificate(withToken(t, tok), &pb.IstioCertificateRequest{
+			Csr: csrFor(t, app("web")), Metadata: impersonating(t, app("web")),
+		})
+		if status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("answer %v, want Unauthenticated", err)
+		}
+	})
+}

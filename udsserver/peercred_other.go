@@ -1,0 +1,12 @@
+//go:build !linux
+
+package udsserver
+
+import (
+	"net"
+
+	"github.com/meshagent/meshagent/caller"
+)
+
+// readPeerCred is not implemented off Linux.
+func readPeerCred(*net.UnixConn) (caller.Cred, error) { return caller.Cred{}, errNoPeerCred }
