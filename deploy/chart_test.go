@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3" // HttpProtocolOptions in the bootstrap
@@ -251,15 +252,23 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { deleteClusterScoped(rbac) })
-			for who, checks := range tt.access {
-				sa := objs.serviceAccount(t, who)
-				for _, a := range checks {
-					a.namespace = cmp.Or(a.namespace, ns)
-					if a.name == "$sa" {
-						a.name = sa
-					}
-					if got := allowed(t, ns, sa, a.verb, a.resource, a.subresource, a.namespace, a.name); got != a.allowed {
-						t.Errorf("%s may %s %s/%s %s/%s: %v, want %v", sa, a.verb, a.resource, a.subresource, a.namespace, a.name, got, a.allowed)
+			// The authorizer sees new RBAC objects through its caches a moment after
+			// they are created: wait for every grant first, so that a refusal checked
+			// afterwards is a real one, not a cache that has not caught up.
+			for _, wantAllowed := range []bool{true, false} {
+				for who, checks := range tt.access {
+					sa := objs.serviceAccount(t, who)
+					for _, a := range checks {
+						if a.allowed != wantAllowed {
+							continue
+						}
+						a.namespace = cmp.Or(a.namespace, ns)
+						if a.name == "$sa" {
+							a.name = sa
+						}
+						if got := allowed(t, ns, sa, a.verb, a.resource, a.subresource, a.namespace, a.name, a.allowed); got != a.allowed {
+							t.Errorf("%s may %s %s/%s %s/%s: %v, want %v", sa, a.verb, a.resource, a.subresource, a.namespace, a.name, got, a.allowed)
+						}
 					}
 				}
 			}
@@ -653,22 +662,38 @@ func deleteClusterScoped(objs objects) {
 }
 
 // allowed asks the API server whether service account sa of namespace ns may do verb.
-func allowed(t *testing.T, ns, sa, verb, resource, subresource, namespace, name string) bool {
+// When waitFor is true it asks again, for up to rbacPropagation, until the answer is
+// yes: RBAC objects just created reach the authorizer through its informers.
+func allowed(t *testing.T, ns, sa, verb, resource, subresource, namespace, name string, waitFor bool) bool {
 	t.Helper()
-	r, err := kube.Client().AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
-		Spec: authorizationv1.SubjectAccessReviewSpec{
-			User:   "system:serviceaccount:" + ns + ":" + sa,
-			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
-			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Verb: verb, Resource: resource, Subresource: subresource, Namespace: namespace, Name: name,
+	ctx, cancel := context.WithTimeout(context.Background(), rbacPropagation)
+	defer cancel()
+	for {
+		r, err := kube.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:   "system:serviceaccount:" + ns + ":" + sa,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: verb, Resource: resource, Subresource: subresource, Namespace: namespace, Name: name,
+				},
 			},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("SubjectAccessReview: %v", err)
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SubjectAccessReview: %v", err)
+		}
+		if r.Status.Allowed || !waitFor {
+			return r.Status.Allowed
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	return r.Status.Allowed
 }
+
+// rbacPropagation bounds the wait for a new grant to reach the authorizer.
+const rbacPropagation = 10 * time.Second
 
 func newNamespace(t *testing.T, prefix string) string {
 	t.Helper()
