@@ -120,7 +120,7 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 		}},
 	}, {
 		name:   "sidecar-tokenrequest",
-		values: "credentialFetcherType: TokenRequest\n",
+		values: "credentialFetcherType: TokenRequest\ntoken:\n  lifetime: 30m\n",
 		kinds:  []string{"ConfigMap", "Deployment", "Role", "RoleBinding", "ServiceAccount"},
 		check: func(t *testing.T, objs objects) {
 			pod := objs.deployment(t).Spec.Template.Spec
@@ -130,6 +130,7 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 			}
 			agent := container(t, pod, "meshagent")
 			checkEnv(t, agent, "CREDENTIAL_FETCHER_TYPE", "TokenRequest")
+			checkEnv(t, agent, "MESHAGENT_TOKEN_LIFETIME", "30m")
 			checkEnvFrom(t, agent, "POD_UID", "metadata.uid")
 			for _, v := range pod.Volumes {
 				if v.Projected != nil {
