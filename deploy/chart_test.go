@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
+	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
@@ -340,6 +341,86 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	run("uninstall", "mesh")
 	if _, err := kube.Client().RbacV1().ClusterRoles().Get(ctx, "mesh-meshagent-node", metav1.GetOptions{}); err == nil {
 		t.Error("ClusterRole left behind by uninstall")
+	}
+}
+
+// TestChartEnvIsAgentConfig runs the built agent's `meshagent config` with the
+// environment each rendered agent container gets (downward API values filled in as a
+// kubelet would): the agent must accept every value, and read every variable the
+// chart sets as one of its settings.
+func TestChartEnvIsAgentConfig(t *testing.T) {
+	bin, err := agentproc.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ name, kind, values string }{
+		{"sidecar", "Deployment", ""},
+		{"sidecar-tokenrequest", "Deployment", "credentialFetcherType: TokenRequest\ntoken:\n  lifetime: 30m\n  audience: mesh-ca\ncaAddress: ca.mesh.svc:15012\n"},
+		{"sidecar-proxyless-linkerd", "Deployment", "caProvider: Linkerd\nclusterID: ''\nsidecar:\n  envoy:\n    enabled: false\n"},
+		{"node", "DaemonSet", "sidecar:\n  enabled: false\nnode:\n  enabled: true\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			objs, err := render(t, "cfg", "shop", tt.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pod corev1.PodSpec
+			if tt.kind == "DaemonSet" {
+				var ds appsv1.DaemonSet
+				objs.find(t, "DaemonSet", &ds)
+				pod = ds.Spec.Template.Spec
+			} else {
+				pod = objs.deployment(t).Spec.Template.Spec
+			}
+			fields := map[string]string{
+				"metadata.name":           "cfg-0",
+				"metadata.namespace":      "shop",
+				"metadata.uid":            "0b8a4c1e-8d4f-4f5e-9a57-3c1a2b9d7e61",
+				"spec.serviceAccountName": pod.ServiceAccountName,
+				"spec.nodeName":           "node-a",
+				"status.podIP":            "10.0.0.9",
+			}
+			agent := container(t, pod, "meshagent")
+			env := []string{"PATH=" + os.Getenv("PATH")}
+			set := map[string]string{}
+			for _, e := range agent.Env {
+				v := e.Value
+				if e.ValueFrom != nil {
+					var ok bool
+					if v, ok = fields[e.ValueFrom.FieldRef.FieldPath]; !ok {
+						t.Fatalf("%s from unexpected field %s", e.Name, e.ValueFrom.FieldRef.FieldPath)
+					}
+				}
+				env = append(env, e.Name+"="+v)
+				set[e.Name] = v
+			}
+			cmd := exec.Command(bin, "config")
+			cmd.Dir = t.TempDir()
+			cmd.Env = env
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("meshagent config refused the chart's environment: %v\n%s", err, out)
+			}
+			fromEnv := map[string]bool{}
+			known := map[string]bool{}
+			for _, line := range strings.Split(string(out), "\n") {
+				if f := strings.Fields(line); len(f) >= 3 {
+					known[f[0]] = true
+					fromEnv[f[0]] = f[2] == "env"
+				}
+			}
+			for name := range set {
+				switch {
+				case fromEnv[name]:
+				case known[name]:
+					t.Errorf("%s is set by the chart but meshagent config does not show it from env:\n%s", name, out)
+				case (name == "MESHAGENT_MODE" || name == "NODE_NAME") && !known["MESHAGENT_MODE"]:
+					t.Logf("%s: this agent build has no node mode", name)
+				default:
+					t.Errorf("the chart sets %s, which is no setting of the agent", name)
+				}
+			}
+		})
 	}
 }
 
