@@ -223,7 +223,15 @@ func (a *agent) caClient(roots caclient.RootSource) (caclient.Client, error) {
 		}
 		t.TokenOptional = true
 	}
-	return istio.New(istio.Config{Transport: t, CertSigner: c.CertSigner, Logger: a.base, Registerer: a.reg})
+	ic := istio.Config{Transport: t, CertSigner: c.CertSigner, Logger: a.base, Registerer: a.reg}
+	if a.nodeMode() {
+		// The token is the agent's own: pods' certificates are asked on
+		// their behalf (ImpersonatedIdentity).
+		if ic.Identity, err = c.Identity(); err != nil {
+			return nil, configError{err}
+		}
+	}
+	return istio.New(ic)
 }
 
 // outputCertsInitial returns a still-valid certificate for id found in
