@@ -90,8 +90,12 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 func (a *agent) startManager(mc secretmanager.Config, client caclient.Client) (*secretmanager.Manager, []component, error) {
 	files := fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
 	// Node mode serves many pods from one socket: files of the node are not
-	// served, so one pod cannot read what is meant for another.
-	if !a.nodeMode() {
+	// served, so one pod cannot read what is meant for another, unless the
+	// operator says every pod may read them.
+	if a.nodeMode() && a.cfg.NodeFileResources {
+		a.log.Warn("node mode: file-cert: and file-root: resources are served (MESHAGENT_NODE_FILE_RESOURCES): any pod on the node can read the files the agent can read")
+	}
+	if !a.nodeMode() || a.cfg.NodeFileResources {
 		mc.Providers = map[string]secretmanager.Provider{
 			secretmanager.FileCertPrefix: files,
 			secretmanager.FileRootPrefix: files,
