@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/status"
 	"github.com/meshagent/meshagent/test/kubeenv"
 	"github.com/meshagent/meshagent/test/podproc"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -178,6 +181,43 @@ func TestNodeModeServesEachPodItsIdentity(t *testing.T) {
 	}
 	if got := fetchAsPod(t, sock, uid["far-0"], podproc.Cgroupfs); !strings.Contains(got, "PermissionDenied") || !strings.Contains(got, "not known on this node") {
 		t.Errorf("pod of another node got %q, want PermissionDenied", got)
+	}
+
+	// /debug/certs lists each identity with the pods using it.
+	code, body := httpGet(t, base+"/debug/certs")
+	if code != 200 {
+		t.Fatalf("/debug/certs: %d %s", code, body)
+	}
+	var certs []status.CertInfo
+	if err := json.Unmarshal([]byte(body), &certs); err != nil {
+		t.Fatalf("/debug/certs: %v\n%s", err, body)
+	}
+	pods := map[string][]string{}
+	for _, c := range certs {
+		if c.ResourceName == "default" {
+			pods[c.Identity] = c.Pods
+		}
+	}
+	cartID, payID := "spiffe://cluster.local/ns/"+ns+"/sa/cart", "spiffe://cluster.local/ns/"+ns+"/sa/payments"
+	if got := pods[cartID]; !slices.Equal(got, []string{ns + "/cart-0"}) {
+		t.Errorf("/debug/certs: %s used by %v, want [%s/cart-0]\n%s", cartID, got, ns, body)
+	}
+	if got := pods[payID]; !slices.Equal(got, []string{ns + "/pay-0"}) {
+		t.Errorf("/debug/certs: %s used by %v, want [%s/pay-0]\n%s", payID, got, ns, body)
+	}
+	// Metrics per identity, never per pod.
+	_, metrics := httpGet(t, base+"/metrics")
+	for _, want := range []string{
+		`meshagent_node_identity_pods{identity="` + cartID + `"} 1`,
+		`meshagent_node_identity_pods{identity="` + payID + `"} 1`,
+		`meshagent_node_identity_cert_expiry_timestamp_seconds{identity="` + cartID + `"}`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(metrics, "cart-0") || strings.Contains(metrics, "pay-0") {
+		t.Errorf("/metrics names pods")
 	}
 	cancel()
 	if code := wait(); code != exitOK {

@@ -110,7 +110,9 @@ func (a *agent) startManager(mc secretmanager.Config, client caclient.Client) (*
 	}
 	a.status.AddReadiness("workload_certificate", m.Ready)
 	a.status.AddLiveness("workload_certificate", m.Live)
-	a.status.AddCertLister(managerLister{m})
+	if !a.nodeMode() { // node mode lists the pods of each identity too (nodeCallers)
+		a.status.AddCertLister(managerLister{m: m})
+	}
 	return m, []component{{name: "secretmanager", run: func(ctx context.Context) error {
 		if client != nil {
 			defer client.Close()
@@ -119,15 +121,28 @@ func (a *agent) startManager(mc secretmanager.Config, client caclient.Client) (*
 	}}, {name: "file_resources", run: files.Run}}, nil
 }
 
-type managerLister struct{ m *secretmanager.Manager }
+// managerLister lists the manager's certificates for /debug/certs; with
+// pods (node mode), each workload certificate with the pods using its
+// identity.
+type managerLister struct {
+	m    *secretmanager.Manager
+	pods func() map[string][]string
+}
 
 func (l managerLister) Certs() []status.CertInfo {
 	in := l.m.Certs()
+	var pods map[string][]string
+	if l.pods != nil {
+		pods = l.pods()
+	}
 	out := make([]status.CertInfo, len(in))
 	for i, c := range in {
 		out[i] = status.CertInfo{
 			ResourceName: c.ResourceName, Identity: c.Identity, Serial: c.Serial,
 			NotBefore: c.NotBefore, NotAfter: c.NotAfter, RenewAt: c.RenewAt, Source: c.Source,
+		}
+		if c.ResourceName == secretmanager.WorkloadCertName {
+			out[i].Pods = pods[c.Identity]
 		}
 	}
 	return out
