@@ -80,6 +80,18 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 	if err != nil {
 		return nil, nil, err
 	}
+	podsOf := func() map[string][]string {
+		ids := idx.Identities()
+		out := make(map[string][]string, len(ids))
+		for id, pods := range ids {
+			out[of(id).String()] = pods
+		}
+		return out
+	}
+	a.status.AddCertLister(managerLister{m: m, pods: podsOf})
+	if err := a.reg.Register(nodeIdentityCollector{m: m, pods: podsOf}); err != nil {
+		return nil, nil, err
+	}
 	a.status.AddReadiness("pod_index", func() error {
 		if !idx.HasSynced() {
 			return errors.New("the node's pods are not listed yet")
