@@ -360,11 +360,14 @@ func (s *scaleRun) rotation(ctx context.Context, rep *Reporter, name func(string
 	}
 	target := ""
 	if s.n == 1000 {
-		target = "<= 500"
+		target = "max <= 500"
 	}
-	rep.Report(Figure{Name: name("rotation_all_streams_ms"), Unit: "ms", Samples: []float64{ms(last.Sub(first))}, Target: target})
-	rep.Report(Figure{Name: name("rotation_answers_spread_ms"), Unit: "ms", Samples: []float64{ms(lastAnswer.Sub(first))}})
-	rep.Report(Figure{Name: name("rotation_answer_to_last_stream_ms"), Unit: "ms", Samples: per, P99: true})
+	// The target is on each identity's answer to its last stream; the
+	// round as a whole spans as long as the CA takes to answer every
+	// identity under the CSR budget, plus the renewal jitter.
+	rep.Report(Figure{Name: name("rotation_answer_to_last_stream_ms"), Unit: "ms", Samples: per, P99: true, Target: target})
+	rep.Report(Figure{Name: name("rotation_round_first_answer_to_last_stream_ms"), Unit: "ms", Samples: []float64{ms(last.Sub(first))}})
+	rep.Report(Figure{Name: name("rotation_round_answers_spread_ms"), Unit: "ms", Samples: []float64{ms(lastAnswer.Sub(first))}})
 	return nil
 }
 
@@ -415,6 +418,15 @@ func (s *scaleRun) newPods(ctx context.Context, rep *Reporter, name func(string)
 		}
 		rep.Report(Figure{Name: name("first_cert_" + kind.label + "_ms"), Unit: "ms", Samples: lat, P99: true, Target: target})
 	}
+	// What the CA itself took per new identity (TokenReview, the node
+	// authorizer's pod look-ups, signing): part of first_cert_csr.
+	var ca []float64
+	for _, c := range s.ca.CSRs() {
+		if c.Issued && strings.Contains(c.Identity, "/sa/new-") {
+			ca = append(ca, ms(c.Answered.Sub(c.At)))
+		}
+	}
+	rep.Report(Figure{Name: name("ca_answer_new_identity_ms"), Unit: "ms", Samples: ca, P99: true})
 	return nil
 }
 

@@ -120,26 +120,26 @@ type Server struct {
 	ca   *localca.CA
 	addr string
 
-	mu       sync.Mutex
-	srv      *grpc.Server
-	done     chan struct{} // closed when the current Serve returns
-	tokens   map[string]ServiceAccount
-	serving  tls.Certificate
-	mode     Mode
-	errCode  codes.Code
-	failN    int
-	failCode codes.Code
-	delay    time.Duration
-	requests int
-	csrs     []CSRRecord
+	mu          sync.Mutex
+	srv         *grpc.Server
+	done        chan struct{} // closed when the current Serve returns
+	tokens      map[string]ServiceAccount
+	serving     tls.Certificate
+	mode        Mode
+	errCode     codes.Code
+	failN       int
+	failCode    codes.Code
+	delay       time.Duration
+	requests    int
+	csrs        []CSRRecord
 	inFlight    int // CreateCertificate calls not yet answered
 	maxInFlight int // the most there ever were at once
-	lastMD   metadata.MD
-	lastReq  *pb.IstioCertificateRequest
-	seen     []string // every bearer token received, in order
-	reviews  []Review // every TokenReview made, in order
-	denials  []string // why impersonation requests were refused, in order
-	foreign  *localca.CA
+	lastMD      metadata.MD
+	lastReq     *pb.IstioCertificateRequest
+	seen        []string // every bearer token received, in order
+	reviews     []Review // every TokenReview made, in order
+	denials     []string // why impersonation requests were refused, in order
+	foreign     *localca.CA
 }
 
 // Start serves a new test CA over TLS and stops it when the test ends.
