@@ -181,7 +181,9 @@ func (nb *nodeBench) scale(ctx context.Context, n, ids int, rep *Reporter) (floa
 
 	// Every identity is fetched ahead, from the pod list alone: the pods'
 	// and that of the agent's own pod, which runs on the node too.
-	if err := s.waitIssued(actx, ids+1, opts.streamTimeout); err != nil {
+	// The CA's TokenReview and pod look-ups take tens of ms per CSR on a
+	// loaded machine: allow 200 ms per identity beyond -stream-timeout.
+	if err := s.waitIssued(actx, ids+1, opts.streamTimeout+time.Duration(ids)*200*time.Millisecond); err != nil {
 		return 0, agentErr(s.agent, fmt.Errorf("certificates fetched ahead: %w", err))
 	}
 	b.log("node mode: %d identities fetched ahead %v after exec", ids, time.Since(s.agent.Started).Round(time.Millisecond))
