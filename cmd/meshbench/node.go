@@ -169,6 +169,9 @@ func (nb *nodeBench) scale(ctx context.Context, n, ids int, rep *Reporter) (floa
 		Env: []string{
 			"MESHAGENT_MODE=node", "NODE_NAME=" + s.node, "KUBECONFIG=" + nb.kubeconf,
 			fmt.Sprintf("MESHAGENT_CA_MAX_CONCURRENT_CSRS=%d", opts.nodeBudget),
+			// The default bound on SDS streams (4,096 across all callers) is
+			// below one stream per pod at 5,000 pods.
+			fmt.Sprintf("MESHAGENT_SDS_MAX_STREAMS=%d", max(4096, 2*n)),
 		},
 	}
 	dir := filepath.Join(b.baseDir, "node-"+fmt.Sprint(n))
