@@ -1,7 +1,9 @@
 // Package udsserver is the agent's local gRPC server on a Unix socket, on
 // which SDS and the SPIFFE Workload API are served side by side.
 //
-// It owns the socket (directory created 0750, socket 0666 as pilot-agent; a
+// It owns the socket (directory created 0750, or Config.DirMode, 0755 in
+// node mode so that pods' processes of any uid reach the socket; socket 0666
+// as pilot-agent; a
 // stale socket file is removed before listening, a live one is left alone and
 // Run fails with ErrSocketInUse; a regular file is never removed; the socket
 // is removed when Run returns), the grpc.Server and what applies to every
