@@ -2,6 +2,9 @@ package sds
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
+	"weak"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -41,4 +44,55 @@ func toAny(name string, s *secretmanager.Secret) (*anypb.Any, error) {
 		return nil, fmt.Errorf("encoding secret %q: %w", name, err)
 	}
 	return a, nil
+}
+
+// encodedCache holds the encoded resource of each secret served, per name,
+// so that a rotation pushed to many streams encodes the secret once and
+// every response shares the bytes. Entries are read-only once stored. A key
+// holds its secret weakly: the entry is dropped once the secret is
+// collected (after a rotation replaced it and no stream holds it).
+type encodedCache struct {
+	mu sync.Mutex
+	m  map[encodedKey]*anypb.Any
+}
+
+type encodedKey struct {
+	name string
+	sec  weak.Pointer[secretmanager.Secret]
+}
+
+// get returns the encoded resource of sec under name. Secrets are never
+// modified once published, so the encoding of one stays right.
+func (c *encodedCache) get(name string, sec *secretmanager.Secret) (*anypb.Any, error) {
+	k := encodedKey{name: name, sec: weak.Make(sec)}
+	// Encoding under the lock makes the streams of one rotation wait for
+	// one encoding rather than each do its own.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if a, ok := c.m[k]; ok {
+		return a, nil
+	}
+	a, err := toAny(name, sec)
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil {
+		c.m = make(map[encodedKey]*anypb.Any)
+	}
+	c.m[k] = a
+	runtime.AddCleanup(sec, c.drop, k)
+	return a, nil
+}
+
+func (c *encodedCache) drop(k encodedKey) {
+	c.mu.Lock()
+	delete(c.m, k)
+	c.mu.Unlock()
+}
+
+// len returns the number of entries.
+func (c *encodedCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -77,6 +78,13 @@ type Server struct {
 	versions  atomic.Uint64
 	streamIDs atomic.Uint64
 	open      atomic.Int64 // StreamSecrets streams being served
+
+	// encoded holds each secret's resource, encoded once and shared by
+	// every response that carries it.
+	encoded encodedCache
+
+	watchMu sync.Mutex
+	watches map[watchKey]*sharedWatch
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -118,7 +126,7 @@ func (s *Server) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryReq
 		s.countError(err)
 		return nil, err
 	}
-	s.metrics.pushes.WithLabelValues(pushFetch).Inc()
+	s.metrics.pushFetch.Inc()
 	return resp, nil
 }
 
@@ -193,7 +201,7 @@ func (s *Server) resolve(ctx context.Context, names []string) ([]*secretmanager.
 func (s *Server) response(names []string, secrets []*secretmanager.Secret) (*discoveryv3.DiscoveryResponse, error) {
 	resources := make([]*anypb.Any, len(names))
 	for i, name := range names {
-		a, err := toAny(name, secrets[i])
+		a, err := s.encoded.get(name, secrets[i])
 		if err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		}
