@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
@@ -46,10 +47,30 @@ type streamState struct {
 	// watched are the names whose shared watch the stream is a member of.
 	// Only the handler goroutine changes it.
 	watched map[string]struct{}
-	// peek is the stream's context, already cancelled: a source asked with
-	// it answers at once with what it holds, so no name waits for another.
+	// respond: a request changed the subscription; the next push answers
+	// it with every name available, changed or not.
+	respond bool
+	// peek is the stream's context, already done: a source asked with it
+	// answers at once with what it holds, so no name waits for another.
 	peek context.Context
 }
+
+// doneContext carries a context's values but is done already. It costs the
+// stream one small value where a cancelled child context would also take a
+// place among its parent's children.
+type doneContext struct{ context.Context }
+
+func (doneContext) Done() <-chan struct{}       { return closedChan }
+func (doneContext) Err() error                  { return context.Canceled }
+func (doneContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (d doneContext) Value(key any) any         { return d.Context.Value(key) }
+func (d doneContext) Cause() error              { return context.Canceled }
+
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
 
 // classify applies the xDS stream rules of SPEC 9 to req.
 func (st *streamState) classify(req *discoveryv3.DiscoveryRequest) action {
@@ -206,15 +227,13 @@ func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsS
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
 
-	peek, cancelPeek := context.WithCancel(ctx)
-	cancelPeek()
 	st := &stream{
 		srv:      s,
 		ctx:      ctx,
 		grpc:     gs,
 		log:      streamLog{base: s.log, id: s.streamIDs.Add(1)},
 		identity: identityOf(ctx),
-		st:       streamState{peek: peek},
+		st:       streamState{peek: doneContext{ctx}},
 	}
 	err := st.serve()
 	st.closed.Store(true)
@@ -327,15 +346,19 @@ func (s *Server) handleRequest(str *stream, req *discoveryv3.DiscoveryRequest) e
 		return err
 	}
 	str.subscribe(req.GetResourceNames(), names)
-	secrets, err := s.available(st, names, log)
-	if err != nil {
+	// A name that can never be served ends the stream now; the answer
+	// itself is sent by the push goroutine, whose stack the encoding and
+	// sending grow, not this one's, which the stream keeps while it waits.
+	if _, err := s.available(st, names, log); err != nil {
 		return err
 	}
-	return s.send(str, secrets, s.metrics.pushRequest)
+	st.respond = true
+	str.kick()
+	return nil
 }
 
-// push sends the subscribed secrets again if any of them changed. Called
-// with str.mu held.
+// push answers the latest request, or sends the subscribed secrets again if
+// any of them changed. Called with str.mu held.
 func (s *Server) push(str *stream) error {
 	if err := str.ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
@@ -344,6 +367,10 @@ func (s *Server) push(str *stream) error {
 	secrets, err := s.available(st, st.names, str.log)
 	if err != nil {
 		return err
+	}
+	if st.respond {
+		st.respond = false
+		return s.send(str, secrets, s.metrics.pushRequest)
 	}
 	if !st.changed(st.names, secrets) {
 		return nil
