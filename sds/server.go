@@ -32,7 +32,9 @@ const (
 
 // SecretSource is what the server needs from the secret manager. ctx is the
 // RPC's or stream's context and carries the caller (caller.FromContext):
-// what "default" means depends on it.
+// what "default" means depends on it, through the caller's Identity only,
+// so streams of callers with one identity share a watch (opened with the
+// first stream's context, without its cancellation).
 type SecretSource interface {
 	// Secret returns the current secret for name, waiting (bounded by ctx)
 	// while it is not available yet; with a ctx already done it answers at
