@@ -39,14 +39,14 @@ const (
 // streamState is the xDS bookkeeping of one stream, guarded by stream.mu.
 type streamState struct {
 	subscribed bool
-	requested  []string          // the names of the last accepted request, sorted and unique
-	names      []string          // the names served: requested, or the defaults
-	nonce      string            // nonce of our latest response
-	sent       map[string]uint64 // version of each name last sent on the stream
-	missing    map[string]bool   // names not available at the last look
-	// watched are the names whose shared watch the stream is a member of.
-	// Only the handler goroutine changes it.
-	watched map[string]struct{}
+	requested  []string // the names of the last accepted request, sorted and unique
+	// names are the names served (requested, or the defaults), unique; the
+	// stream is a member of the shared watch of each. Only the handler
+	// goroutine changes it.
+	names   []string
+	nonce   string          // nonce of our latest response
+	sent    []sentVersion   // version of each name last sent on the stream
+	missing map[string]bool // names not available at the last look
 	// respond: a request changed the subscription; the next push answers
 	// it with every name available, changed or not.
 	respond bool
@@ -119,22 +119,15 @@ func sortedUnique(names []string) []string {
 // and watch) and leaves those of names it no longer serves.
 func (st *stream) subscribe(requested, names []string) {
 	state := &st.st
-	if state.watched == nil {
-		state.watched = make(map[string]struct{}, len(names))
-	}
-	keep := make(map[string]bool, len(names))
 	for _, n := range names {
-		keep[n] = true
-		if _, ok := state.watched[n]; !ok {
+		if !slices.Contains(state.names, n) {
 			st.srv.join(st.ctx, watchKey{identity: st.identity, name: n}, st)
-			state.watched[n] = struct{}{}
 		}
 	}
-	for n := range state.watched {
-		if !keep[n] {
+	for _, n := range state.names {
+		if !slices.Contains(names, n) {
 			st.srv.leave(watchKey{identity: st.identity, name: n}, st)
-			delete(state.watched, n)
-			delete(state.sent, n)
+			state.sent = slices.DeleteFunc(state.sent, func(v sentVersion) bool { return v.name == n })
 			delete(state.missing, n)
 		}
 	}
@@ -146,9 +139,36 @@ func (st *stream) subscribe(requested, names []string) {
 // unwatchAll leaves every shared watch of the stream. Only the handler
 // goroutine calls it, as it returns.
 func (st *stream) unwatchAll() {
-	for n := range st.st.watched {
+	for _, n := range st.st.names {
 		st.srv.leave(watchKey{identity: st.identity, name: n}, st)
 	}
+}
+
+// sentVersion is the version of a name last sent on a stream. A stream
+// serves a few names: a slice is smaller than a map and as quick.
+type sentVersion struct {
+	name    string
+	version uint64
+}
+
+// sentOf returns the version last sent under name.
+func (st *streamState) sentOf(name string) (uint64, bool) {
+	for _, v := range st.sent {
+		if v.name == name {
+			return v.version, true
+		}
+	}
+	return 0, false
+}
+
+func (st *streamState) setSent(name string, version uint64) {
+	for i := range st.sent {
+		if st.sent[i].name == name {
+			st.sent[i].version = version
+			return
+		}
+	}
+	st.sent = append(st.sent, sentVersion{name: name, version: version})
 }
 
 // changed reports whether an available secret differs from what the stream
@@ -158,7 +178,7 @@ func (st *streamState) changed(names []string, secrets []*secretmanager.Secret) 
 		if s == nil {
 			continue
 		}
-		if v, ok := st.sent[names[i]]; !ok || v != s.Version {
+		if v, ok := st.sentOf(names[i]); !ok || v != s.Version {
 			return true
 		}
 	}
@@ -440,11 +460,8 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 		return err
 	}
 	st.nonce = resp.GetNonce()
-	if st.sent == nil {
-		st.sent = make(map[string]uint64, len(names))
-	}
 	for i, sec := range have {
-		st.sent[names[i]] = sec.Version
+		st.setSent(names[i], sec.Version)
 	}
 	counter.Inc()
 	if ce := log.check(zap.DebugLevel, "secrets sent"); ce != nil {
