@@ -4,7 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,6 +78,7 @@ type Server struct {
 	metrics *metrics
 
 	versions  atomic.Uint64
+	stamp     atomic.Pointer[versionStamp]
 	streamIDs atomic.Uint64
 	open      atomic.Int64 // StreamSecrets streams being served
 
@@ -217,9 +218,23 @@ func (s *Server) response(names []string, secrets []*secretmanager.Secret) (*dis
 	}, nil
 }
 
-// nextVersion is a timestamp and a counter, as pilot-agent sends.
+// nextVersion is a timestamp and a counter, as pilot-agent sends. The
+// timestamp is formatted once a second: a rotation pushed to many streams
+// formats it once.
 func (s *Server) nextVersion() string {
-	return fmt.Sprintf("%s/%d", s.cfg.Clock.Now().UTC().Format(time.RFC3339), s.versions.Add(1))
+	now := s.cfg.Clock.Now()
+	stamp := s.stamp.Load()
+	if stamp == nil || stamp.unix != now.Unix() {
+		stamp = &versionStamp{unix: now.Unix(), text: now.UTC().Format(time.RFC3339)}
+		s.stamp.Store(stamp)
+	}
+	return stamp.text + "/" + strconv.FormatUint(s.versions.Add(1), 10)
+}
+
+// versionStamp is a second and its RFC 3339 form.
+type versionStamp struct {
+	unix int64
+	text string
 }
 
 func (s *Server) countError(err error) {

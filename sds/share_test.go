@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -156,6 +158,19 @@ func TestSharedEncodingIsNotMutated(t *testing.T) {
 	again, _ := f.srv.encoded.get(secretmanager.WorkloadCertName, sec)
 	if again != shared {
 		t.Fatal("a second look-up encoded the secret again")
+	}
+	// The wire form every stream was sent is still the resource field of
+	// a fresh encoding.
+	field, err := f.srv.encoded.field(secretmanager.WorkloadCertName, sec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := proto.Marshal(&discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{fresh}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(field, b) {
+		t.Fatal("the shared wire form of the resource changed")
 	}
 }
 

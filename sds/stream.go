@@ -2,6 +2,7 @@ package sds
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"io"
 	"slices"
@@ -452,14 +453,19 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 	if len(have) == 0 {
 		return nil
 	}
-	resp, err := s.response(names, have)
-	if err != nil {
+	fields := make([][]byte, len(have))
+	for i, sec := range have {
+		f, err := s.encoded.field(names[i], sec)
+		if err != nil {
+			return status.Error(codes.Internal, err.Error())
+		}
+		fields[i] = f
+	}
+	version, nonce := s.nextVersion(), rand.Text()
+	if err := str.grpc.SendMsg(newWireResponse(version, nonce, fields)); err != nil {
 		return err
 	}
-	if err := str.grpc.Send(resp); err != nil {
-		return err
-	}
-	st.nonce = resp.GetNonce()
+	st.nonce = nonce
 	for i, sec := range have {
 		st.setSent(names[i], sec.Version)
 	}
@@ -469,8 +475,8 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 		if counter == s.metrics.pushRequest {
 			reason = pushRequest
 		}
-		log.write(ce, zap.Strings(keyNames, names), zap.String(keyVersion, resp.GetVersionInfo()),
-			zap.String(keyNonce, resp.GetNonce()), zap.String(keyReason, reason))
+		log.write(ce, zap.Strings(keyNames, names), zap.String(keyVersion, version),
+			zap.String(keyNonce, nonce), zap.String(keyReason, reason))
 	}
 	return nil
 }
