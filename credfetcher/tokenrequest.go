@@ -12,6 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
+
+	"github.com/meshagent/meshagent/internal/backoff"
 )
 
 // Limits and defaults of TokenRequestConfig.
@@ -294,11 +296,9 @@ func RefreshTime(received, expiry time.Time, ratio float64) time.Time {
 	return received.Add(d)
 }
 
-// retryDelay is the wait after the n-th consecutive failure (n >= 1).
+// retryDelay is the wait after the n-th consecutive failure (n >= 1): the
+// agent's one backoff rule, at the top of its range (no jitter: an agent
+// has one fetcher per account, and its callers wait for nothing new).
 func retryDelay(n int) time.Duration {
-	d := retryBase
-	for i := 1; i < n && d < retryMax; i++ {
-		d *= 2
-	}
-	return min(d, retryMax)
+	return backoff.Policy{Base: retryBase, Cap: retryMax}.Delay(n-1, 1)
 }

@@ -138,3 +138,24 @@ func FuzzIdentityValidate(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseIdentity: caller identities come from outside the agent (a pod's
+// service account, a setting). A parsed identity validates and prints back
+// as given.
+func FuzzParseIdentity(f *testing.F) {
+	for _, s := range []string{"spiffe://cluster.local/ns/a/sa/b", "a.b.serviceaccount.identity.linkerd.cluster.local", "spiffe://", "spiffe://x/%41", "", " "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		id, err := pki.ParseIdentity(s)
+		if err != nil {
+			return
+		}
+		if err := id.Validate(); err != nil {
+			t.Fatalf("ParseIdentity(%q) = %+v, which does not validate: %v", s, id, err)
+		}
+		if id.String() != s {
+			t.Fatalf("ParseIdentity(%q).String() = %q", s, id.String())
+		}
+	})
+}

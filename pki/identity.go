@@ -91,3 +91,21 @@ func (i Identity) Matches(other Identity) bool {
 	}
 	return false
 }
+
+// ParseIdentity reads an identity as String prints it: a spiffe:// URI is a
+// SPIFFE ID (checked with go-spiffe's spiffeid rules), anything else a
+// DNS-like name (Linkerd).
+func ParseIdentity(s string) (Identity, error) {
+	if strings.HasPrefix(s, "spiffe://") {
+		id, err := Identity{SPIFFEID: s}.SPIFFE()
+		if err != nil {
+			return Identity{}, err
+		}
+		return Identity{SPIFFEID: id.String()}, nil
+	}
+	id := Identity{DNSName: s}
+	if err := id.Validate(); err != nil {
+		return Identity{}, err
+	}
+	return id, nil
+}

@@ -54,6 +54,29 @@ func TestIdentity(t *testing.T) {
 	}
 }
 
+func TestParseIdentity(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want pki.Identity
+		ok   bool
+	}{
+		{"spiffe://cluster.local/ns/a/sb/b", pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/a/sb/b"}, true},
+		{"web.shop.serviceaccount.identity.linkerd.cluster.local", pki.Identity{DNSName: "web.shop.serviceaccount.identity.linkerd.cluster.local"}, true},
+		{"spiffe://Cluster.local/x", pki.Identity{}, false},
+		{"spiffe://cluster.local/x/../y", pki.Identity{}, false},
+		{"", pki.Identity{}, false},
+		{"a b", pki.Identity{}, false},
+	} {
+		got, err := pki.ParseIdentity(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("ParseIdentity(%q) = %v, %v", tt.in, got, err)
+		}
+		if tt.ok && got.String() != tt.in {
+			t.Errorf("ParseIdentity(%q).String() = %q", tt.in, got.String())
+		}
+	}
+}
+
 func TestIdentityMatches(t *testing.T) {
 	tests := []struct {
 		a, b pki.Identity

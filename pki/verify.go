@@ -39,10 +39,18 @@ func Reason(err error) string {
 	}
 }
 
+// MaxClockSkew is how far a leaf's NotBefore may lie ahead of the local clock
+// and still be accepted by VerifyIssued. CAs that do not backdate (istiod
+// backdates by a minute, others do not) issue certificates that start "now"
+// on their own clock, which may run a little ahead of ours. The chain is
+// verified at max(now, NotBefore) within this allowance; NotAfter gets none.
+const MaxClockSkew = time.Minute
+
 // VerifyIssued checks a chain (leaf first) returned by a CA before it is used:
-// the leaf's key is pub, it is valid at now, its only SAN is exactly id, and it
-// chains to roots through the intermediates in the chain. A root that the CA
-// appended to the chain is ignored unless it is also in roots.
+// the leaf's key is pub, it is valid at now (its NotBefore may be up to
+// MaxClockSkew ahead), its only SAN is exactly id, and it chains to roots
+// through the intermediates in the chain. A root that the CA appended to the
+// chain is ignored unless it is also in roots.
 func VerifyIssued(chain []*x509.Certificate, pub crypto.PublicKey, id Identity, roots *x509.CertPool, now time.Time) error {
 	if len(chain) == 0 {
 		return ErrNoCertificates
@@ -51,7 +59,7 @@ func VerifyIssued(chain []*x509.Certificate, pub crypto.PublicKey, id Identity, 
 	if !PublicKeysEqual(pub, leaf.PublicKey) {
 		return ErrKeyMismatch
 	}
-	if now.Before(leaf.NotBefore) || !now.Before(leaf.NotAfter) {
+	if now.Add(MaxClockSkew).Before(leaf.NotBefore) || !now.Before(leaf.NotAfter) {
 		return fmt.Errorf("%w: valid from %s to %s", ErrNotValidNow, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	if err := checkIdentity(leaf, id); err != nil {
@@ -61,10 +69,14 @@ func VerifyIssued(chain []*x509.Certificate, pub crypto.PublicKey, id Identity, 
 	for _, c := range chain[1:] {
 		inter.AddCert(c)
 	}
+	at := now
+	if at.Before(leaf.NotBefore) {
+		at = leaf.NotBefore // within MaxClockSkew, checked above
+	}
 	_, err := leaf.Verify(x509.VerifyOptions{
 		Roots:         roots,
 		Intermediates: inter,
-		CurrentTime:   now,
+		CurrentTime:   at,
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
 	})
 	if err != nil {

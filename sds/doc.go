@@ -9,18 +9,31 @@
 // key as inline bytes), a trust bundle a ValidationContext (trusted CA as
 // inline bytes).
 // It does not own the secrets: it asks a SecretSource (two methods, Secret
-// and Watch), which decides what each name means (default, ROOTCA,
+// and Watch, given the RPC's context, which carries the caller), which
+// decides what each name means (default is the caller's identity, ROOTCA,
 // file-cert:..., file-root:...). DeltaSecrets is not implemented, as in
 // pilot-agent and SPIRE.
 //
 // Stream rules (SPEC 9): a request whose resource names differ (as a set)
-// from the stream's current ones is answered with every named secret; an ACK
-// (our latest nonce, same names, no error_detail) gets no reply; a NACK
-// (error_detail set) gets no reply and is logged and counted; a request whose
-// nonce is not our latest is stale and ignored; a name that cannot be served
-// ends the stream with InvalidArgument naming it, as does a request for
-// another type or for more than MaxNames names. VersionInfo is a timestamp
-// and a counter; the nonce is random.
+// from the stream's current ones is answered with every named secret
+// available, even when it carries error_detail (a NACK that changes the
+// names is a subscription change); an ACK (our latest nonce, same names, no
+// error_detail) gets no reply; a NACK (error_detail set, same names) gets no
+// reply and is logged and counted; a request whose nonce is not our latest
+// is stale and ignored; a name that can never be served (unknown, or no
+// identity for the caller) ends the stream with InvalidArgument naming it,
+// as does a request for another type or for more than MaxNames names.
+// VersionInfo is a timestamp and a counter; the nonce is random.
+//
+// Every name on a stream resolves on its own (SPEC 13): the stream reads its
+// names without waiting (a source asked with a done context answers at
+// once). A name not available now (no certificate yet, CA down, expired, a
+// file not readable yet) is left out of the response, logged and counted in
+// meshagent_sds_resources_unavailable_total, and pushed as soon as its
+// source signals it; the other names, ROOTCA above all, are served and
+// pushed meanwhile. Responses are not deletions: a name left out keeps what
+// the client already holds. FetchSecrets waits (bounded by its context) for
+// every name and fails naming the first one not available.
 //
 // Empty resource_names: the stream is served Config.DefaultNames ("default"
 // and "ROOTCA"), the two secrets this agent always holds, like SPIRE's

@@ -156,6 +156,20 @@ func TestStuckStreamGetsOnlyNewestLater(t *testing.T) {
 			t.Fatal("the stuck stream's neighbour got another certificate than the live stream")
 		}
 	}
+	// The server counts a push after Send returns, which may be after the
+	// client has it. A request answered on each live stream proves their
+	// handlers counted every earlier push (a handler does one thing at a
+	// time).
+	if err := live.Request([]string{"default", "ROOTCA"}, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	next(t, live)
+	if err := neighbour.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: []string{"default", "ROOTCA"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := neighbour.Recv(); err != nil {
+		t.Fatal(err)
+	}
 	// Updates sent to the stuck stream: the total less the two live streams'.
 	sentStuck := int(metricValue(t, f.srv.metrics.pushes.WithLabelValues(pushUpdate))) - 2*rotations
 	if sentStuck >= rotations-1 {
@@ -200,7 +214,7 @@ func (r *rootSource) Secret(_ context.Context, name string) (*secretmanager.Secr
 	return &secretmanager.Secret{Name: name, Roots: fmt.Appendf(nil, "%s/%d", name, v), Version: v}, nil
 }
 
-func (r *rootSource) Watch(name string) (<-chan struct{}, func()) {
+func (r *rootSource) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := make(chan struct{}, 1)

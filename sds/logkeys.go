@@ -4,6 +4,7 @@ package sds
 const (
 	keyStream      = "stream"
 	keyNames       = "names"
+	keyName        = "name"
 	keyNonce       = "nonce"
 	keyVersion     = "version"
 	keyCode        = "code"

@@ -26,6 +26,9 @@ type metrics struct {
 	stale   prometheus.Counter
 	errors  *prometheus.CounterVec
 	refused *prometheus.CounterVec
+	// unavailable counts names a stream holds that became unavailable
+	// (left out of its responses until they are available again).
+	unavailable prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -58,11 +61,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "meshagent_sds_refused_total",
 			Help: "SDS streams refused, by reason (max_streams).",
 		}, []string{"reason"}),
+		unavailable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshagent_sds_resources_unavailable_total",
+			Help: "Times a resource name held by an SDS stream was not available (left out of the responses and pushed once it is; the stream's other names are served meanwhile).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.acks, m.nacks, m.stale, m.errors, m.refused} {
+	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.acks, m.nacks, m.stale, m.errors, m.refused, m.unavailable} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering SDS metrics: %w", err)
 		}

@@ -29,15 +29,20 @@ const (
 	DefaultMaxStreams = 4096
 )
 
-// SecretSource is what the server needs from the secret manager.
+// SecretSource is what the server needs from the secret manager. ctx is the
+// RPC's or stream's context and carries the caller (caller.FromContext):
+// what "default" means depends on it.
 type SecretSource interface {
 	// Secret returns the current secret for name, waiting (bounded by ctx)
-	// while it is not available yet. Errors other than ctx's mean the name
-	// cannot be served.
+	// while it is not available yet; with a ctx already done it answers at
+	// once. An error wrapping secretmanager.ErrUnknownResource or
+	// secretmanager.ErrNoIdentity means the name can never be served to
+	// this caller; other errors mean not now.
 	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
 	// Watch signals, on a channel with a one-slot buffer, each time the secret
-	// under name is replaced; the function ends the subscription.
-	Watch(name string) (<-chan struct{}, func())
+	// under name is replaced; the function ends the subscription (a resource
+	// nobody watches may be released).
+	Watch(ctx context.Context, name string) (<-chan struct{}, func())
 }
 
 // Config describes an SDS server. Zero values get the defaults noted.
@@ -163,19 +168,24 @@ func checkType(typeURL string) error {
 	return nil
 }
 
-// resolve gets every named secret. A name that cannot be served fails with
-// InvalidArgument naming it; the end of ctx fails with ctx's code.
+// resolve gets every named secret for a fetch, waiting (bounded by ctx) for
+// those not available yet. A name that can never be served fails with
+// InvalidArgument naming it; one still unavailable when ctx ends fails with
+// ctx's code naming it; any other failure with Unavailable naming it.
 func (s *Server) resolve(ctx context.Context, names []string) ([]*secretmanager.Secret, error) {
 	out := make([]*secretmanager.Secret, len(names))
 	for i, name := range names {
 		sec, err := s.cfg.Secrets.Secret(ctx, name)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return nil, status.FromContextError(err).Err()
-			}
+		switch {
+		case err == nil:
+			out[i] = sec
+		case permanent(err):
 			return nil, status.Errorf(codes.InvalidArgument, "resource %.200q cannot be served: %v", name, err)
+		case ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			return nil, status.Errorf(status.FromContextError(err).Code(), "resource %.200q not available: %v", name, err)
+		default:
+			return nil, status.Errorf(codes.Unavailable, "resource %.200q not available: %v", name, err)
 		}
-		out[i] = sec
 	}
 	return out, nil
 }

@@ -7,12 +7,15 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -20,7 +23,10 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -150,10 +156,15 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.run("socket", f.uds.Run)
+	t.Cleanup(f.stop)
 	if !o.holdManger {
 		f.startManager()
+		// Every name on a stream resolves on its own: a stream opened
+		// before the certificate exists is answered without it, then
+		// updated. Tests start from a held certificate unless they hold
+		// the manager.
+		f.waitCert()
 	}
-	t.Cleanup(f.stop)
 	return f
 }
 
@@ -172,6 +183,18 @@ func (f *fixture) run(name string, fn func(context.Context) error) {
 }
 
 func (f *fixture) startManager() { f.run("manager", f.mgr.Run) }
+
+// waitCert waits until the manager holds the workload certificate. A stream
+// opened before is answered when it arrives, as an update rather than as
+// the answer to its request.
+func (f *fixture) waitCert() {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := f.mgr.Secret(ctx, secretmanager.WorkloadCertName); err != nil {
+		f.t.Fatal(err)
+	}
+}
 
 func (f *fixture) stop() {
 	f.cancel()
@@ -255,6 +278,8 @@ func (f *fixture) checkCert(r *sdsclient.Response) []byte {
 func TestDefaultAndROOTCA(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	c := f.dial()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 
 	both := f.stream(c, sdsclient.StreamConfig{Names: []string{"default", "ROOTCA"}})
 	r := next(t, both)
@@ -287,8 +312,6 @@ func TestDefaultAndROOTCA(t *testing.T) {
 		t.Fatalf("empty request served %v", all.Names)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	fr, err := c.Fetch(ctx, "default", "default", "ROOTCA")
 	if err != nil {
 		t.Fatal(err)
@@ -493,18 +516,194 @@ func TestManyStreamsOneCSR(t *testing.T) {
 	}
 }
 
-// A client that stops reading must not hold up pushes to the others.
+// bigSource serves root-type secrets of 256 KiB under any name it was told
+// of, and counts the reads of each name.
+type bigSource struct {
+	mu      sync.Mutex
+	version map[string]uint64
+	reads   map[string]int
+	subs    map[string]map[chan struct{}]struct{}
+}
+
+const bigSecret = 256 << 10
+
+func newBigSource(names ...string) *bigSource {
+	b := &bigSource{version: map[string]uint64{}, reads: map[string]int{}, subs: map[string]map[chan struct{}]struct{}{}}
+	for _, n := range names {
+		b.version[n] = 1
+		b.subs[n] = map[chan struct{}]struct{}{}
+	}
+	return b
+}
+
+func (b *bigSource) Secret(_ context.Context, name string) (*secretmanager.Secret, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v, ok := b.version[name]
+	if !ok {
+		return nil, secretmanager.ErrUnknownResource
+	}
+	b.reads[name]++
+	return &secretmanager.Secret{Name: name, Roots: bytes.Repeat([]byte{byte('a' + v%26)}, bigSecret), Version: v}, nil
+}
+
+func (b *bigSource) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.subs[name][ch] = struct{}{}
+	return ch, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		delete(b.subs[name], ch)
+	}
+}
+
+// bump publishes a new version of name and returns it.
+func (b *bigSource) bump(name string) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.version[name]++
+	for ch := range b.subs[name] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	return b.version[name]
+}
+
+func (b *bigSource) readsOf(name string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.reads[name]
+}
+
+// A client that stops reading fills gRPC's flow-control windows (64 KiB,
+// set by the client, with 256 KiB responses): its handler blocks in Send. A
+// client of the same server still gets every update meanwhile, and the
+// stalled one, once it reads again, catches up with the newest version
+// without being sent every version it missed.
 func TestStalledStreamDoesNotBlockOthers(t *testing.T) {
-	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second})
-	c := f.dial()
-	stalled := f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}, Buffer: 1})
-	live := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}})
+	dir := shortDir(t)
+	socket := filepath.Join(dir, "sds.sock")
+	src := newBigSource("stalled", "live")
+	srv, err := New(Config{Secrets: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- uds.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	// The stalled client: small fixed windows, and nobody calls Recv.
+	conn, err := grpc.NewClient("unix://"+socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sctx, stopStalled := context.WithCancel(context.Background())
+	defer stopStalled()
+	stalled, err := secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(sctx, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stalled.Send(&discoveryv3.DiscoveryRequest{TypeUrl: secretTypeURL, ResourceNames: []string{"stalled"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	c, err := sdsclient.Dial(context.Background(), socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	live, err := c.Stream(context.Background(), sdsclient.StreamConfig{Names: []string{"live"}, ManualACK: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
 	next(t, live)
-	_ = stalled // never read
-	for range 30 {
-		f.step(15 * time.Second)
-		r := next(t, live)
-		f.checkCert(r)
+
+	const updates = 40 // 40 x 256 KiB for the stalled stream: far beyond its windows
+	for range updates {
+		src.bump("stalled")
+		v := src.bump("live")
+		for {
+			r := next(t, live)
+			got, _ := r.TrustedCA("live")
+			if len(got) == bigSecret && got[0] == byte('a'+v%26) {
+				break
+			}
+		}
+	}
+	// Its handler blocked in Send on the first or second response, so it
+	// stopped reading its secret: most updates were never even read.
+	if n := src.readsOf("stalled"); n > 4 {
+		t.Fatalf("the stalled stream's secret was read %d times for %d updates: flow control never filled", n, updates)
+	}
+
+	// Reading again: what gRPC had queued, then the newest version.
+	want := byte('a' + (updates+1)%26)
+	received := 0
+	for {
+		resp, err := stalled.Recv()
+		if err != nil {
+			t.Fatalf("stalled stream: %v", err)
+		}
+		received++
+		var sec tlsv3.Secret
+		if err := resp.GetResources()[0].UnmarshalTo(&sec); err != nil {
+			t.Fatal(err)
+		}
+		got := sec.GetValidationContext().GetTrustedCa().GetInlineBytes()
+		if len(got) == bigSecret && got[0] == want {
+			break
+		}
+		if err := stalled.Send(&discoveryv3.DiscoveryRequest{TypeUrl: secretTypeURL, ResourceNames: []string{"stalled"},
+			ResponseNonce: resp.GetNonce(), VersionInfo: resp.GetVersionInfo()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if received > 5 {
+		t.Fatalf("the stalled stream was sent %d responses to catch up, want the queued ones and the newest", received)
+	}
+}
+
+// A NACK that also changes the names is a subscription change: the new
+// names are served.
+func TestNACKWithNewNamesIsASubscriptionChange(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	s := f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}, ManualACK: true})
+	r1 := next(t, s)
+	err := s.Send(&discoveryv3.DiscoveryRequest{
+		TypeUrl: secretTypeURL, ResourceNames: []string{"default", "ROOTCA"},
+		ResponseNonce: r1.Nonce, ErrorDetail: &rpcstatus.Status{Code: 3, Message: "bad certificate"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2 := next(t, s)
+	if len(r2.Names) != 2 {
+		t.Fatalf("after a NACK naming ROOTCA too the response holds %v, want default and ROOTCA", r2.Names)
+	}
+	if _, ok := r2.TrustedCA("ROOTCA"); !ok {
+		t.Fatal("ROOTCA not served")
+	}
+	if got := metricValue(t, f.srv.metrics.nacks); got != 1 {
+		t.Errorf("nacks = %v, want 1", got)
 	}
 }
 
@@ -514,7 +713,7 @@ func (staticSource) Secret(_ context.Context, name string) (*secretmanager.Secre
 	return nil, secretmanager.ErrUnknownResource
 }
 
-func (staticSource) Watch(string) (<-chan struct{}, func()) { return nil, func() {} }
+func (staticSource) Watch(context.Context, string) (<-chan struct{}, func()) { return nil, func() {} }
 
 func TestNoPrivateKeyOnDisk(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
@@ -553,7 +752,7 @@ func FuzzClassify(f *testing.F) {
 		}
 		st := &streamState{}
 		if subscribed {
-			st.subscribe(staticSource{}, []string{"default"}, []string{"default"})
+			st.subscribe(context.Background(), staticSource{}, []string{"default"}, []string{"default"})
 			st.nonce = "n1"
 		}
 		a := st.classify(req)
@@ -566,13 +765,13 @@ func FuzzClassify(f *testing.F) {
 			if a != actStale {
 				t.Fatalf("stale nonce classified %d", a)
 			}
+		case !subscribed || !slices.Equal(sortedUnique(req.GetResourceNames()), []string{"default"}):
+			if a != actRespond {
+				t.Fatalf("first request or new names (NACK or not) classified %d", a)
+			}
 		case req.GetErrorDetail() != nil:
 			if a != actNACK {
 				t.Fatalf("NACK classified %d", a)
-			}
-		case !subscribed:
-			if a != actRespond {
-				t.Fatalf("first request classified %d", a)
 			}
 		}
 		srv := &Server{cfg: Config{MaxNames: DefaultMaxNames, DefaultNames: []string{"default", "ROOTCA"}}}

@@ -37,11 +37,15 @@ const (
 // stream's own goroutine.
 type streamState struct {
 	subscribed bool
-	requested  []string // the names of the last accepted request, sorted and unique
-	names      []string // the names served: requested, or the defaults
-	nonce      string   // nonce of our latest response
-	sent       []uint64 // versions of names in our latest response
+	requested  []string          // the names of the last accepted request, sorted and unique
+	names      []string          // the names served: requested, or the defaults
+	nonce      string            // nonce of our latest response
+	sent       map[string]uint64 // version of each name last sent on the stream
+	missing    map[string]bool   // names not available at the last look
 	watches    map[string]watch
+	// peek is the stream's context, already cancelled: a source asked with
+	// it answers at once with what it holds, so no name waits for another.
+	peek context.Context
 }
 
 type watch struct {
@@ -57,11 +61,14 @@ func (st *streamState) classify(req *discoveryv3.DiscoveryRequest) action {
 	if st.subscribed && req.GetResponseNonce() != "" && req.GetResponseNonce() != st.nonce {
 		return actStale
 	}
+	if !st.subscribed || !slices.Equal(sortedUnique(req.GetResourceNames()), st.requested) {
+		// A NACK that also changes the names is a subscription change too:
+		// the client wants other names, whatever it thought of the last
+		// response.
+		return actRespond
+	}
 	if req.GetErrorDetail() != nil {
 		return actNACK
-	}
-	if !st.subscribed || !slices.Equal(sortedUnique(req.GetResourceNames()), st.requested) {
-		return actRespond
 	}
 	return actACK
 }
@@ -75,7 +82,7 @@ func sortedUnique(names []string) []string {
 // subscribe makes the stream follow names: it watches new names before their
 // secrets are read (so no change slips between read and watch) and stops
 // watching names it no longer serves.
-func (st *streamState) subscribe(src SecretSource, requested, names []string) {
+func (st *streamState) subscribe(ctx context.Context, src SecretSource, requested, names []string) {
 	if st.watches == nil {
 		st.watches = make(map[string]watch)
 	}
@@ -83,7 +90,7 @@ func (st *streamState) subscribe(src SecretSource, requested, names []string) {
 	for _, n := range names {
 		keep[n] = true
 		if _, ok := st.watches[n]; !ok {
-			ch, cancel := src.Watch(n)
+			ch, cancel := src.Watch(ctx, n)
 			st.watches[n] = watch{ch: ch, cancel: cancel}
 		}
 	}
@@ -91,6 +98,8 @@ func (st *streamState) subscribe(src SecretSource, requested, names []string) {
 		if !keep[n] {
 			w.cancel()
 			delete(st.watches, n)
+			delete(st.sent, n)
+			delete(st.missing, n)
 		}
 	}
 	st.subscribed = true
@@ -105,13 +114,14 @@ func (st *streamState) unwatchAll() {
 	}
 }
 
-// changed reports whether secrets differ from what the stream last sent.
-func (st *streamState) changed(secrets []*secretmanager.Secret) bool {
-	if len(secrets) != len(st.sent) {
-		return true
-	}
+// changed reports whether an available secret differs from what the stream
+// last sent under its name. secrets[i] is nil for a name not available now.
+func (st *streamState) changed(names []string, secrets []*secretmanager.Secret) bool {
 	for i, s := range secrets {
-		if s.Version != st.sent[i] {
+		if s == nil {
+			continue
+		}
+		if v, ok := st.sent[names[i]]; !ok || v != s.Version {
 			return true
 		}
 	}
@@ -126,6 +136,7 @@ type streamLog struct {
 }
 
 func (l streamLog) Debug(msg string, fields ...zap.Field) { l.write(zap.DebugLevel, msg, fields) }
+func (l streamLog) Info(msg string, fields ...zap.Field)  { l.write(zap.InfoLevel, msg, fields) }
 func (l streamLog) Warn(msg string, fields ...zap.Field)  { l.write(zap.WarnLevel, msg, fields) }
 
 func (l streamLog) write(lvl zapcore.Level, msg string, fields []zap.Field) {
@@ -166,7 +177,9 @@ func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecr
 		}
 	}()
 
-	st := &streamState{}
+	peek, cancelPeek := context.WithCancel(ctx)
+	cancelPeek()
+	st := &streamState{peek: peek}
 	defer st.unwatchAll()
 	err := s.serveStream(ctx, stream, st, reqs, recvErr, log)
 	if err != nil {
@@ -272,7 +285,15 @@ func endOfRecv(err error) error {
 // changed.
 func (s *Server) handleRequest(ctx context.Context, stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState,
 	req *discoveryv3.DiscoveryRequest, log streamLog) (bool, error) {
-	switch st.classify(req) {
+	act := st.classify(req)
+	if req.GetErrorDetail() != nil && (act == actNACK || act == actRespond) {
+		s.metrics.nacks.Inc()
+		log.Warn("client rejected secrets",
+			zap.Strings(keyNames, req.GetResourceNames()),
+			zap.String(keyNonce, req.GetResponseNonce()),
+			zap.String(keyErrorDetail, req.GetErrorDetail().GetMessage()))
+	}
+	switch act {
 	case actBadType:
 		return false, checkType(req.GetTypeUrl())
 	case actStale:
@@ -280,11 +301,6 @@ func (s *Server) handleRequest(ctx context.Context, stream secretv3.SecretDiscov
 		log.Debug("stale SDS request ignored", zap.String(keyNonce, req.GetResponseNonce()))
 		return false, nil
 	case actNACK:
-		s.metrics.nacks.Inc()
-		log.Warn("client rejected secrets",
-			zap.Strings(keyNames, req.GetResourceNames()),
-			zap.String(keyNonce, req.GetResponseNonce()),
-			zap.String(keyErrorDetail, req.GetErrorDetail().GetMessage()))
 		return false, nil
 	case actACK:
 		s.metrics.acks.Inc()
@@ -295,8 +311,8 @@ func (s *Server) handleRequest(ctx context.Context, stream secretv3.SecretDiscov
 	if err != nil {
 		return false, err
 	}
-	st.subscribe(s.cfg.Secrets, req.GetResourceNames(), names)
-	secrets, err := s.resolve(ctx, names)
+	st.subscribe(ctx, s.cfg.Secrets, req.GetResourceNames(), names)
+	secrets, err := s.available(st, names, log)
 	if err != nil {
 		return true, err
 	}
@@ -305,24 +321,74 @@ func (s *Server) handleRequest(ctx context.Context, stream secretv3.SecretDiscov
 
 // push sends the subscribed secrets again if any of them changed.
 func (s *Server) push(ctx context.Context, stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState, log streamLog) error {
-	secrets, err := s.resolve(ctx, st.names)
-	if err != nil {
-		if ctx.Err() != nil {
-			return status.FromContextError(ctx.Err()).Err()
-		}
-		// Keep the stream and what the client holds; the next change retries.
-		log.Warn("secret update not pushed", zap.Strings(keyNames, st.names), zap.Error(err))
-		return nil
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
 	}
-	if !st.changed(secrets) {
+	secrets, err := s.available(st, st.names, log)
+	if err != nil {
+		return err
+	}
+	if !st.changed(st.names, secrets) {
 		return nil
 	}
 	return s.send(stream, st, secrets, pushUpdate, log)
 }
 
+// available reads every name of the stream on its own, without waiting:
+// secrets[i] is nil for a name that is not available now (no certificate
+// yet, CA down, expired, a file not readable yet). Such a name is left out
+// of the responses, logged and counted when it becomes unavailable, and
+// pushed as soon as its source signals it; the other names are served
+// meanwhile. A name that can never be served (unknown, or no identity for
+// the caller) fails the stream with InvalidArgument naming it.
+func (s *Server) available(st *streamState, names []string, log streamLog) ([]*secretmanager.Secret, error) {
+	out := make([]*secretmanager.Secret, len(names))
+	for i, name := range names {
+		sec, err := s.cfg.Secrets.Secret(st.peek, name)
+		if err == nil {
+			out[i] = sec
+			delete(st.missing, name)
+			continue
+		}
+		if permanent(err) {
+			return nil, status.Errorf(codes.InvalidArgument, "resource %.200q cannot be served: %v", name, err)
+		}
+		if !st.missing[name] {
+			if st.missing == nil {
+				st.missing = make(map[string]bool)
+			}
+			st.missing[name] = true
+			s.metrics.unavailable.Inc()
+			log.Info("resource not available yet; the others are served and it is pushed once it is",
+				zap.String(keyName, name), zap.Error(err))
+		}
+	}
+	return out, nil
+}
+
+// permanent reports whether a source's error means the name can never be
+// served to this caller, as opposed to not yet.
+func permanent(err error) bool {
+	return errors.Is(err, secretmanager.ErrUnknownResource) || errors.Is(err, secretmanager.ErrNoIdentity)
+}
+
+// send sends the available secrets (nil entries are left out); with none
+// available it sends nothing.
 func (s *Server) send(stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState,
 	secrets []*secretmanager.Secret, reason string, log streamLog) error {
-	resp, err := s.response(st.names, secrets)
+	var (
+		names []string
+		have  []*secretmanager.Secret
+	)
+	for i, sec := range secrets {
+		if sec != nil {
+			names, have = append(names, st.names[i]), append(have, sec)
+		}
+	}
+	if len(have) == 0 {
+		return nil
+	}
+	resp, err := s.response(names, have)
 	if err != nil {
 		return err
 	}
@@ -330,12 +396,14 @@ func (s *Server) send(stream secretv3.SecretDiscoveryService_StreamSecretsServer
 		return err
 	}
 	st.nonce = resp.GetNonce()
-	st.sent = st.sent[:0]
-	for _, sec := range secrets {
-		st.sent = append(st.sent, sec.Version)
+	if st.sent == nil {
+		st.sent = make(map[string]uint64, len(names))
+	}
+	for i, sec := range have {
+		st.sent[names[i]] = sec.Version
 	}
 	s.metrics.pushes.WithLabelValues(reason).Inc()
-	log.Debug("secrets sent", zap.Strings(keyNames, st.names), zap.String(keyVersion, resp.GetVersionInfo()),
+	log.Debug("secrets sent", zap.Strings(keyNames, names), zap.String(keyVersion, resp.GetVersionInfo()),
 		zap.String(keyNonce, resp.GetNonce()), zap.String(keyReason, reason))
 	return nil
 }

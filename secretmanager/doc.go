@@ -1,35 +1,60 @@
-// Package secretmanager holds the secrets served over SDS and keeps the
-// workload certificate fresh.
+// Package secretmanager is the identity-keyed certificate cache: it holds the
+// workload certificates of any number of identities and the trust bundle, and
+// keeps them fresh.
 //
-// It owns: the workload certificate and key ("default"), the trust bundle
-// ("ROOTCA"), the rotation schedule of SPEC 8 (RenewAt, a pure function of the
-// arrival time, the expiry and a random draw), retries with capped exponential
-// backoff and jitter (RetryDelay), the checks of every CA answer
-// (pki.VerifyIssued against the current roots; a rejection is logged with its
-// reason, counted in meshagent_ca_answers_rejected_total and retried while the
-// previous certificate stays in service until it expires), the change signals
-// to subscribers, readiness and liveness, and /debug/certs data.
+// It owns: one entry per workload identity in use (pki.Identity: a SPIFFE ID,
+// or Linkerd's DNS identity), created on the first Secret, Watch or Prefetch
+// and dropped once nothing holds it for Config.IdleGrace (the own identity,
+// Config.Identity, is never dropped); what "default" means for a caller
+// (caller.Info.Identity when set, else the own identity); the rotation
+// schedule of SPEC 8 (RenewAt, a pure function of the arrival time, the
+// expiry and a random draw, raised to RenewalFloor so no setting makes it
+// loop); the scheduler that bounds the CSRs in flight across identities
+// (Config.MaxConcurrentCSRs) and orders them (a caller waiting, then a first
+// certificate, then renewals; earliest due first); per-identity retries with
+// internal/backoff; the checks of every CA answer (pki.VerifyIssued against
+// the current roots; a rejection is logged with its reason, counted in
+// meshagent_ca_answers_rejected_total and retried while the previous
+// certificate stays in service until it expires); the trust bundle
+// ("ROOTCA") as a resource of its own whose changes are pushed at once and
+// only re-verify the leaves; the change signals to subscribers; readiness
+// and liveness of the own identity; and /debug/certs data for every
+// identity.
 //
-// It does not own: the CA protocols (caclient), SDS framing (sds), file
-// watching and parsing of certificate files (other packages feed Roots.Set,
-// Publish and Config.Initial), or writing files (Config.OnPublish). Other
+// It does not own: the CA protocols (caclient, which make one request per
+// Sign), SDS framing (sds), who a caller is (the caller package and its
+// resolvers), file watching and parsing of certificate files (other
+// packages feed Roots.Set, Publish and Config.Initial), or writing files
+// (Config.OnPublish, which sees the own identity and the roots only). Other
 // resource names (file-cert:, file-root:) are served by Providers keyed by
 // prefix, so the name-to-secret mapping stays in one place.
 //
-// Requests: only the Run goroutine talks to the CA, so there is at most one
-// CSR in flight however many callers wait in Secret; callers that find no
-// valid certificate wait for the next publication (bounded by their context).
-// A new key is generated for every request and kept in memory only.
+// Entries are values guarded by Manager.mu: the current certificate
+// (immutable), version, last error, in-flight flag, due time, failure count,
+// subscribers, waiting callers, prefetch holds and idle-since. Run is the one
+// scheduler: it keeps three queues under mu (entries by due time, due
+// entries ranked for a CSR slot, unused entries by drop time) with lazy
+// deletion (an item whose entry moved on is discarded when it reaches the
+// top), starts one goroutine per CSR while fewer than MaxConcurrentCSRs are
+// out, and waits for them before it returns. A signing goroutine generates
+// the key, sends the CSR and checks the answer holding no lock, then hands
+// the result back under mu; a result for an entry dropped meanwhile is
+// discarded. A new key is generated for every request and kept in memory
+// only.
 //
 // Subscribers: Watch returns a channel with a one-slot buffer; a publication
-// does a non-blocking send to each subscriber of the name, so signals merge,
-// a slow subscriber never delays the others, publishing is O(subscribers) and
-// no goroutine is started per subscriber.
+// does a non-blocking send to each subscriber of the identity (or of
+// ROOTCA), so signals merge, a slow subscriber never delays the others, and
+// no goroutine is started per subscriber. Secret never waits on the network:
+// it reads the entry and, without a valid certificate, waits on its own
+// channel for a publication, bounded by its context; a done context answers
+// at once.
 //
-// Locking: Manager.mu guards the held secrets, the version counter and the
-// last error; it is never held while calling out. pubMu serialises
-// publications (state change, OnPublish, signals) so they are seen in version
-// order; lock order is pubMu then mu. Secrets are immutable once published.
-// Roots has its own mutex. New starts no goroutines; Run starts none either
-// and does all its waiting on timers of the injected clock.
+// Locking: Manager.mu guards the entries, the queues, the in-flight count,
+// the version counter and the roots; it is never held across key
+// generation, a CSR, I/O, the re-verification of many leaves or a callback.
+// pubMu serialises publications (state change, OnPublish, signals) so they
+// are seen in version order; lock order is pubMu, then mu, then the Rand
+// lock. Secrets are immutable once published. Roots has its own mutex. New
+// starts no goroutines.
 package secretmanager

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/caclient/devca"
+	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/status"
@@ -32,7 +33,7 @@ func Example() {
 		panic(err)
 	}
 	// Subscribe before Run, so no publication is missed.
-	changed, stop := m.Watch(secretmanager.WorkloadCertName)
+	changed, stop := m.Watch(context.Background(), secretmanager.WorkloadCertName)
 	defer stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
@@ -57,4 +58,47 @@ func Example() {
 	// spiffe://cluster.local/ns/default/sa/sleep dev-ca true
 	// default
 	// ROOTCA
+}
+
+// A manager without an own identity, as a node agent runs it: "default"
+// means the identity of each caller, carried by the RPC context, and
+// Prefetch asks for an identity before its first caller arrives.
+func ExampleManager_Prefetch() {
+	ca, err := devca.New(devca.Config{})
+	if err != nil {
+		panic(err)
+	}
+	roots, err := secretmanager.NewRoots(ca.CA().RootPEM(), "dev-ca")
+	if err != nil {
+		panic(err)
+	}
+	m, err := secretmanager.New(secretmanager.Config{CA: ca, Roots: roots, MaxConcurrentCSRs: 4})
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- m.Run(ctx) }()
+
+	web := pki.SPIFFEIdentity("cluster.local", "shop", "web")
+	if err := m.Prefetch(web); err != nil { // a pod of shop/web is scheduled here
+		panic(err)
+	}
+	defer m.Release(web) // its last pod is gone
+
+	for _, sa := range []string{"web", "db"} {
+		call := caller.NewContext(ctx, caller.Info{Identity: "spiffe://cluster.local/ns/shop/sa/" + sa})
+		wait, cancelWait := context.WithTimeout(call, 10*time.Second)
+		s, err := m.Secret(wait, secretmanager.WorkloadCertName)
+		cancelWait()
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(s.Identity)
+	}
+	cancel()
+	<-done
+	// Output:
+	// spiffe://cluster.local/ns/shop/sa/web
+	// spiffe://cluster.local/ns/shop/sa/db
 }

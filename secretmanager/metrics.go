@@ -12,29 +12,35 @@ const (
 	resultCAError  = "ca_error"
 	resultRejected = "rejected"
 	resultKeyError = "key_error"
+	// resultDiscarded: a certificate arrived for an identity dropped while
+	// its request was out.
+	resultDiscarded = "discarded"
 )
 
 type metrics struct {
-	expiry    *prometheus.GaugeVec
-	renewAt   *prometheus.GaugeVec
-	renewals  *prometheus.CounterVec
-	rejected  *prometheus.CounterVec
-	caLatency prometheus.Histogram
+	expiry     *prometheus.GaugeVec
+	renewAt    *prometheus.GaugeVec
+	renewals   *prometheus.CounterVec
+	rejected   *prometheus.CounterVec
+	caLatency  prometheus.Histogram
+	identities prometheus.Gauge
+	inFlight   prometheus.Gauge
+	dropped    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		expiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "meshagent_secretmanager_cert_expiry_timestamp_seconds",
-			Help: "Expiry (Unix seconds) of the certificate held under each resource name.",
+			Help: "Expiry (Unix seconds) of the agent's own certificate (default) and of the trust bundle (ROOTCA).",
 		}, []string{"name"}),
 		renewAt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "meshagent_secretmanager_cert_renewal_timestamp_seconds",
-			Help: "When (Unix seconds) the certificate held under each resource name will be renewed.",
+			Help: "When (Unix seconds) the agent's own certificate (default) will be renewed.",
 		}, []string{"name"}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_secretmanager_renewals_total",
-			Help: "Certificate requests to the CA, by result (success, ca_error, rejected, key_error).",
+			Help: "Certificate requests to the CA, by result (success, ca_error, rejected, key_error, discarded).",
 		}, []string{"result"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_ca_answers_rejected_total",
@@ -42,14 +48,26 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		caLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "meshagent_secretmanager_ca_request_duration_seconds",
-			Help:    "Time the CA took to answer a certificate request, including the client's own retries.",
+			Help:    "Time the CA took to answer one certificate request.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		identities: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshagent_secretmanager_identities",
+			Help: "Identities held by the certificate cache (in use, or idle and not yet dropped).",
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshagent_secretmanager_csrs_in_flight",
+			Help: "Certificate requests to the CA in flight (bounded by MESHAGENT_CA_MAX_CONCURRENT_CSRS).",
+		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshagent_secretmanager_identities_dropped_total",
+			Help: "Identities dropped from the certificate cache after staying unused for the idle grace period.",
 		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.expiry, m.renewAt, m.renewals, m.rejected, m.caLatency} {
+	for _, c := range []prometheus.Collector{m.expiry, m.renewAt, m.renewals, m.rejected, m.caLatency, m.identities, m.inFlight, m.dropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering secret manager metrics: %w", err)
 		}

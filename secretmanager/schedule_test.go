@@ -21,12 +21,16 @@ func TestRenewAt(t *testing.T) {
 		{"jitter low draw renews later", t0, t0.Add(24 * time.Hour), Policy{GraceRatio: 0.5, GraceJitter: 0.01}, 0, 12*time.Hour + 864*time.Second},
 		{"jitter high draw renews earlier", t0, t0.Add(100 * time.Second), Policy{GraceRatio: 0.5, GraceJitter: 0.1}, 1, 40 * time.Second},
 		{"linkerd 70 percent", t0, t0.Add(100 * time.Second), Policy{GraceRatio: 0.3}, 0.5, 70 * time.Second},
-		{"ratio clamped at 1 renews at once", t0, t0.Add(time.Hour), Policy{GraceRatio: 0.99, GraceJitter: 0.5}, 0.99, 0},
+		{"ratio clamped at 1 renews at the floor, 1 % of life", t0, t0.Add(time.Hour), Policy{GraceRatio: 0.99, GraceJitter: 0.5}, 0.99, 36 * time.Second},
+		{"ratio 1 on 24h renews after 14.4 min", t0, t0.Add(24 * time.Hour), Policy{GraceRatio: 1}, 0.5, 864 * time.Second},
+		{"ratio 1 on 1 min renews after the 5 s floor", t0, t0.Add(time.Minute), Policy{GraceRatio: 1}, 0.5, 5 * time.Second},
+		{"ratio 1 on 4 s renews at half life", t0, t0.Add(4 * time.Second), Policy{GraceRatio: 1}, 0.5, 2 * time.Second},
+		{"ratio 1 on 1 s renews after 1 s", t0, t0.Add(time.Second), Policy{GraceRatio: 1}, 0.5, time.Second},
 		{"ratio clamped at 0 renews at expiry", t0, t0.Add(time.Hour), Policy{GraceRatio: 0.01, GraceJitter: 0.5}, 0, time.Hour},
 		{"min delay", t0, t0.Add(12 * time.Second), Policy{GraceRatio: 0.3, MinDelay: 10 * time.Second}, 0.5, 10 * time.Second},
 		{"min delay never past expiry", t0, t0.Add(5 * time.Second), Policy{GraceRatio: 0.3, MinDelay: 10 * time.Second}, 0.5, 5 * time.Second},
 		{"max delay", t0, t0.Add(90 * 24 * time.Hour), Policy{GraceRatio: 0.3, MaxDelay: 24 * time.Hour}, 0.5, 24 * time.Hour},
-		{"expired on arrival", t0, t0.Add(-time.Minute), Policy{GraceRatio: 0.5}, 0.5, 0},
+		{"expired on arrival waits the 1 s floor", t0, t0.Add(-time.Minute), Policy{GraceRatio: 0.5}, 0.5, time.Second},
 		{"draw out of range is clamped", t0, t0.Add(100 * time.Second), Policy{GraceRatio: 0.5, GraceJitter: 0.1}, 7, 40 * time.Second},
 		{"NaN draw is clamped", t0, t0.Add(100 * time.Second), Policy{GraceRatio: 0.5, GraceJitter: 0.1}, math.NaN(), 60 * time.Second},
 	}
@@ -52,31 +56,20 @@ func TestRenewAtDefaultSpread(t *testing.T) {
 	}
 }
 
-func TestRetryDelay(t *testing.T) {
-	tests := []struct {
-		name    string
-		attempt int
-		base    time.Duration
-		limit   time.Duration
-		u       float64
-		want    time.Duration
-	}{
-		{"first, low draw", 0, time.Second, time.Minute, 0, 500 * time.Millisecond},
-		{"first, high draw", 0, time.Second, time.Minute, 0.999999999, time.Second},
-		{"doubles", 3, time.Second, time.Minute, 0, 4 * time.Second},
-		{"capped", 10, time.Second, time.Minute, 0, 30 * time.Second},
-		{"capped high", 10, time.Second, time.Minute, 0.999999999, time.Minute},
-		{"huge attempt does not overflow", math.MaxInt, time.Second, time.Minute, 0, 30 * time.Second},
-		{"limit below base", 2, time.Second, time.Millisecond, 0, 500 * time.Millisecond},
-		{"no base", 2, 0, time.Minute, 0.5, 0},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := RetryDelay(tt.attempt, tt.base, tt.limit, tt.u)
-			if d := got - tt.want; d > time.Millisecond || d < -time.Millisecond {
-				t.Errorf("RetryDelay = %s, want %s", got, tt.want)
-			}
-		})
+func TestRenewalFloor(t *testing.T) {
+	for _, tt := range []struct{ life, want time.Duration }{
+		{24 * time.Hour, 864 * time.Second},
+		{time.Hour, 36 * time.Second},
+		{10 * time.Minute, 6 * time.Second},
+		{time.Minute, 5 * time.Second},
+		{6 * time.Second, 3 * time.Second},
+		{time.Second, time.Second},
+		{0, time.Second},
+		{-time.Hour, time.Second},
+	} {
+		if got := RenewalFloor(tt.life); got != tt.want {
+			t.Errorf("RenewalFloor(%s) = %s, want %s", tt.life, got, tt.want)
+		}
 	}
 }
 
@@ -89,10 +82,10 @@ func FuzzRenewAt(f *testing.F) {
 		p := Policy{GraceRatio: ratio, GraceJitter: jitter,
 			MinDelay: time.Duration(minSec%(1<<30)) * time.Second, MaxDelay: time.Duration(maxSec%(1<<30)) * time.Second}
 		got := RenewAt(t0, notAfter, p, u)
-		if got.Before(t0) {
-			t.Fatalf("renewal %s before arrival %s", got, t0)
+		if got.Before(t0.Add(time.Second)) && !(p.MaxDelay > 0 && p.MaxDelay < time.Second) {
+			t.Fatalf("renewal %s less than a second after arrival %s", got, t0)
 		}
-		if notAfter.After(t0) && got.After(notAfter) && !(p.MaxDelay > 0 && p.MaxDelay < p.MinDelay) {
+		if notAfter.Sub(t0) >= 2*time.Second && got.After(notAfter) && !(p.MaxDelay > 0 && p.MaxDelay < p.MinDelay) {
 			t.Fatalf("renewal %s after expiry %s", got, notAfter)
 		}
 	})

@@ -140,6 +140,9 @@ type Config struct {
 	LogLevel string
 	// Dev runs an in-process CA with a fresh in-memory root (MESHAGENT_DEV).
 	Dev bool
+	// CAMaxConcurrentCSRs bounds the CA requests in flight across identities
+	// (MESHAGENT_CA_MAX_CONCURRENT_CSRS).
+	CAMaxConcurrentCSRs int
 	// SDSMaxStreams bounds the SDS streams open at once (MESHAGENT_SDS_MAX_STREAMS).
 	SDSMaxStreams int
 	// SDSMaxRecvBytes bounds one SDS request's size (MESHAGENT_SDS_MAX_RECV_BYTES).

@@ -138,8 +138,8 @@ var Registry = []Setting{
 	{
 		Name: "SECRET_GRACE_PERIOD_RATIO", Default: "0.5", Group: GroupIstio,
 		DerivedDefault: "0.5; 0.3 for CA_PROVIDER=Linkerd",
-		Doc:            "Share of a certificate's life left when it is renewed (0.5 renews at half-life).",
-		Value:          Float(func(c *Config) *float64 { return &c.GraceRatio }, 0, 1),
+		Doc:            "Share of a certificate's life left when it is renewed (0.5 renews at half-life). 0 is refused (it would renew only after expiry). Whatever the ratio, a certificate is not renewed sooner than 1% of its life after it arrived (at least 5 s, at most half its life).",
+		Value:          GraceRatio(func(c *Config) *float64 { return &c.GraceRatio }),
 	},
 	{
 		Name: "SECRET_GRACE_PERIOD_RATIO_JITTER", Default: "0.01", Group: GroupIstio,
@@ -263,6 +263,11 @@ var Registry = []Setting{
 		Name: "MESHAGENT_SDS_MAX_RECV_BYTES", Flag: "sds-max-recv-bytes", Default: "65536", Group: GroupMeshagent,
 		Doc:   "Largest SDS request accepted, in bytes; a larger one is refused with gRPC status RESOURCE_EXHAUSTED.",
 		Value: Int(func(c *Config) *int { return &c.SDSMaxRecvBytes }, 1024, 16<<20),
+	},
+	{
+		Name: "MESHAGENT_CA_MAX_CONCURRENT_CSRS", Default: "8", Group: GroupMeshagent,
+		Doc:   "Most certificate requests in flight to the CA at once, across all identities; further identities wait their turn (a caller waiting first, then first certificates, then renewals).",
+		Value: Int(func(c *Config) *int { return &c.CAMaxConcurrentCSRs }, 1, 1024),
 	},
 	{
 		Name: "MESHAGENT_SDS_ALLOWED_UIDS", Flag: "sds-allowed-uids", Group: GroupMeshagent,

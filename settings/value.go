@@ -142,6 +142,26 @@ func Float(field func(*Config) *float64, minimum, maximum float64) Value {
 	}
 }
 
+// GraceRatio accepts a number in (0, 1]: the share of a certificate's life
+// left at renewal. 0 is refused rather than honoured: it would renew only
+// once the certificate has expired, leaving the workload without one.
+func GraceRatio(field func(*Config) *float64) Value {
+	const accepted = "a number greater than 0 and at most 1 (0 would renew only after the certificate expired)"
+	return Value{
+		Type:     "number",
+		Accepted: accepted,
+		set: func(c *Config, raw string) error {
+			f, err := strconv.ParseFloat(strings.TrimSpace(raw), 64)
+			if err != nil || !(f > 0 && f <= 1) {
+				return reason("want " + accepted)
+			}
+			*field(c) = f
+			return nil
+		},
+		get: func(c *Config) string { return strconv.FormatFloat(*field(c), 'g', -1, 64) },
+	}
+}
+
 // Int accepts a decimal integer in [minimum, maximum].
 func Int(field func(*Config) *int, minimum, maximum int) Value {
 	return Value{

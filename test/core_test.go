@@ -25,6 +25,7 @@ import (
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -48,6 +49,7 @@ type coreAgent struct {
 	ca     *istioca.Server
 	id     pki.Identity
 	mgr    *secretmanager.Manager
+	roots  *secretmanager.Roots
 	reg    *prometheus.Registry
 	logs   *observer.ObservedLogs
 	ctx    context.Context
@@ -111,6 +113,7 @@ func newCoreAgent(t testing.TB, o coreOpts) *coreAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.roots = roots
 	icfg := istio.Config{
 		Transport: caclient.TransportConfig{
 			Addr:       a.ca.Addr(),
@@ -119,10 +122,8 @@ func newCoreAgent(t testing.TB, o coreOpts) *coreAgent {
 			Token:      credfetcher.File{Path: tokenPath},
 			Metadata:   map[string]string{"ClusterID": "Kubernetes"},
 		},
-		// Retries are the manager's, on its clock.
-		MaxAttempts: 1,
-		Logger:      logger,
-		Registerer:  a.reg,
+		Logger:     logger,
+		Registerer: a.reg,
 	}
 	if o.caClientFn != nil {
 		o.caClientFn(&icfg)
@@ -431,6 +432,13 @@ func TestCoreManyStreamsOneCSR(t *testing.T) {
 		wg.Go(func() { streams[i] = a.stream(a.dial(), "default", "ROOTCA") })
 	}
 	wg.Wait()
+	// No certificate yet: each stream gets ROOTCA alone, without waiting
+	// for default (SPEC 13: every name resolves on its own).
+	for _, s := range streams {
+		if r := coreNext(t, s); len(r.Names) != 1 || r.Names[0] != "ROOTCA" {
+			t.Fatalf("first response holds %v, want ROOTCA alone", r.Names)
+		}
+	}
 	a.startManager()
 	var first []byte
 	for _, s := range streams {
@@ -443,6 +451,62 @@ func TestCoreManyStreamsOneCSR(t *testing.T) {
 	}
 	if got := a.ca.Requests(); got != 1 {
 		t.Fatalf("%d CSRs for %d streams, want 1", got, n)
+	}
+}
+
+// With the CA down and the workload certificate expired, a stream holding
+// default and ROOTCA still gets every root change; default is not pushed
+// again until a new certificate exists.
+func TestCoreRootChangeWhileCertificateExpired(t *testing.T) {
+	a := newCoreAgent(t, coreOpts{ttl: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := a.mgr.Secret(ctx, "default"); err != nil {
+		t.Fatal(err)
+	}
+	s := a.stream(a.dial(), "default", "ROOTCA")
+	r := coreNext(t, s)
+	_, notAfter := a.checkDefault(r)
+	a.ca.SetMode(istioca.ModeError)
+	a.ca.SetError(codes.Unavailable)
+	for a.clock.Now().Before(notAfter) {
+		a.step(10 * time.Minute)
+	}
+	a.waitTimer()
+	if err := a.mgr.Live(); err == nil {
+		t.Fatal("live with an expired certificate")
+	}
+	next, err := localca.New(localca.Config{Name: "next root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := append(append([]byte{}, a.ca.RootPEM()...), next.RootPEM()...)
+	if err := a.roots.Set(bundle, "ca-root"); err != nil {
+		t.Fatal(err)
+	}
+	r = coreNext(t, s)
+	if got, ok := r.TrustedCA("ROOTCA"); !ok || !bytes.Equal(got, bundle) {
+		t.Fatalf("response %v does not carry the new bundle", r.Names)
+	}
+	if _, _, ok := r.Cert("default"); ok {
+		t.Fatal("the expired certificate was pushed again")
+	}
+	// The name that became unavailable was counted (and logged) once.
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unavailable float64
+	for _, mf := range mfs {
+		if mf.GetName() == "meshagent_sds_resources_unavailable_total" {
+			unavailable = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if unavailable != 1 {
+		t.Errorf("meshagent_sds_resources_unavailable_total = %v, want 1", unavailable)
+	}
+	if n := a.logs.FilterMessage("resource not available yet; the others are served and it is pushed once it is").Len(); n != 1 {
+		t.Errorf("%d logs of the unavailable name, want 1", n)
 	}
 }
 

@@ -54,8 +54,8 @@ func shortDir(t testing.TB) string {
 // services.
 type managerSource struct{ *secretmanager.Manager }
 
-func (m managerSource) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
-	return m.Manager.Watch(name)
+func (m managerSource) Watch(ctx context.Context, name string) (<-chan struct{}, func()) {
+	return m.Manager.Watch(ctx, name)
 }
 
 // agent is the serving half of the agent in process: a secret manager on a

@@ -4,7 +4,6 @@ import (
 	"maps"
 	"slices"
 	"testing"
-	"time"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -310,25 +309,5 @@ func TestResponseLogIsBounded(t *testing.T) {
 	}
 	if _, ok := l.answer(itoa(3*maxUnanswered - 1)); !ok || len(l.sent) != 0 {
 		t.Error("answering the newest should clear the log")
-	}
-}
-
-func TestBackoffDelay(t *testing.T) {
-	tests := []struct {
-		attempt int
-		r       float64
-		want    time.Duration
-	}{
-		{0, 0, 50 * time.Millisecond},
-		{0, 0.999, 99950 * time.Microsecond},
-		{1, 0, 100 * time.Millisecond},
-		{3, 0, 400 * time.Millisecond},
-		{10, 0, 5 * time.Second},
-		{1000, 0.5, 7500 * time.Millisecond},
-	}
-	for _, tt := range tests {
-		if got := backoffDelay(tt.attempt, 100*time.Millisecond, 10*time.Second, tt.r); got != tt.want {
-			t.Errorf("backoffDelay(%d, r=%v) = %v, want %v", tt.attempt, tt.r, got, tt.want)
-		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -13,11 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	pb "istio.io/api/security/v1alpha1"
-	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/pki"
@@ -31,15 +28,8 @@ const PlaintextPortNumber = "15010"
 // (ISTIO_META_CERT_SIGNER).
 const CertSignerKey = "CertSigner"
 
-// Defaults of Config.
-const (
-	DefaultMaxAttempts    = 5
-	DefaultBackoffBase    = 100 * time.Millisecond
-	DefaultBackoffJitter  = 0.1
-	DefaultAttemptTimeout = 30 * time.Second
-	// maxBackoff caps one wait however many attempts are configured.
-	maxBackoff = 30 * time.Second
-)
+// DefaultAttemptTimeout is the default bound of one CreateCertificate call.
+const DefaultAttemptTimeout = 30 * time.Second
 
 var (
 	// ErrClosed is returned by Sign after Close.
@@ -58,21 +48,9 @@ type Config struct {
 	// CertSigner (ISTIO_META_CERT_SIGNER), when set, is sent as the
 	// "CertSigner" field of the request metadata.
 	CertSigner string
-	// MaxAttempts is the number of tries one Sign call makes. Default 5.
-	MaxAttempts int
-	// BackoffBase is the wait after the first failed try; it doubles after
-	// each further one. Default 100ms.
-	BackoffBase time.Duration
-	// BackoffJitter is the fraction by which a wait varies up or down.
-	// Default 0.1; a negative value means no jitter.
-	BackoffJitter float64
-	// AttemptTimeout bounds one try (the caller's context bounds the call).
-	// Default 30s; a negative value means no bound of its own.
+	// AttemptTimeout bounds one call, within the caller's context. Default
+	// 30s; a negative value means no bound of its own.
 	AttemptTimeout time.Duration
-	// Clock times the waits between tries. Default the real clock.
-	Clock clock.Clock
-	// Rand returns a number in [0, 1) for the jitter. Default math/rand/v2.
-	Rand func() float64
 	// Logger receives the client's logs. Nil means no logs.
 	Logger *zap.Logger
 	// Registerer receives the metrics. Nil means they are not registered.
@@ -102,31 +80,11 @@ func New(cfg Config) (*Client, error) {
 	if tc.Plaintext && tc.Token != nil && !caclient.IsLoopback(tc.Addr) {
 		return nil, fmt.Errorf("istio CA client: plaintext connection to %s: %w", tc.Addr, caclient.ErrUnverifiedPeer)
 	}
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = DefaultMaxAttempts
-	}
-	if cfg.BackoffBase <= 0 {
-		cfg.BackoffBase = DefaultBackoffBase
-	}
-	switch {
-	case cfg.BackoffJitter == 0:
-		cfg.BackoffJitter = DefaultBackoffJitter
-	case cfg.BackoffJitter < 0:
-		cfg.BackoffJitter = 0
-	case cfg.BackoffJitter > 1:
-		cfg.BackoffJitter = 1
-	}
 	switch {
 	case cfg.AttemptTimeout == 0:
 		cfg.AttemptTimeout = DefaultAttemptTimeout
 	case cfg.AttemptTimeout < 0:
 		cfg.AttemptTimeout = 0
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
-	if cfg.Rand == nil {
-		cfg.Rand = rand.Float64
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -150,9 +108,13 @@ func PlaintextPort(addr string) bool {
 }
 
 // Sign sends the DER csr to the CA asking for ttl and returns the parsed
-// chain, leaf first. Transient gRPC failures are retried within the call; an
-// error wraps the last gRPC status (status.Code works on it) or ErrBadAnswer.
-// The chain is not judged here: check it with pki.VerifyIssued.
+// chain, leaf first. It makes exactly one CreateCertificate call: retrying is
+// the caller's business (the secret manager's per-identity backoff), so a CA
+// under load never sees retries stacked on retries. After a failed call the
+// connection is dropped, so the next Sign dials afresh (as pilot-agent
+// rebuilds its channel) instead of waiting out gRPC's reconnect backoff. An
+// error wraps the gRPC status (status.Code works on it) or ErrBadAnswer. The
+// chain is not judged here: check it with pki.VerifyIssued.
 func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
 	req := &pb.IstioCertificateRequest{
 		Csr:              string(pki.EncodeCSRPEM(csr)),
@@ -163,30 +125,29 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time
 			CertSignerKey: structpb.NewStringValue(c.cfg.CertSigner),
 		}}
 	}
-	log := c.log.With(zap.String(keyIdentity, id.String()))
-	for attempt := 1; ; attempt++ {
-		chain, err := c.attempt(ctx, req)
-		if err == nil {
-			log.Debug("certificate signed", zap.Int(keyAttempt, attempt), zap.Int(keyCerts, len(chain)), zap.Duration(keyTTL, ttl))
-			return chain, nil
+	chain, err := c.attempt(ctx, req)
+	if err != nil {
+		if cerr := contextEnded(ctx); cerr != nil {
+			return nil, fmt.Errorf("signing certificate for %s: %w: %w", id, cerr, err)
 		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("signing certificate for %s: %w: %w", id, ctx.Err(), err)
-		}
-		if !retryable(err) {
-			log.Warn("CA refused the certificate request", zap.Int(keyAttempt, attempt), zap.Stringer(keyCode, status.Code(err)), zap.Error(err))
-			return nil, fmt.Errorf("signing certificate for %s: %w", id, err)
-		}
-		if attempt >= c.cfg.MaxAttempts {
-			log.Warn("CA request failed, giving up", zap.Int(keyAttempt, attempt), zap.Stringer(keyCode, status.Code(err)), zap.Error(err))
-			return nil, fmt.Errorf("signing certificate for %s after %d attempts: %w", id, attempt, err)
-		}
-		wait := c.backoff(attempt)
-		log.Info("CA request failed, retrying", zap.Int(keyAttempt, attempt), zap.Stringer(keyCode, status.Code(err)), zap.Duration(keyBackoff, wait), zap.Error(err))
-		if werr := c.sleep(ctx, wait); werr != nil {
-			return nil, fmt.Errorf("signing certificate for %s: %w: %w", id, werr, err)
-		}
+		c.log.Warn("CA request failed", zap.String(keyIdentity, id.String()), zap.Stringer(keyCode, status.Code(err)), zap.Error(err))
+		return nil, fmt.Errorf("signing certificate for %s: %w", id, err)
 	}
+	c.log.Debug("certificate signed", zap.String(keyIdentity, id.String()), zap.Int(keyCerts, len(chain)), zap.Duration(keyTTL, ttl))
+	return chain, nil
+}
+
+// contextEnded returns ctx's error, or DeadlineExceeded once its deadline has
+// passed (the server may end the call on the propagated deadline a moment
+// before ctx itself is done).
+func contextEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // attempt makes one CreateCertificate call.
@@ -217,42 +178,6 @@ func (c *Client) attempt(ctx context.Context, req *pb.IstioCertificateRequest) (
 	return chain, nil
 }
 
-// retryable reports whether a failed try is worth another within the same
-// call, as pilot-agent decides (the caller's context is checked before).
-func retryable(err error) bool {
-	if errors.Is(err, ErrBadAnswer) || errors.Is(err, ErrClosed) {
-		return false
-	}
-	switch status.Code(err) {
-	case codes.Unavailable, codes.Internal, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Canceled:
-		return true
-	}
-	return false
-}
-
-// backoff is the wait after the n-th failed try: base * 2^(n-1), varied by
-// the jitter fraction up or down.
-func (c *Client) backoff(n int) time.Duration {
-	d := c.cfg.BackoffBase
-	for i := 1; i < n && d < maxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, maxBackoff)
-	f := 1 + c.cfg.BackoffJitter*(2*c.cfg.Rand()-1)
-	return time.Duration(float64(d) * f)
-}
-
-func (c *Client) sleep(ctx context.Context, d time.Duration) error {
-	t := c.cfg.Clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C():
-		return nil
-	}
-}
-
 // connection returns the current connection, making one when there is none.
 func (c *Client) connection() (*grpc.ClientConn, error) {
 	c.mu.Lock()
@@ -270,9 +195,9 @@ func (c *Client) connection() (*grpc.ClientConn, error) {
 	return c.conn, nil
 }
 
-// retire drops conn after a failed try so the next try dials afresh, as
-// pilot-agent rebuilds its channel. A try still running on conn elsewhere
-// ends with Canceled and is retried.
+// retire drops conn after a failed call so the next call dials afresh, as
+// pilot-agent rebuilds its channel. A call still running on conn elsewhere
+// ends with Canceled.
 func (c *Client) retire(conn *grpc.ClientConn) {
 	c.mu.Lock()
 	current := c.conn == conn

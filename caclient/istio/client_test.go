@@ -23,7 +23,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/credfetcher"
@@ -81,9 +80,8 @@ func newEnv(t *testing.T, caCfg istioca.Config, edit func(*Config)) *env {
 			Token:      credfetcher.File{Path: tokenPath},
 			Metadata:   map[string]string{"ClusterID": "Kubernetes", "X-Tenant": "blue"},
 		},
-		CertSigner:  "signer-a",
-		BackoffBase: time.Millisecond,
-		Registerer:  reg,
+		CertSigner: "signer-a",
+		Registerer: reg,
 	}
 	if edit != nil {
 		edit(&cfg)
@@ -228,7 +226,7 @@ func TestTokenIsReadAfreshForEveryRequest(t *testing.T) {
 }
 
 func TestMissingTokenFileFailsWithoutContactingTheCA(t *testing.T) {
-	e := newEnv(t, istioca.Config{}, func(c *Config) { c.MaxAttempts = 2 })
+	e := newEnv(t, istioca.Config{}, nil)
 	if err := os.Remove(e.tokenPath); err != nil {
 		t.Fatal(err)
 	}
@@ -260,58 +258,49 @@ func TestUnknownTokenIsUnauthenticated(t *testing.T) {
 	}
 }
 
-func TestRetriesTransientCodesOnly(t *testing.T) {
-	tests := []struct {
-		code  codes.Code
-		retry bool
-	}{
-		{codes.Unavailable, true},
-		{codes.Internal, true},
-		{codes.DeadlineExceeded, true},
-		{codes.ResourceExhausted, true},
-		{codes.Aborted, true},
-		{codes.Canceled, true},
-		{codes.InvalidArgument, false},
-		{codes.PermissionDenied, false},
-		{codes.Unauthenticated, false},
-		{codes.FailedPrecondition, false},
-		{codes.Unimplemented, false},
-		{codes.NotFound, false},
-		{codes.Unknown, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.code.String(), func(t *testing.T) {
+// One Sign is one CSR whatever the CA answers: retries belong to the caller.
+func TestOneRequestPerSign(t *testing.T) {
+	for _, code := range []codes.Code{
+		codes.Unavailable, codes.Internal, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted,
+		codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition, codes.Unknown,
+	} {
+		t.Run(code.String(), func(t *testing.T) {
 			e := newEnv(t, istioca.Config{}, nil)
-			e.ca.FailNext(1, tt.code)
+			e.ca.FailNext(1, code)
 			id := e.ca.Identity(appSA)
-			key, csr := newCSR(t, id)
-			chain, err := e.client.Sign(ctxT(t), csr, id, time.Hour)
-			if tt.retry {
-				if err != nil {
-					t.Fatalf("Sign: %v, want success on the second try", err)
-				}
-				if err := pki.VerifyIssued(chain, key.Public(), id, e.ca.Roots(), time.Now()); err != nil {
-					t.Fatal(err)
-				}
-				if n := e.ca.Requests(); n != 2 {
-					t.Errorf("CA received %d requests, want 2", n)
-				}
-				return
-			}
-			if code := status.Code(err); code != tt.code {
-				t.Fatalf("Sign error %v (code %s), want %s", err, code, tt.code)
+			_, csr := newCSR(t, id)
+			if _, err := e.client.Sign(ctxT(t), csr, id, time.Hour); status.Code(err) != code {
+				t.Fatalf("Sign error %v (code %s), want %s", err, status.Code(err), code)
 			}
 			if n := e.ca.Requests(); n != 1 {
-				t.Errorf("CA received %d requests, want 1 (no retry)", n)
+				t.Fatalf("CA received %d requests for one Sign, want 1", n)
+			}
+			// The next Sign (the caller's retry) goes out on a fresh connection.
+			key, csr := newCSR(t, id)
+			chain, err := e.client.Sign(ctxT(t), csr, id, time.Hour)
+			if err != nil {
+				t.Fatalf("Sign after a failure: %v", err)
+			}
+			if err := pki.VerifyIssued(chain, key.Public(), id, e.ca.Roots(), time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			if n := e.ca.Requests(); n != 2 {
+				t.Errorf("CA received %d requests for two Signs, want 2", n)
 			}
 		})
 	}
 }
 
-func TestRetryUnavailableThenSuccess(t *testing.T) {
+func TestUnavailableIsCountedPerCall(t *testing.T) {
 	e := newEnv(t, istioca.Config{}, nil)
 	e.ca.FailNext(3, codes.Unavailable)
 	id := e.ca.Identity(appSA)
+	for i := range 3 {
+		_, csr := newCSR(t, id)
+		if _, err := e.client.Sign(ctxT(t), csr, id, time.Hour); status.Code(err) != codes.Unavailable {
+			t.Fatalf("Sign %d: %v, want Unavailable", i, err)
+		}
+	}
 	key, csr := newCSR(t, id)
 	chain, err := e.client.Sign(ctxT(t), csr, id, time.Hour)
 	if err != nil {
@@ -328,21 +317,6 @@ func TestRetryUnavailableThenSuccess(t *testing.T) {
 	}
 	if got := requestsWith(e, resultOK); got != 1 {
 		t.Errorf("requests{result=ok} = %v, want 1", got)
-	}
-}
-
-func TestGivesUpAfterMaxAttempts(t *testing.T) {
-	e := newEnv(t, istioca.Config{}, nil)
-	e.ca.SetMode(istioca.ModeError)
-	e.ca.SetError(codes.Unavailable)
-	id := e.ca.Identity(appSA)
-	_, csr := newCSR(t, id)
-	_, err := e.client.Sign(ctxT(t), csr, id, time.Hour)
-	if code := status.Code(err); code != codes.Unavailable {
-		t.Fatalf("Sign error %v, want Unavailable", err)
-	}
-	if n := e.ca.Requests(); n != DefaultMaxAttempts {
-		t.Errorf("CA received %d requests, want %d", n, DefaultMaxAttempts)
 	}
 }
 
@@ -399,70 +373,6 @@ func TestCSRForAnotherIdentityIsRejected(t *testing.T) {
 	}
 }
 
-func TestBackoffScheduleOnInjectedClock(t *testing.T) {
-	clk := clocktesting.NewFakeClock(time.Now())
-	e := newEnv(t, istioca.Config{}, func(c *Config) {
-		c.BackoffBase = 0 // the default, 100 ms
-		c.Clock = clk
-		c.Rand = func() float64 { return 0.5 } // jitter factor exactly 1
-	})
-	e.ca.SetMode(istioca.ModeError)
-	e.ca.SetError(codes.Unavailable)
-	id := e.ca.Identity(appSA)
-	_, csr := newCSR(t, id)
-	errc := make(chan error, 1)
-	go func() {
-		_, err := e.client.Sign(ctxT(t), csr, id, time.Hour)
-		errc <- err
-	}()
-	for i, wait := range []time.Duration{100, 200, 400, 800} {
-		wait *= time.Millisecond
-		waitFor(t, func() bool { return clk.HasWaiters() })
-		if n := e.ca.Requests(); n != i+1 {
-			t.Fatalf("before wait %d: CA received %d requests, want %d", i, n, i+1)
-		}
-		clk.Step(wait - time.Millisecond)
-		if !clk.HasWaiters() {
-			t.Fatalf("wait %d ended before %v", i, wait)
-		}
-		clk.Step(time.Millisecond)
-		waitFor(t, func() bool { return e.ca.Requests() == i+2 })
-	}
-	select {
-	case err := <-errc:
-		if status.Code(err) != codes.Unavailable {
-			t.Fatalf("Sign error %v, want Unavailable", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Sign did not return after the last attempt")
-	}
-	if n := e.ca.Requests(); n != 5 {
-		t.Errorf("CA received %d requests, want 5", n)
-	}
-}
-
-func TestBackoffJitterBounds(t *testing.T) {
-	c := &Client{cfg: Config{BackoffBase: 100 * time.Millisecond, BackoffJitter: 0.1}}
-	for _, tt := range []struct {
-		n    int
-		r    float64
-		want time.Duration
-	}{
-		{1, 0, 90 * time.Millisecond},
-		{1, 0.5, 100 * time.Millisecond},
-		{1, 0.999999, 110 * time.Millisecond},
-		{2, 0.5, 200 * time.Millisecond},
-		{4, 0, 720 * time.Millisecond},
-		{60, 0.5, maxBackoff},
-	} {
-		c.cfg.Rand = func() float64 { return tt.r }
-		got := c.backoff(tt.n)
-		if d := got - tt.want; d < -time.Microsecond || d > time.Microsecond {
-			t.Errorf("backoff(%d) with rand %v = %v, want %v", tt.n, tt.r, got, tt.want)
-		}
-	}
-}
-
 func TestCallerContextEndsTheCall(t *testing.T) {
 	e := newEnv(t, istioca.Config{}, nil)
 	e.ca.SetDelay(10 * time.Second)
@@ -483,11 +393,8 @@ func TestCallerContextEndsTheCall(t *testing.T) {
 	}
 }
 
-func TestAttemptTimeoutIsRetried(t *testing.T) {
-	e := newEnv(t, istioca.Config{}, func(c *Config) {
-		c.AttemptTimeout = 100 * time.Millisecond
-		c.MaxAttempts = 3
-	})
+func TestAttemptTimeoutEndsTheCall(t *testing.T) {
+	e := newEnv(t, istioca.Config{}, func(c *Config) { c.AttemptTimeout = 100 * time.Millisecond })
 	e.ca.SetDelay(10 * time.Second)
 	id := e.ca.Identity(appSA)
 	_, csr := newCSR(t, id)
@@ -495,7 +402,9 @@ func TestAttemptTimeoutIsRetried(t *testing.T) {
 	if code := status.Code(err); code != codes.DeadlineExceeded {
 		t.Fatalf("Sign error %v, want DeadlineExceeded", err)
 	}
-	waitFor(t, func() bool { return e.ca.Requests() == 3 })
+	if n := e.ca.Requests(); n != 1 {
+		t.Errorf("CA received %d requests, want 1", n)
+	}
 }
 
 func TestUnexpectedServerNameSendsNothing(t *testing.T) {
@@ -516,7 +425,7 @@ func TestUnexpectedServerNameSendsNothing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, istioca.Config{}, func(c *Config) { c.MaxAttempts = 2 })
+			e := newEnv(t, istioca.Config{}, nil)
 			cert, err := tt.serving(e.ca)
 			if err != nil {
 				t.Fatal(err)
@@ -558,7 +467,6 @@ func TestClientCertificateAuthWithoutToken(t *testing.T) {
 				return &prov, nil
 			},
 		},
-		BackoffBase: time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -678,7 +586,7 @@ func TestMaxTTLCapsValidity(t *testing.T) {
 }
 
 func TestCAOutageAndReturn(t *testing.T) {
-	e := newEnv(t, istioca.Config{}, func(c *Config) { c.MaxAttempts = 2 })
+	e := newEnv(t, istioca.Config{}, nil)
 	id := e.ca.Identity(appSA)
 	_, csr := newCSR(t, id)
 	if _, err := e.client.Sign(ctxT(t), csr, id, time.Hour); err != nil {
@@ -702,7 +610,6 @@ func TestCAOutageAndReturn(t *testing.T) {
 
 func TestConcurrentSigns(t *testing.T) {
 	e := newEnv(t, istioca.Config{}, nil)
-	e.ca.FailNext(3, codes.Unavailable)
 	id := e.ca.Identity(appSA)
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
@@ -776,6 +683,11 @@ func TestLogsNeverCarryTheToken(t *testing.T) {
 	e.ca.FailNext(2, codes.Unavailable)
 	id := e.ca.Identity(appSA)
 	_, csr := newCSR(t, id)
+	for range 2 {
+		if _, err := e.client.Sign(ctxT(t), csr, id, time.Hour); status.Code(err) != codes.Unavailable {
+			t.Fatalf("Sign: %v, want Unavailable", err)
+		}
+	}
 	if _, err := e.client.Sign(ctxT(t), csr, id, time.Hour); err != nil {
 		t.Fatal(err)
 	}

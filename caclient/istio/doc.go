@@ -3,15 +3,17 @@
 // istiod and cert-manager's istio-csr. It implements caclient.Client.
 //
 // It owns the request (the CSR in PEM, the validity in seconds, the CertSigner
-// metadata), the retries inside one Sign call (as pilot-agent: a few tries with
-// exponential backoff on transient gRPC codes), the parsing of the answer and
-// the request metrics. It does not own the transport rules (TLS verification,
+// metadata), the parsing of the answer and the request metrics. One Sign is
+// one CreateCertificate call: it does not retry (pilot-agent does, a few tries
+// inside one call, which stacks under any outer retry and multiplies the load
+// on a struggling CA); the secret manager retries with its per-identity
+// backoff. It does not own the transport rules (TLS verification,
 // the bearer token, client certificates and extra metadata come from
 // caclient.Dial), where tokens come from (credfetcher), nor the judgement of
 // the returned chain, which the caller makes with pki.VerifyIssued.
 //
 // A Client holds one gRPC connection at a time, made lazily on the first Sign
-// and replaced after a failed attempt so that the next attempt starts a fresh
+// and replaced after a failed call so that the next call starts a fresh
 // handshake (new roots, a restarted CA, no reconnect backoff left over). The
 // connection is guarded by a mutex; Sign is safe for concurrent use and Close
 // is safe to call twice. The client starts no goroutines of its own.

@@ -4,9 +4,7 @@ package istio
 const (
 	keyAddr     = "ca_addr"
 	keyIdentity = "identity"
-	keyAttempt  = "attempt"
 	keyCode     = "code"
-	keyBackoff  = "backoff"
 	keyLatency  = "latency"
 	keyCerts    = "certs"
 	keyTTL      = "ttl"

@@ -108,10 +108,12 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 		TTL:         c.SecretTTL,
 		GraceRatio:  c.GraceRatio,
 		GraceJitter: c.GraceJitter,
-		OnPublish:   a.served.onPublish,
-		Source:      source,
-		Logger:      a.base,
-		Registerer:  a.reg,
+		// Sidecar: one identity; the bound matters once callers carry their own.
+		MaxConcurrentCSRs: c.CAMaxConcurrentCSRs,
+		OnPublish:         a.served.onPublish,
+		Source:            source,
+		Logger:            a.base,
+		Registerer:        a.reg,
 	}
 	a.served.files = fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
 	mc.Providers = map[string]secretmanager.Provider{
@@ -367,7 +369,7 @@ func (a *agent) servingComponents() ([]component, error) {
 		}
 		services := []func(*grpc.Server){srv.Register}
 		if c.WorkloadAPI {
-			wl, err := workloadapi.New(workloadapi.Config{Secrets: watchWithContext{m}, Logger: a.base, Registerer: a.reg})
+			wl, err := workloadapi.New(workloadapi.Config{Secrets: m, Logger: a.base, Registerer: a.reg})
 			if err != nil {
 				return nil, err
 			}
@@ -404,14 +406,6 @@ func (a *agent) servingComponents() ([]component, error) {
 		cs = append(cs, component{name: "grpc_bootstrap", run: a.writeBootstrap, finite: true})
 	}
 	return cs, nil
-}
-
-// watchWithContext gives the manager the Workload API's source interface,
-// whose Watch takes the caller's context; the manager serves one identity.
-type watchWithContext struct{ *secretmanager.Manager }
-
-func (w watchWithContext) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
-	return w.Manager.Watch(name)
 }
 
 // xdsProxy builds the proxy and, when the xDS root is a file of its own, the
