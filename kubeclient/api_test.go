@@ -2,6 +2,7 @@ package kubeclient
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -91,7 +92,15 @@ func TestListAndWatchPods(t *testing.T) {
 	env := kubeEnv(t)
 	ctx := context.Background()
 	ns := newNamespace(t)
-	c := adminClient(t)
+	// The client as the agent makes it: from a kubeconfig file.
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := env.Kubeconfig(kubeconfig, env.AdminToken()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{Kubeconfig: kubeconfig, UserAgent: "meshagent/test"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	on, err := env.CreatePod(ctx, ns, "on", "default", "node-list")
 	if err != nil {
 		t.Fatal(err)
