@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/caclient/linkerd"
+	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/certfile"
 	"github.com/meshagent/meshagent/fileprovider"
 	"github.com/meshagent/meshagent/grpcbootstrap"
@@ -87,9 +89,13 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 // not nil, is closed when the manager stops (or now, if it cannot be made).
 func (a *agent) startManager(mc secretmanager.Config, client caclient.Client) (*secretmanager.Manager, []component, error) {
 	files := fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
-	mc.Providers = map[string]secretmanager.Provider{
-		secretmanager.FileCertPrefix: files,
-		secretmanager.FileRootPrefix: files,
+	// Node mode serves many pods from one socket: files of the node are not
+	// served, so one pod cannot read what is meant for another.
+	if !a.nodeMode() {
+		mc.Providers = map[string]secretmanager.Provider{
+			secretmanager.FileCertPrefix: files,
+			secretmanager.FileRootPrefix: files,
+		}
 	}
 	m, err := secretmanager.New(mc)
 	if err != nil {
@@ -292,14 +298,31 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 			}
 			services = append(services, wl.Register)
 		}
+		var resolver caller.Resolver
+		if a.nodeMode() {
+			r, nodeCs, err := a.nodeCallers(m)
+			if err != nil {
+				return nil, err
+			}
+			resolver = r
+			cs = append(cs, nodeCs...)
+		}
 		socket, err := udsserver.New(udsserver.Config{
-			SocketPath: c.SDSSocket, Services: services,
+			SocketPath: c.SDSSocket, Services: services, Resolver: resolver,
 			MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
 		})
 		if err != nil {
 			return nil, err
 		}
 		cs = append(cs, component{name: "sds", run: socket.Run})
+	}
+	if a.nodeMode() {
+		if m == nil || c.DisableEnvoy {
+			return nil, configError{errors.New("MESHAGENT_MODE=node needs a CA to sign the pods' certificates and the SDS socket to serve them")}
+		}
+		// Per-pod features: one agent serves many pods.
+		a.log.Info("node mode: the xDS proxy, OUTPUT_CERTS and the gRPC bootstrap are per-pod features and are off")
+		return cs, nil
 	}
 	if c.XDSProxy {
 		xp, rootFeed, err := a.xdsProxy(src)
