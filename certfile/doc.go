@@ -15,11 +15,19 @@
 // function. NewRootSource is the one way a root bundle is named and read:
 // a PEM file, or "system" (any case) for the system trust bundle.
 //
+// RootFeed and PairFeed are the running parts that bring files into the
+// secret manager: a RootFeed follows a root bundle file (CA_ROOT_CA,
+// XDS_ROOT_CA, a credentials directory's root-cert.pem) into a
+// secretmanager.Roots; a PairFeed follows a certificate and key file pair
+// (workload credentials, file-mounted certificates) into Manager.Publish.
+// Each reads through a Source and has Run(ctx) error.
+//
 // It does not decide which files to load (cmd/agent and secretmanager do),
 // and it does not check a chain against trust roots or a requested identity:
 // mounted certificates are served as the operator gave them.
 //
 // Ownership and locking: Pair and Bundle are immutable once returned. A
 // Source is safe for concurrent use: Current, Wait and Reload may be called
-// from any goroutine; Run may be called once and owns the watcher.
+// from any goroutine; Run may be called once and owns the watcher. A
+// RootFeed or PairFeed owns its Source; its Run may be called once.
 package certfile

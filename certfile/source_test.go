@@ -21,9 +21,15 @@ const testDebounce = 20 * time.Millisecond
 
 func runSource[T Value[T]](t *testing.T, s *Source[T]) {
 	t.Helper()
+	runUntilEnd(t, s.Run)
+}
+
+// runUntilEnd runs run until the test ends and checks it returned nil.
+func runUntilEnd(t *testing.T, run func(context.Context) error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	go func() { done <- run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

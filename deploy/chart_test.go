@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3" // HttpProtocolOptions in the bootstrap
@@ -32,6 +33,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
+	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
@@ -119,7 +121,7 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 		}},
 	}, {
 		name:   "sidecar-tokenrequest",
-		values: "credentialFetcherType: TokenRequest\n",
+		values: "credentialFetcherType: TokenRequest\ntoken:\n  lifetime: 30m\n",
 		kinds:  []string{"ConfigMap", "Deployment", "Role", "RoleBinding", "ServiceAccount"},
 		check: func(t *testing.T, objs objects) {
 			pod := objs.deployment(t).Spec.Template.Spec
@@ -129,6 +131,7 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 			}
 			agent := container(t, pod, "meshagent")
 			checkEnv(t, agent, "CREDENTIAL_FETCHER_TYPE", "TokenRequest")
+			checkEnv(t, agent, "MESHAGENT_TOKEN_LIFETIME", "30m")
 			checkEnvFrom(t, agent, "POD_UID", "metadata.uid")
 			for _, v := range pod.Volumes {
 				if v.Projected != nil {
@@ -251,16 +254,170 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { deleteClusterScoped(rbac) })
-			for who, checks := range tt.access {
-				sa := objs.serviceAccount(t, who)
-				for _, a := range checks {
-					a.namespace = cmp.Or(a.namespace, ns)
-					if a.name == "$sa" {
-						a.name = sa
+			// The authorizer sees new RBAC objects through its caches a moment after
+			// they are created: wait for every grant first, so that a refusal checked
+			// afterwards is a real one, not a cache that has not caught up.
+			for _, wantAllowed := range []bool{true, false} {
+				for who, checks := range tt.access {
+					sa := objs.serviceAccount(t, who)
+					for _, a := range checks {
+						if a.allowed != wantAllowed {
+							continue
+						}
+						a.namespace = cmp.Or(a.namespace, ns)
+						if a.name == "$sa" {
+							a.name = sa
+						}
+						if got := allowed(t, ns, sa, a.verb, a.resource, a.subresource, a.namespace, a.name, a.allowed); got != a.allowed {
+							t.Errorf("%s may %s %s/%s %s/%s: %v, want %v", sa, a.verb, a.resource, a.subresource, a.namespace, a.name, got, a.allowed)
+						}
 					}
-					if got := allowed(t, ns, sa, a.verb, a.resource, a.subresource, a.namespace, a.name); got != a.allowed {
-						t.Errorf("%s may %s %s/%s %s/%s: %v, want %v", sa, a.verb, a.resource, a.subresource, a.namespace, a.name, got, a.allowed)
+				}
+			}
+		})
+	}
+}
+
+// TestInstallUpgradeUninstall installs the chart with helm into the API server, reads
+// its notes, upgrades it from JWT to TokenRequest and back (the Role follows), and
+// uninstalls it (the cluster-wide RBAC goes with it).
+func TestInstallUpgradeUninstall(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "upgrade")
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := kube.Kubeconfig(kubeconfig, kube.AdminToken()); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := helm(t, append(args, "--kubeconfig", kubeconfig, "--namespace", ns)...)
+		if err != nil {
+			t.Fatalf("helm %s: %v\n%s", args[0], err, out)
+		}
+		return string(out)
+	}
+	roles := func() int {
+		t.Helper()
+		list, err := kube.Client().RbacV1().Roles(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(list.Items)
+	}
+
+	notes := run("install", "mesh", chartDir, "--set", "node.enabled=true")
+	for _, want := range []string{
+		"spiffe://cluster.local/ns/" + ns + "/sa/mesh-meshagent-workload",
+		ns + "/mesh-meshagent-node to istiod's CA_TRUSTED_NODE_ACCOUNTS",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("install notes do not say %q:\n%s", want, notes)
+		}
+	}
+	if _, err := kube.Client().AppsV1().DaemonSets(ns).Get(ctx, "mesh-meshagent-node", metav1.GetOptions{}); err != nil {
+		t.Errorf("DaemonSet after install: %v", err)
+	}
+	if n := roles(); n != 0 {
+		t.Errorf("%d Roles with JWT, want none", n)
+	}
+
+	run("upgrade", "mesh", chartDir, "--reuse-values", "--set", "credentialFetcherType=TokenRequest")
+	if n := roles(); n != 2 {
+		t.Errorf("%d Roles after the upgrade to TokenRequest, want 2 (workload's and node agent's own token)", n)
+	}
+	d, err := kube.Client().AppsV1().Deployments(ns).Get(ctx, "mesh-meshagent-workload", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !*d.Spec.Template.Spec.AutomountServiceAccountToken {
+		t.Error("Deployment not upgraded: still no API credentials with TokenRequest")
+	}
+
+	run("upgrade", "mesh", chartDir, "--reuse-values", "--set", "credentialFetcherType=JWT")
+	if n := roles(); n != 0 {
+		t.Errorf("%d Roles after the upgrade back to JWT, want none", n)
+	}
+
+	run("uninstall", "mesh")
+	if _, err := kube.Client().RbacV1().ClusterRoles().Get(ctx, "mesh-meshagent-node", metav1.GetOptions{}); err == nil {
+		t.Error("ClusterRole left behind by uninstall")
+	}
+}
+
+// TestChartEnvIsAgentConfig runs the built agent's `meshagent config` with the
+// environment each rendered agent container gets (downward API values filled in as a
+// kubelet would): the agent must accept every value, and read every variable the
+// chart sets as one of its settings.
+func TestChartEnvIsAgentConfig(t *testing.T) {
+	bin, err := agentproc.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ name, kind, values string }{
+		{"sidecar", "Deployment", ""},
+		{"sidecar-tokenrequest", "Deployment", "credentialFetcherType: TokenRequest\ntoken:\n  lifetime: 30m\n  audience: mesh-ca\ncaAddress: ca.mesh.svc:15012\n"},
+		{"sidecar-proxyless-linkerd", "Deployment", "caProvider: Linkerd\nclusterID: ''\nsidecar:\n  envoy:\n    enabled: false\n"},
+		{"node", "DaemonSet", "sidecar:\n  enabled: false\nnode:\n  enabled: true\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			objs, err := render(t, "cfg", "shop", tt.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pod corev1.PodSpec
+			if tt.kind == "DaemonSet" {
+				var ds appsv1.DaemonSet
+				objs.find(t, "DaemonSet", &ds)
+				pod = ds.Spec.Template.Spec
+			} else {
+				pod = objs.deployment(t).Spec.Template.Spec
+			}
+			fields := map[string]string{
+				"metadata.name":           "cfg-0",
+				"metadata.namespace":      "shop",
+				"metadata.uid":            "0b8a4c1e-8d4f-4f5e-9a57-3c1a2b9d7e61",
+				"spec.serviceAccountName": pod.ServiceAccountName,
+				"spec.nodeName":           "node-a",
+				"status.podIP":            "10.0.0.9",
+			}
+			agent := container(t, pod, "meshagent")
+			env := []string{"PATH=" + os.Getenv("PATH")}
+			set := map[string]string{}
+			for _, e := range agent.Env {
+				v := e.Value
+				if e.ValueFrom != nil {
+					var ok bool
+					if v, ok = fields[e.ValueFrom.FieldRef.FieldPath]; !ok {
+						t.Fatalf("%s from unexpected field %s", e.Name, e.ValueFrom.FieldRef.FieldPath)
 					}
+				}
+				env = append(env, e.Name+"="+v)
+				set[e.Name] = v
+			}
+			cmd := exec.Command(bin, "config")
+			cmd.Dir = t.TempDir()
+			cmd.Env = env
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("meshagent config refused the chart's environment: %v\n%s", err, out)
+			}
+			fromEnv := map[string]bool{}
+			known := map[string]bool{}
+			for _, line := range strings.Split(string(out), "\n") {
+				if f := strings.Fields(line); len(f) >= 3 {
+					known[f[0]] = true
+					fromEnv[f[0]] = f[2] == "env"
+				}
+			}
+			for name := range set {
+				switch {
+				case fromEnv[name]:
+				case known[name]:
+					t.Errorf("%s is set by the chart but meshagent config does not show it from env:\n%s", name, out)
+				case (name == "MESHAGENT_MODE" || name == "NODE_NAME") && !known["MESHAGENT_MODE"]:
+					t.Logf("%s: this agent build has no node mode", name)
+				default:
+					t.Errorf("the chart sets %s, which is no setting of the agent", name)
 				}
 			}
 		})
@@ -587,22 +744,38 @@ func deleteClusterScoped(objs objects) {
 }
 
 // allowed asks the API server whether service account sa of namespace ns may do verb.
-func allowed(t *testing.T, ns, sa, verb, resource, subresource, namespace, name string) bool {
+// When waitFor is true it asks again, for up to rbacPropagation, until the answer is
+// yes: RBAC objects just created reach the authorizer through its informers.
+func allowed(t *testing.T, ns, sa, verb, resource, subresource, namespace, name string, waitFor bool) bool {
 	t.Helper()
-	r, err := kube.Client().AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
-		Spec: authorizationv1.SubjectAccessReviewSpec{
-			User:   "system:serviceaccount:" + ns + ":" + sa,
-			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
-			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Verb: verb, Resource: resource, Subresource: subresource, Namespace: namespace, Name: name,
+	ctx, cancel := context.WithTimeout(context.Background(), rbacPropagation)
+	defer cancel()
+	for {
+		r, err := kube.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:   "system:serviceaccount:" + ns + ":" + sa,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: verb, Resource: resource, Subresource: subresource, Namespace: namespace, Name: name,
+				},
 			},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("SubjectAccessReview: %v", err)
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SubjectAccessReview: %v", err)
+		}
+		if r.Status.Allowed || !waitFor {
+			return r.Status.Allowed
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	return r.Status.Allowed
 }
+
+// rbacPropagation bounds the wait for a new grant to reach the authorizer.
+const rbacPropagation = 10 * time.Second
 
 func newNamespace(t *testing.T, prefix string) string {
 	t.Helper()

@@ -13,10 +13,13 @@
 // pair matches and read again if not (Load does; gRPC's file_watcher keeps
 // its old material and retries).
 //
-// It does not decide when to write (the secret manager calls Write on each
-// rotation and root change) and does not watch the directory.
+// Sync decides when to write: it subscribes to the agent's secret source
+// (the workload certificate "default" and the trust bundle "ROOTCA") and
+// hands what is held to the Writer at start and after every change signal.
+// The package does not watch the directory.
 //
 // Ownership and locking: a Writer owns the three files in its directory and
 // is safe for concurrent use (writes are serialised). It starts no
-// goroutines.
+// goroutines. A Sync's Run is its only goroutine; it holds its two
+// subscriptions until it returns.
 package outputcerts

@@ -32,6 +32,8 @@ die() { echo "tools.sh: $*" >&2; exit 1; }
 key() { cat "${key_files[@]}" | sha256sum | cut -c1-16; }
 
 dir=${MESHAGENT_TOOLS_DIR:-"${HOME:?HOME is not set}/.cache/meshagent/tools/$(key)"}
+# A relative MESHAGENT_TOOLS_DIR is relative to the repository root, for the tests too.
+case $dir in /*) ;; *) dir="$root/$dir" ;; esac
 
 if [ "${1:-}" = "-dir" ]; then
 	echo "$dir"

@@ -24,8 +24,8 @@
 // It does not own: the CA protocols (caclient, which make one request per
 // Sign), SDS framing (sds), who a caller is (the caller package and its
 // resolvers), file watching and parsing of certificate files (other
-// packages feed Roots.Set, Publish and Config.Initial), or writing files
-// (Config.OnPublish, which sees the own identity and the roots only). Other
+// packages, certfile's feeds, feed Roots.Set, Publish and Config.Initial),
+// or writing files (outputcerts.Sync, a subscriber like any other). Other
 // resource names (file-cert:, file-root:) are served by Providers keyed by
 // prefix, so the name-to-secret mapping stays in one place.
 //

@@ -15,6 +15,12 @@ const (
 	ProviderLinkerd = "Linkerd"
 )
 
+// Agent modes (MESHAGENT_MODE).
+const (
+	ModeSidecar = "sidecar"
+	ModeNode    = "node"
+)
+
 // Credential fetchers (CREDENTIAL_FETCHER_TYPE).
 const (
 	FetcherJWT          = "JWT"
@@ -152,6 +158,13 @@ type Config struct {
 	SDSAllowedUIDs []uint32
 	// XDSProxy runs the xDS proxy (MESHAGENT_XDS_PROXY; default true, false in dev mode).
 	XDSProxy bool
+	// Mode is ModeSidecar or ModeNode (MESHAGENT_MODE).
+	Mode string
+	// NodeName is the node the agent runs on, in node mode (NODE_NAME).
+	NodeName string
+	// NodeUIDIdentities are node processes' identities by uid, as
+	// "<uid>=<spiffe id>,..." (MESHAGENT_NODE_UID_IDENTITIES).
+	NodeUIDIdentities string
 	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
 	WorkloadAPI bool
 

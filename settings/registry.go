@@ -275,6 +275,22 @@ var Registry = []Setting{
 		Value: UIDs(func(c *Config) *[]uint32 { return &c.SDSAllowedUIDs }),
 	},
 	{
+		Name: "MESHAGENT_MODE", Flag: "mode", Default: ModeSidecar, Group: GroupMeshagent,
+		Doc:   "sidecar serves one workload (the agent's own identity); node serves every pod of the node over one socket, each caller identified by the kernel (SO_PEERCRED pid, cgroup, pod) and given its pod's identity (docs/node-mode.md). `meshagent run --node` is the same as node.",
+		Value: Enum(func(c *Config) *string { return &c.Mode }, ModeSidecar, ModeNode),
+	},
+	{
+		Name: "NODE_NAME", Group: GroupIstio,
+		DerivedDefault: "required in node mode",
+		Doc:            "Name of the node the agent runs on (node mode): only pods with spec.nodeName equal to it are served.",
+		Value:          String(func(c *Config) *string { return &c.NodeName }),
+	},
+	{
+		Name: "MESHAGENT_NODE_UID_IDENTITIES", Group: GroupMeshagent,
+		Doc:   "Node mode: identities of node processes outside any pod, by uid, as `<uid>=<spiffe id>` separated by commas. A node process whose uid is not listed is refused.",
+		Value: String(func(c *Config) *string { return &c.NodeUIDIdentities }),
+	},
+	{
 		Name: "MESHAGENT_WORKLOAD_API", Flag: "workload-api", Default: "true", Group: GroupMeshagent,
 		Doc:   "Serve the SPIFFE Workload API (X.509-SVIDs and bundles, for go-spiffe, spiffe-helper and other SPIFFE clients) on the SDS socket beside SDS. Set SPIFFE_ENDPOINT_SOCKET=unix://<SDS socket> in the clients.",
 		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),

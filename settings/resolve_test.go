@@ -79,7 +79,7 @@ func TestDefaults(t *testing.T) {
 		CAAddr: DefaultDiscoveryAddress, CAProvider: ProviderIstio, CARoot: "./var/run/secrets/istio/root-cert.pem",
 		XDSRoot: "./var/run/secrets/istio/root-cert.pem", PilotCertProvider: "istiod", TrustDomain: "cluster.local",
 		JWTPolicy: "third-party-jwt", CredentialFetcherType: "JWT", SecretTTL: 24 * time.Hour, GraceRatio: 0.5,
-		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadAPI: true, SDSMaxStreams: 4096, SDSMaxRecvBytes: 65536, CAMaxConcurrentCSRs: 8, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
+		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadAPI: true, Mode: ModeSidecar, SDSMaxStreams: 4096, SDSMaxRecvBytes: 65536, CAMaxConcurrentCSRs: 8, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
 		GRPCXDSBootstrap: "etc/istio/proxy/grpc-bootstrap.json", DiscoveryAddress: DefaultDiscoveryAddress,
 		StatusPort: 15020, WorkloadIdentitySocketFile: "socket", KeyType: pki.ECP256, LinkerdNamespace: "linkerd",
 		LinkerdIdentityServiceName: "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local",

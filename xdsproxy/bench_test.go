@@ -21,8 +21,8 @@ import (
 // BenchmarkForward fetches one CDS response of the given size, either
 // straight from the control plane (TLS, token, as the proxy dials it) or
 // through the proxy's socket, with the same client decoding it as Envoy
-// would. Each op is a new stream, so the proxied path includes its upstream
-// dial. Besides time and MB/s it reports:
+// would. Each op is a new stream on a warm connection, as is the proxy's
+// upstream stream on its shared connection. Besides time and MB/s it reports:
 //
 //	x-direct          proxied time per op over direct time per op
 //	peak-heap-MB      the highest live heap seen during the run (client,

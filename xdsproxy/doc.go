@@ -4,20 +4,31 @@
 // control plane's restarts from it.
 //
 // What it owns: the downstream gRPC server on the socket (both
-// StreamAggregatedResources and DeltaAggregatedResources), one upstream stream
-// at a time per downstream stream, the reconnect loop with capped, jittered
-// exponential backoff, the record of each client's subscriptions that lets a
+// StreamAggregatedResources and DeltaAggregatedResources), one connection to
+// the control plane shared by every stream, one upstream stream at a time per
+// downstream stream, the reconnect loop with capped, jittered exponential
+// backoff, the record of each client's subscriptions that lets a
 // new upstream stream pick up where the old one stopped, the readiness signal
 // (the first upstream answer) and the proxy's metrics.
 //
 // What it does not own: trust roots, the bearer token, the client certificate
 // and extra metadata all come in through caclient.TransportConfig and are
-// consulted afresh at every connection. It never decodes or re-encodes
+// consulted afresh at every connection (TLS handshake; the token and
+// metadata at every stream). It never decodes or re-encodes
 // resources: responses are moved as the raw bytes gRPC received (a pass-
 // through codec over mem.BufferSlice), and only a few top-level fields (type
 // URL, nonce, and for delta each resource's name and version) are read from
 // the wire. Requests, which are small, are decoded to follow subscriptions and
 // are forwarded as received, except in the one case described next.
+//
+// The upstream connection: Run dials it before serving and connects at once,
+// so a client's first stream does not wait for a TLS handshake, and closes it
+// after the last stream. Streams on it are independent: gRPC replenishes the
+// connection's flow-control window as it reads, so a client that stops
+// reading stalls only its own upstream stream. When the connection drops,
+// gRPC connects again on the next stream; a retry after the proxy's backoff
+// also cuts gRPC's own reconnect wait short, so the proxy's clock decides
+// when an attempt happens.
 //
 // Reconnects: when an upstream stream fails, the downstream stream stays open.
 // After the backoff the proxy opens a new upstream stream and first sends,

@@ -13,6 +13,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/meshagent/meshagent/caclient"
@@ -41,6 +42,9 @@ const (
 	// downstreamPingMinTime is the shortest ping interval tolerated from a
 	// client before gRPC closes its connection for pinging too often.
 	downstreamPingMinTime = 5 * time.Second
+	// connectTimeout bounds one connection attempt to the control plane
+	// (TCP and TLS handshakes).
+	connectTimeout = 20 * time.Second
 )
 
 // Protocol names, used as the protocol label and log field.
@@ -79,8 +83,11 @@ type Proxy struct {
 	log      *zap.Logger
 	metrics  *metrics
 
-	running  atomic.Bool
-	ready    atomic.Bool
+	running atomic.Bool
+	ready   atomic.Bool
+	// conn is the one connection to the control plane every downstream
+	// stream opens its upstream streams on; set by Run before it serves.
+	conn     *grpc.ClientConn
 	lastErr  atomic.Pointer[string]
 	streamID atomic.Uint64
 }
@@ -108,6 +115,20 @@ func New(cfg Config) (*Proxy, error) {
 			Timeout: cfg.KeepaliveTimeout,
 		}),
 		grpc.WithUserAgent("meshagent-xdsproxy"),
+		// Between streams' attempts gRPC reconnects the shared connection
+		// on its own, with the proxy's base and cap (gRPC's jitter rule);
+		// a stream's retry after the proxy's backoff (internal/backoff)
+		// cuts gRPC's wait short (see upstreamOnce), so the proxy's clock
+		// decides when a waiting stream tries again.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: grpcbackoff.Config{
+				BaseDelay:  cfg.InitialBackoff,
+				Multiplier: 2,
+				Jitter:     0.2,
+				MaxDelay:   cfg.MaxBackoff,
+			},
+			MinConnectTimeout: connectTimeout,
+		}),
 	}, up.DialOptions...)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -118,8 +139,9 @@ func New(cfg Config) (*Proxy, error) {
 
 // Ready returns nil once an upstream stream has delivered a response, and an
 // error wrapping ErrNotReady (with the last upstream error, if any) before.
-// The proxy dials upstream only for a connected client, so it is not ready
-// before the first client connects.
+// Run connects to the control plane at once, but streams are opened only for
+// a connected client, so the proxy is not ready before the first client
+// connects.
 func (p *Proxy) Ready() error {
 	if p.ready.Load() {
 		return nil
@@ -145,6 +167,16 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	conn, err := caclient.Dial(p.upstream)
+	if err != nil {
+		_ = lis.Close()
+		_ = os.Remove(path)
+		return fmt.Errorf("xds proxy: upstream %s: %w", p.upstream.Addr, err)
+	}
+	// Connect now, so the first client's stream finds the TLS handshake
+	// done; the connection is shared by every stream and outlives them.
+	conn.Connect()
+	p.conn = conn
 	srv := grpc.NewServer(
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.MaxRecvMsgSize(p.cfg.MaxMessageSize),
@@ -186,6 +218,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	case serveErr = <-served:
 	}
 	srv.Stop() // closes the listener and every stream; waits for the handlers
+	_ = conn.Close()
 	if serveErr == nil {
 		serveErr = <-served
 	}

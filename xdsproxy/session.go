@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/internal/backoff"
 )
 
@@ -177,11 +176,14 @@ func (s *session) runUpstream(ctx context.Context) error {
 // forwards responses until the stream ends. answered says whether the
 // upstream sent anything.
 func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool, err error) {
-	conn, err := s.dialUpstream()
-	if err != nil {
-		return false, err
+	conn := s.p.conn
+	if attempt > 0 {
+		// A retry after the proxy's backoff: if the connection is waiting
+		// out gRPC's own backoff, connect now instead. gRPC reports the
+		// connection as failed until it is ready again, so this stream may
+		// still fail at once; the next attempt finds it ready.
+		conn.ResetConnectBackoff()
 	}
-	defer conn.Close()
 	actx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
 	us, err := conn.NewStream(actx, s.proto.desc, s.proto.method, grpc.ForceCodecV2(rawCodec{}))
@@ -261,16 +263,4 @@ func (s *session) attach(snd *sender) {
 		s.log.Info("restoring subscriptions on a new upstream stream", zap.Int(keyRequests, len(reqs)))
 	}
 	s.up = snd
-}
-
-// dialUpstream builds a connection for one upstream attempt. A fresh
-// connection per attempt keeps the reconnect timing in the proxy's hands
-// (gRPC's own reconnect backoff would otherwise stack on top of it) and makes
-// every attempt do a new TLS handshake against the current roots.
-func (s *session) dialUpstream() (*grpc.ClientConn, error) {
-	conn, err := caclient.Dial(s.p.upstream)
-	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
-	}
-	return conn, nil
 }

@@ -39,7 +39,6 @@ type agent struct {
 	reg    *prometheus.Registry
 	status *status.Server
 	mode   ModeDecision
-	served *served
 	// tokens is the bearer token source, built by tokenFetcher.
 	tokens credfetcher.Fetcher
 }
@@ -70,7 +69,7 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 		removeStaleSocket(ctx, log, cfg.SDSSocket)
 	}
 
-	a := &agent{cfg: cfg, log: log, base: base, reg: newRegistry(mode), mode: mode, served: newServed()}
+	a := &agent{cfg: cfg, log: log, base: base, reg: newRegistry(mode), mode: mode}
 	a.status = status.New(status.Config{Addr: cfg.StatusAddr(), Gatherer: a.reg, Logger: base, OnListen: h.statusListening})
 
 	components, err := a.buildComponents()
@@ -102,9 +101,9 @@ func (a *agent) buildComponents() ([]component, error) {
 	if err != nil {
 		return nil, err
 	}
-	cs = append(cs, source...)
+	cs = append(cs, source.components...)
 
-	serving, err := a.servingComponents()
+	serving, err := a.servingComponents(source)
 	if err != nil {
 		return nil, err
 	}
@@ -114,15 +113,15 @@ func (a *agent) buildComponents() ([]component, error) {
 	return cs, nil
 }
 
-// certificateSource builds the components that produce workload certificates
-// in the chosen mode.
-func (a *agent) certificateSource() ([]component, error) {
+// certificateSource builds the secret manager and the components that
+// produce workload certificates in the chosen mode.
+func (a *agent) certificateSource() (certSource, error) {
 	switch a.mode.Mode {
 	case ModeDev:
 		return a.devSource()
 	case ModeExternal:
 		a.status.AddReadiness("certificate_source", func() error { return nil })
-		return nil, nil
+		return certSource{}, nil
 	case ModeCA:
 		return a.caSource()
 	case ModeWorkloadCredentials:
@@ -130,7 +129,7 @@ func (a *agent) certificateSource() ([]component, error) {
 	case ModeFileMounted:
 		return a.fileSource(a.cfg.FileMountedCertsDir, "file-mounted")
 	}
-	return nil, fmt.Errorf("%w: %s (%s)", errSourceUnavailable, a.mode.Mode, a.mode.Reason)
+	return certSource{}, fmt.Errorf("%w: %s (%s)", errSourceUnavailable, a.mode.Mode, a.mode.Reason)
 }
 
 // runComponents runs every component until the first one returns. A failure

@@ -16,4 +16,7 @@ const (
 	keyPod            = "pod"
 	keyAudience       = "audience"
 	keyLifetime       = "lifetime"
+
+	keyNode     = "node"
+	keyNodeUIDs = "node_uid_identities"
 )

@@ -109,6 +109,11 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 		Short: "Run the agent",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if node, _ := cmd.Flags().GetBool("node"); node {
+				if err := cmd.Flags().Set("mode", settings.ModeNode); err != nil {
+					return configError{err}
+				}
+			}
 			cfg, err := resolve(cmd.Flags(), env)
 			if err != nil {
 				return err
@@ -117,6 +122,7 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 		},
 	}
 	addSettingFlags(runCmd.Flags())
+	runCmd.Flags().Bool("node", false, "serve every pod of the node: the same as --mode node (env MESHAGENT_MODE)")
 
 	var output string
 	configCmd := &cobra.Command{

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,7 +19,25 @@ import (
 	"github.com/meshagent/meshagent/settings"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if sock := os.Getenv(childFetchEnv); sock != "" {
+		os.Exit(childFetch(sock))
+	}
+	code := m.Run()
+	if kube != nil {
+		if err := kube.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the test API server:", err)
+			code = 1
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // runCmd runs the CLI in-process in a fresh working directory.
 func runCmd(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {

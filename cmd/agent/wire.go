@@ -7,18 +7,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/caclient/linkerd"
+	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/certfile"
 	"github.com/meshagent/meshagent/fileprovider"
 	"github.com/meshagent/meshagent/grpcbootstrap"
@@ -47,54 +45,16 @@ const (
 	linkerdMaxRenewDelay = 24 * time.Hour
 )
 
-// served is what the serving components share once the source is built: the
-// secret manager and the workload certificate last published, for the xDS
-// proxy's client certificate.
-type served struct {
+// certSource is what the certificate source chosen at start-up made, as
+// the serving components need it.
+type certSource struct {
+	// manager serves the secrets; nil in external mode.
 	manager *secretmanager.Manager
-	// caRoots verifies the CA; nil without a CA.
-	caRoots caclient.RootSource
-	// files serves file-cert: and file-root: resources; set by managerConfig.
-	files *fileprovider.Provider
-
-	mu      sync.Mutex
-	latest  map[string]*secretmanager.Secret
-	updated chan struct{} // one slot: something in latest changed
-
-	clientCert atomic.Pointer[tls.Certificate]
-}
-
-func newServed() *served {
-	return &served{latest: map[string]*secretmanager.Secret{}, updated: make(chan struct{}, 1)}
-}
-
-// onPublish records every published secret; it never blocks.
-func (s *served) onPublish(sec *secretmanager.Secret) {
-	if !sec.IsRoot() {
-		if c, err := tls.X509KeyPair(sec.CertChain, sec.PrivateKey); err == nil {
-			s.clientCert.Store(&c)
-		}
-	}
-	s.mu.Lock()
-	s.latest[sec.Name] = sec
-	s.mu.Unlock()
-	select {
-	case s.updated <- struct{}{}:
-	default:
-	}
-}
-
-func (s *served) snapshot() (cert, root *secretmanager.Secret) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.latest[secretmanager.WorkloadCertName], s.latest[secretmanager.RootCertName]
-}
-
-func (s *served) workloadCertificate() (*tls.Certificate, error) {
-	if c := s.clientCert.Load(); c != nil {
-		return c, nil
-	}
-	return nil, errors.New("no workload certificate yet")
+	// caRoots verifies the CA (CA_ROOT_CA); nil without a CA. The xDS proxy
+	// shares it when XDS_ROOT_CA names the same file.
+	caRoots *secretmanager.Roots
+	// components run the manager and whatever feeds it.
+	components []component
 }
 
 // managerConfig fills the parts of a secret manager's configuration common to
@@ -110,15 +70,9 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 		GraceJitter: c.GraceJitter,
 		// Sidecar: one identity; the bound matters once callers carry their own.
 		MaxConcurrentCSRs: c.CAMaxConcurrentCSRs,
-		OnPublish:         a.served.onPublish,
 		Source:            source,
 		Logger:            a.base,
 		Registerer:        a.reg,
-	}
-	a.served.files = fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
-	mc.Providers = map[string]secretmanager.Provider{
-		secretmanager.FileCertPrefix: a.served.files,
-		secretmanager.FileRootPrefix: a.served.files,
 	}
 	if mc.GraceJitter == 0 {
 		mc.GraceJitter = -1 // zero means none; the manager reads 0 as "default"
@@ -129,12 +83,36 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 	return mc
 }
 
-// useManager registers the manager's health and certificate listing.
-func (a *agent) useManager(m *secretmanager.Manager) {
-	a.served.manager = m
+// startManager makes the secret manager of mc, with the provider of
+// file-cert: and file-root: resources, registers its health and certificate
+// listing, and returns it with the components that run them. client, when
+// not nil, is closed when the manager stops (or now, if it cannot be made).
+func (a *agent) startManager(mc secretmanager.Config, client caclient.Client) (*secretmanager.Manager, []component, error) {
+	files := fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
+	// Node mode serves many pods from one socket: files of the node are not
+	// served, so one pod cannot read what is meant for another.
+	if !a.nodeMode() {
+		mc.Providers = map[string]secretmanager.Provider{
+			secretmanager.FileCertPrefix: files,
+			secretmanager.FileRootPrefix: files,
+		}
+	}
+	m, err := secretmanager.New(mc)
+	if err != nil {
+		if client != nil {
+			_ = client.Close()
+		}
+		return nil, nil, configError{err}
+	}
 	a.status.AddReadiness("workload_certificate", m.Ready)
 	a.status.AddLiveness("workload_certificate", m.Live)
 	a.status.AddCertLister(managerLister{m})
+	return m, []component{{name: "secretmanager", run: func(ctx context.Context) error {
+		if client != nil {
+			defer client.Close()
+		}
+		return m.Run(ctx)
+	}}, {name: "file_resources", run: files.Run}}, nil
 }
 
 type managerLister struct{ m *secretmanager.Manager }
@@ -153,71 +131,56 @@ func (l managerLister) Certs() []status.CertInfo {
 
 // devSource makes the in-memory development CA (SPEC 5.5) and a secret
 // manager that asks it.
-func (a *agent) devSource() ([]component, error) {
+func (a *agent) devSource() (certSource, error) {
 	id, err := a.cfg.Identity()
 	if err != nil {
-		return nil, configError{err}
+		return certSource{}, configError{err}
 	}
 	ca, err := localca.New(localca.Config{Name: "meshagent dev CA", Intermediate: true})
 	if err != nil {
-		return nil, fmt.Errorf("creating the dev CA: %w", err)
+		return certSource{}, fmt.Errorf("creating the dev CA: %w", err)
 	}
 	a.log.Warn("dev mode: certificates come from an in-memory CA with a fresh root; not for production",
 		zap.String(keyIdentity, id.String()), zap.String(keyRoot, ca.Root().SerialNumber.Text(16)))
 	client, err := devca.New(devca.Config{CA: ca})
 	if err != nil {
-		return nil, err
+		return certSource{}, err
 	}
 	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
 	if err != nil {
-		return nil, err
+		return certSource{}, err
 	}
 	mc := a.managerConfig(id, roots, "dev-ca")
 	mc.CA = client
-	return a.startManager(mc, client)
+	m, cs, err := a.startManager(mc, client)
+	return certSource{manager: m, components: cs}, err
 }
 
 // caSource asks the CA named by CA_PROVIDER (SPEC 5.4, 6).
-func (a *agent) caSource() ([]component, error) {
+func (a *agent) caSource() (certSource, error) {
 	c := a.cfg
 	id, err := c.Identity()
 	if err != nil {
-		return nil, configError{err}
+		return certSource{}, configError{err}
 	}
-	roots, rootsRun, err := a.watchedRoots("ca_root", c.CARoot)
+	rootFeed, err := a.rootFeed("ca_root", c.CARoot)
 	if err != nil {
-		return nil, err
+		return certSource{}, err
 	}
-	a.served.caRoots = roots
+	roots := rootFeed.Roots()
 	client, err := a.caClient(roots)
 	if err != nil {
-		return nil, err
+		return certSource{}, err
 	}
 	mc := a.managerConfig(id, roots, "ca")
 	mc.CA = client
 	mc.Initial = a.outputCertsInitial(id)
-	cs, err := a.startManager(mc, client)
+	m, cs, err := a.startManager(mc, client)
 	if err != nil {
-		return nil, err
+		return certSource{}, err
 	}
-	return append(cs, component{name: "ca_root_watcher", run: rootsRun}), nil
-}
-
-func (a *agent) startManager(mc secretmanager.Config, client caclient.Client) ([]component, error) {
-	m, err := secretmanager.New(mc)
-	if err != nil {
-		if client != nil {
-			_ = client.Close()
-		}
-		return nil, configError{err}
-	}
-	a.useManager(m)
-	return []component{{name: "secretmanager", run: func(ctx context.Context) error {
-		if client != nil {
-			defer client.Close()
-		}
-		return m.Run(ctx)
-	}}, {name: "file_resources", run: a.served.files.Run}}, nil
+	cs = append(cs, component{name: "ca_root_watcher", run: rootFeed.Run})
+	return certSource{manager: m, caRoots: roots, components: cs}, nil
 }
 
 // caClient builds the CA client for CA_PROVIDER.
@@ -283,85 +246,45 @@ func (a *agent) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 
 // fileSource serves certificate files from dir (workload credentials or
 // file-mounted certificates, SPEC 5.2 and 5.3), watching them.
-func (a *agent) fileSource(dir, source string) ([]component, error) {
-	roots, rootsRun, err := a.watchedRoots(source+"_root", filepath.Join(dir, rootCertFile))
+func (a *agent) fileSource(dir, source string) (certSource, error) {
+	rootFeed, err := a.rootFeed(source+"_root", filepath.Join(dir, rootCertFile))
 	if err != nil {
-		return nil, err
+		return certSource{}, err
 	}
-	pairs, err := certfile.NewPairSource(a.fileConfig(), filepath.Join(dir, certChainFile), filepath.Join(dir, keyFile))
+	m, cs, err := a.startManager(a.managerConfig(pki.Identity{}, rootFeed.Roots(), source), nil)
 	if err != nil {
-		return nil, err
+		return certSource{}, err
 	}
-	mc := a.managerConfig(pki.Identity{}, roots, source)
-	cs, err := a.startManager(mc, nil)
+	pairFeed, err := certfile.NewPairFeed(certfile.PairFeedConfig{
+		CertPath: filepath.Join(dir, certChainFile), KeyPath: filepath.Join(dir, keyFile),
+		Label: source, Into: m, Source: a.fileConfig(),
+	})
 	if err != nil {
-		return nil, err
+		return certSource{}, err
 	}
-	m := a.served.manager
-	follow := func(ctx context.Context) error {
-		g, ctx := errgroup.WithContext(ctx)
-		g.Go(func() error { return pairs.Run(ctx) })
-		g.Go(func() error {
-			pairs.Follow(ctx, func(p *certfile.Pair) {
-				sec := &secretmanager.Secret{
-					Name: secretmanager.WorkloadCertName, CertChain: p.ChainPEM, PrivateKey: p.KeyPEM,
-					Leaf: p.Leaf(), NotAfter: p.Leaf().NotAfter, Source: source,
-				}
-				if id, err := pki.IdentityOf(p.Leaf()); err == nil {
-					sec.Identity = id
-				}
-				if err := m.Publish(sec); err != nil {
-					a.log.Warn("certificate files not served", zap.String(keyPath, dir), zap.Error(err))
-				}
-			})
-			return nil
-		})
-		return g.Wait()
-	}
-	return append(cs,
-		component{name: source + "_root_watcher", run: rootsRun},
-		component{name: source + "_watcher", run: follow}), nil
+	cs = append(cs,
+		component{name: source + "_root_watcher", run: rootFeed.Run},
+		component{name: source + "_watcher", run: pairFeed.Run})
+	return certSource{manager: m, components: cs}, nil
 }
 
 func (a *agent) fileConfig() certfile.SourceConfig {
 	return certfile.SourceConfig{Debounce: a.cfg.FileDebounce, Logger: a.base, Registerer: a.reg}
 }
 
-// watchedRoots loads a root bundle file (or the system roots) and returns a
-// RootSource that follows the file, and the component that watches it.
-func (a *agent) watchedRoots(name, path string) (*secretmanager.Roots, func(context.Context) error, error) {
-	src, err := certfile.LoadRootSource(a.fileConfig(), path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s %s: %w", name, path, err)
-	}
-	b, _, _ := src.Current()
-	roots, err := secretmanager.NewRoots(b.PEM, path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s %s: %w", name, path, err)
-	}
-	run := func(ctx context.Context) error {
-		g, ctx := errgroup.WithContext(ctx)
-		g.Go(func() error { return src.Run(ctx) })
-		g.Go(func() error {
-			src.Follow(ctx, func(b *certfile.Bundle) {
-				if err := roots.Set(b.PEM, path); err != nil {
-					a.log.Warn("root bundle not applied", zap.String(keyPath, path), zap.Error(err))
-				}
-			})
-			return nil
-		})
-		return g.Wait()
-	}
-	return roots, run, nil
+// rootFeed reads the root bundle at path (a file, or the system roots) for
+// the setting name, to be followed while the agent runs.
+func (a *agent) rootFeed(name, path string) (*certfile.RootFeed, error) {
+	return certfile.NewRootFeed(certfile.RootFeedConfig{Name: name, Path: path, Source: a.fileConfig()})
 }
 
 // servingComponents are the local socket (SDS and, unless turned off, the
 // SPIFFE Workload API), the xDS proxy, the OUTPUT_CERTS writer and the gRPC
-// bootstrap writer, as configured.
-func (a *agent) servingComponents() ([]component, error) {
+// bootstrap writer, as configured, serving what src made.
+func (a *agent) servingComponents(src certSource) ([]component, error) {
 	c := a.cfg
 	var cs []component
-	m := a.served.manager
+	m := src.manager
 	if m != nil && !c.DisableEnvoy {
 		srv, err := sds.New(sds.Config{Secrets: m, MaxStreams: c.SDSMaxStreams, Logger: a.base, Registerer: a.reg})
 		if err != nil {
@@ -375,8 +298,17 @@ func (a *agent) servingComponents() ([]component, error) {
 			}
 			services = append(services, wl.Register)
 		}
+		var resolver caller.Resolver
+		if a.nodeMode() {
+			r, nodeCs, err := a.nodeCallers(m)
+			if err != nil {
+				return nil, err
+			}
+			resolver = r
+			cs = append(cs, nodeCs...)
+		}
 		socket, err := udsserver.New(udsserver.Config{
-			SocketPath: c.SDSSocket, Services: services,
+			SocketPath: c.SDSSocket, Services: services, Resolver: resolver,
 			MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
 		})
 		if err != nil {
@@ -384,15 +316,23 @@ func (a *agent) servingComponents() ([]component, error) {
 		}
 		cs = append(cs, component{name: "sds", run: socket.Run})
 	}
+	if a.nodeMode() {
+		if m == nil || c.DisableEnvoy {
+			return nil, configError{errors.New("MESHAGENT_MODE=node needs a CA to sign the pods' certificates and the SDS socket to serve them")}
+		}
+		// Per-pod features: one agent serves many pods.
+		a.log.Info("node mode: the xDS proxy, OUTPUT_CERTS and the gRPC bootstrap are per-pod features and are off")
+		return cs, nil
+	}
 	if c.XDSProxy {
-		xp, rootsRun, err := a.xdsProxy()
+		xp, rootFeed, err := a.xdsProxy(src)
 		if err != nil {
 			return nil, err
 		}
 		a.status.AddReadiness("xds_upstream", xp.Ready)
 		cs = append(cs, component{name: "xdsproxy", run: xp.Run})
-		if rootsRun != nil {
-			cs = append(cs, component{name: "xds_root_watcher", run: rootsRun})
+		if rootFeed != nil {
+			cs = append(cs, component{name: "xds_root_watcher", run: rootFeed.Run})
 		}
 	}
 	if m != nil && c.OutputCerts != "" {
@@ -400,7 +340,11 @@ func (a *agent) servingComponents() ([]component, error) {
 		if err != nil {
 			return nil, err
 		}
-		cs = append(cs, component{name: "outputcerts", run: a.writeOutputCerts(w)})
+		sync, err := outputcerts.NewSync(outputcerts.SyncConfig{Secrets: m, Writer: w, Logger: a.base})
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, component{name: "outputcerts", run: sync.Run})
 	}
 	if c.DisableEnvoy || settingSet(c, "GRPC_XDS_BOOTSTRAP") {
 		cs = append(cs, component{name: "grpc_bootstrap", run: a.writeBootstrap, finite: true})
@@ -409,8 +353,9 @@ func (a *agent) servingComponents() ([]component, error) {
 }
 
 // xdsProxy builds the proxy and, when the xDS root is a file of its own, the
-// component that follows it (SPEC 7).
-func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error) {
+// feed that follows it (SPEC 7). The proxy presents the workload certificate
+// of src's manager to the control plane.
+func (a *agent) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, error) {
 	c := a.cfg
 	md := map[string]string{}
 	for k, v := range c.XDSHeaders {
@@ -421,12 +366,12 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error)
 	}
 	var (
 		roots    caclient.RootSource
-		rootsRun func(context.Context) error
+		rootFeed *certfile.RootFeed
 	)
-	if c.XDSRoot == c.CARoot && a.served.caRoots != nil {
-		roots = a.served.caRoots
-	} else if r, run, err := a.watchedRoots("xds_root", c.XDSRoot); err == nil {
-		roots, rootsRun = r, run
+	if c.XDSRoot == c.CARoot && src.caRoots != nil {
+		roots = src.caRoots
+	} else if f, err := a.rootFeed("xds_root", c.XDSRoot); err == nil {
+		roots, rootFeed = f.Roots(), f
 	} else {
 		// Not fatal: the proxy then cannot verify the control plane and
 		// says so at every attempt.
@@ -436,6 +381,10 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error)
 	tokens, err := a.tokenFetcher()
 	if err != nil {
 		return nil, nil, err
+	}
+	clientCert := workloadCertificate(nil)
+	if src.manager != nil {
+		clientCert = workloadCertificate(src.manager)
 	}
 	xp, err := xdsproxy.New(xdsproxy.Config{
 		SocketPath: c.XDSSocket,
@@ -447,7 +396,7 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error)
 			Token:             tokens,
 			TokenOptional:     true,
 			Metadata:          md,
-			ClientCertificate: a.served.workloadCertificate,
+			ClientCertificate: clientCert,
 		},
 		Logger:     a.base,
 		Registerer: a.reg,
@@ -455,32 +404,7 @@ func (a *agent) xdsProxy() (*xdsproxy.Proxy, func(context.Context) error, error)
 	if err != nil {
 		return nil, nil, err
 	}
-	return xp, rootsRun, nil
-}
-
-// writeOutputCerts writes the latest certificate and roots after every
-// publication (SPEC 11).
-func (a *agent) writeOutputCerts(w *outputcerts.Writer) func(context.Context) error {
-	return func(ctx context.Context) error {
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-a.served.updated:
-			}
-			cert, root := a.served.snapshot()
-			var f outputcerts.Files
-			if cert != nil {
-				f.CertChain, f.Key = cert.CertChain, cert.PrivateKey
-			}
-			if root != nil {
-				f.Root = root.Roots
-			}
-			if _, err := w.Write(f); err != nil {
-				a.log.Error("writing OUTPUT_CERTS failed", zap.String(keyPath, w.Dir()), zap.Error(err))
-			}
-		}
-	}
+	return xp, rootFeed, nil
 }
 
 // writeBootstrap writes the gRPC xDS bootstrap once (SPEC 11).

@@ -115,7 +115,7 @@ type steadyResult struct {
 // steady starts an agent with the default TTL, holds one SDS stream, and
 // measures its idle RSS after the first certificate, then (when cpuWindows
 // is set) its idle CPU, then the RSS growth from 1,000 SDS streams. The
-// agent is returned running for the xDS measurements; the caller stops it.
+// agent is returned running; the caller stops it.
 func (b *bench) steady(ctx context.Context, cpuWindows int) (steadyResult, *agentProc, error) {
 	var res steadyResult
 	a, err := b.newAgent("ec-p256", 0, true)
@@ -217,52 +217,98 @@ func idleCPU(ctx context.Context, pid int, window time.Duration) (cpu, ticks tim
 	return max(s1-s0, 0), ticks, nil
 }
 
-// xdsResult holds the samples of the large ADS response measurement.
+// xdsResult holds the samples of one size of the large ADS response
+// measurement.
 type xdsResult struct {
-	directMs, proxyMs, ratio, peakRSSMB []float64
-	size                                int
+	directMs, proxyMs, ratio []float64
+	// peakOverIdleMB is the agent's peak RSS during a proxied read less its
+	// idle RSS; peakOverSize is the same over the response size.
+	peakOverIdleMB, peakOverSize []float64
+	size                         int
 }
 
-// xdsForward reads the large response alternately straight from the control
-// plane and through the agent's xDS proxy, each on a fresh connection, and
-// records the proxy's peak RSS (VmHWM, reset before each proxied read).
-func (b *bench) xdsForward(ctx context.Context, a *agentProc) (xdsResult, error) {
+// xdsAgent starts an agent for the xDS figures, holds one SDS stream on it
+// (as Envoy does) and returns it with its idle RSS in kB once its first
+// certificate has settled. The caller stops the agent and closes the stream.
+func (b *bench) xdsAgent(ctx context.Context) (*agentProc, int64, func(), error) {
+	a, err := b.newAgent("ec-p256", 0, true)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	fail := func(err error) (*agentProc, int64, func(), error) {
+		a.Stop(2 * time.Second)
+		return nil, 0, nil, agentErr(a, err)
+	}
+	ctx, stop := untilExit(ctx, a)
+	defer stop()
+	held, err := openStreams(ctx, a.SDSSocket(), 1, 1)
+	if err != nil {
+		return fail(err)
+	}
+	startCtx, cancel := context.WithTimeout(ctx, b.opts.startTimeout)
+	defer cancel()
+	if _, err := held.waitComplete(startCtx, 0); err != nil {
+		held.Close()
+		return fail(fmt.Errorf("waiting for the first secret: %w", err))
+	}
+	if err := sleepCtx(ctx, b.opts.settle); err != nil {
+		held.Close()
+		return fail(err)
+	}
+	idle, err := rssKB(a.Pid())
+	if err != nil {
+		held.Close()
+		return fail(err)
+	}
+	b.log("xDS agent idle RSS %d kB (%s)", idle, rssBreakdown(a.Pid()))
+	return a, idle, held.Close, nil
+}
+
+// xdsForward reads a response of size payload bytes alternately straight
+// from the control plane and through the agent's xDS proxy, each a new ADS
+// stream on a warm connection (one TLS connection to the control plane, one
+// Unix socket connection to the proxy, whose own upstream connection is
+// warm), and records the proxy's peak RSS over idleKB during each proxied
+// read (VmHWM, reset before it).
+func (b *bench) xdsForward(ctx context.Context, a *agentProc, size int, idleKB int64) (xdsResult, error) {
 	var res xdsResult
 	ctx, stop := untilExit(ctx, a)
 	defer stop()
-	if err := b.fx.publishBig("1", b.opts.xdsBytes, 1<<20); err != nil {
+	if err := b.fx.publishBig(fmt.Sprint(size), size, 1<<20); err != nil {
 		return res, err
 	}
-	direct := func() (time.Duration, error) {
-		conn, err := b.fx.dialControlPlane()
-		if err != nil {
-			return 0, err
-		}
-		defer conn.Close()
-		return b.fetchBig(ctx, conn, &res)
+	dconn, err := b.fx.dialControlPlane()
+	if err != nil {
+		return res, err
 	}
-	proxied := func() (time.Duration, float64, error) {
-		conn, err := dialUnix(a.XDSSocket(), maxADSMessage)
-		if err != nil {
-			return 0, 0, err
-		}
-		defer conn.Close()
+	defer dconn.Close()
+	pconn, err := dialUnix(a.XDSSocket(), maxADSMessage)
+	if err != nil {
+		return res, err
+	}
+	defer pconn.Close()
+	direct := func() (time.Duration, error) { return b.fetchBig(ctx, dconn, size, &res) }
+	var proxyCPU time.Duration // the agent's CPU time in the last proxied read
+	proxied := func() (time.Duration, int64, error) {
 		if err := resetHWM(a.Pid()); err != nil {
 			b.log("%v; the peak covers the agent's whole life", err)
 		}
-		d, err := b.fetchBig(ctx, conn, &res)
+		cpu0, cerr := schedCPU(a.Pid())
+		d, err := b.fetchBig(ctx, pconn, size, &res)
 		if err != nil {
 			return 0, 0, agentErr(a, fmt.Errorf("through the proxy: %w", err))
+		}
+		if cpu1, err := schedCPU(a.Pid()); err == nil && cerr == nil {
+			proxyCPU = cpu1 - cpu0
 		}
 		hwm, err := hwmKB(a.Pid())
 		if err != nil {
 			return 0, 0, err
 		}
-		b.log("after the proxied read: %s", rssBreakdown(a.Pid()))
-		return d, float64(hwm) / 1024, nil
+		return d, hwm, nil
 	}
-	// A first read each way warms both paths (TLS session set-up, the
-	// control plane's first marshalling) and is not counted.
+	// A first read each way warms both connections (and the proxy's own
+	// upstream one) and the control plane, and is not counted.
 	if _, err := direct(); err != nil {
 		return res, fmt.Errorf("warm-up, direct: %w", err)
 	}
@@ -274,21 +320,39 @@ func (b *bench) xdsForward(ctx context.Context, a *agentProc) (xdsResult, error)
 		if err != nil {
 			return res, fmt.Errorf("run %d, direct: %w", i+1, err)
 		}
-		pd, peak, err := proxied()
+		pd, hwm, err := proxied()
 		if err != nil {
 			return res, fmt.Errorf("run %d: %w", i+1, err)
 		}
-		b.log("%d MB response: direct %v, through the proxy %v, proxy peak RSS %.1f MB", b.opts.xdsBytes/1_000_000, dd, pd, peak)
+		over := float64(hwm-idleKB) * 1024
+		b.log("%d MB response: direct %v, through the proxy %v (proxy CPU %v), proxy peak RSS %.1f MB (%.1f MB over idle; %s)",
+			size/1_000_000, dd, pd, proxyCPU, float64(hwm)/1024, over/(1<<20), rssBreakdown(a.Pid()))
 		res.directMs = append(res.directMs, ms(dd))
 		res.proxyMs = append(res.proxyMs, ms(pd))
 		res.ratio = append(res.ratio, float64(pd)/float64(dd))
-		res.peakRSSMB = append(res.peakRSSMB, peak)
+		res.peakOverIdleMB = append(res.peakOverIdleMB, over/(1<<20))
+		res.peakOverSize = append(res.peakOverSize, over/float64(res.size))
+	}
+	// With -pprof-dir, profile the agent over more proxied reads after the
+	// measured ones, so profiling does not perturb the figures.
+	if b.opts.pprofDir != "" {
+		label := fmt.Sprintf("xds-%dmb", size/1_000_000)
+		const profiled = 3 * time.Second
+		wait := b.cpuProfile(ctx, a, label, profiled)
+		for end := time.Now().Add(profiled); time.Now().Before(end); {
+			if _, _, err := proxied(); err != nil {
+				b.log("profiled read: %v", err)
+				break
+			}
+		}
+		wait()
+		b.snapshotProfiles(ctx, a, label)
 	}
 	return res, nil
 }
 
 // fetchBig reads the large response on conn once and checks its size.
-func (b *bench) fetchBig(ctx context.Context, conn *grpc.ClientConn, res *xdsResult) (time.Duration, error) {
+func (b *bench) fetchBig(ctx context.Context, conn *grpc.ClientConn, want int, res *xdsResult) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.opts.xdsTimeout)
 	defer cancel()
 	if err := waitReady(ctx, conn); err != nil {
@@ -303,8 +367,8 @@ func (b *bench) fetchBig(ctx context.Context, conn *grpc.ClientConn, res *xdsRes
 	if err != nil {
 		return 0, err
 	}
-	if size < b.opts.xdsBytes {
-		return 0, fmt.Errorf("response of %d bytes, want at least %d", size, b.opts.xdsBytes)
+	if size < want {
+		return 0, fmt.Errorf("response of %d bytes, want at least %d", size, want)
 	}
 	res.size = size
 	return d, nil

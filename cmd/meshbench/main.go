@@ -36,6 +36,7 @@ type options struct {
 	streamTimeout time.Duration
 	secretTTL     time.Duration
 	rotations     int
+	xdsSmallBytes int
 	xdsBytes      int
 	xdsRuns       int
 	xdsTimeout    time.Duration
@@ -66,8 +67,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.streamTimeout, "stream-timeout", 30*time.Second, "longest wait for a secret to reach every stream")
 	fs.DurationVar(&o.secretTTL, "secret-ttl", 10*time.Second, "SECRET_TTL of the rotation agent")
 	fs.IntVar(&o.rotations, "rotations", 4, "rotations measured")
-	fs.IntVar(&o.xdsBytes, "xds-bytes", 100_000_000, "payload bytes of the large ADS response")
-	fs.IntVar(&o.xdsRuns, "xds-runs", 5, "large ADS reads each way, after one warm-up each way")
+	fs.IntVar(&o.xdsSmallBytes, "xds-small-bytes", 10_000_000, "payload bytes of the ADS response timed against its 1.2x target")
+	fs.IntVar(&o.xdsBytes, "xds-bytes", 100_000_000, "payload bytes of the ADS response whose peak RSS is measured against its 1.2x target")
+	fs.IntVar(&o.xdsRuns, "xds-runs", 11, "ADS reads each way and size, after one warm-up each way")
 	fs.DurationVar(&o.xdsTimeout, "xds-timeout", 60*time.Second, "longest wait for one large ADS response")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -101,8 +103,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("run, window and stream counts must be positive")
 	case o.secretTTL < 2*time.Second:
 		return o, errors.New("-secret-ttl must be at least 2s")
-	case o.xdsBytes < 1 || o.xdsBytes > maxADSMessage/2:
-		return o, fmt.Errorf("-xds-bytes must be between 1 and %d", maxADSMessage/2)
+	case o.xdsBytes < 1 || o.xdsBytes > maxADSMessage/2, o.xdsSmallBytes < 1 || o.xdsSmallBytes > maxADSMessage/2:
+		return o, fmt.Errorf("-xds-bytes and -xds-small-bytes must be between 1 and %d", maxADSMessage/2)
 	}
 	return o, nil
 }
@@ -170,80 +172,44 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		}
 	}
 
-	var steadyAgent *agentProc
-	defer func() {
-		if steadyAgent != nil {
-			steadyAgent.Stop(2 * time.Second)
-		}
-	}()
-	if opts.only["steady"] || opts.only["xds"] {
+	if opts.only["steady"] {
 		idle := Figure{Name: "idle_rss_mb", Unit: "MB"}
 		perStream := Figure{Name: "sds_streams_rss_kb_per_stream", Unit: "KB"}
 		cpu := Figure{Name: "cpu_idle_ms_per_min", Unit: "ms"}
-		runs := opts.steadyRuns
-		if !opts.only["steady"] {
-			runs = 1
-		}
 		var serr error
-		for i := range runs {
+		for i := range opts.steadyRuns {
 			windows := 0
-			if i == 0 && opts.only["steady"] {
+			if i == 0 {
 				windows = opts.cpuWindows
 			}
-			logf("steady agent %d of %d: idle RSS, %d s idle CPU, %d SDS streams", i+1, runs, int(opts.cpuWindow.Seconds())*windows, opts.conns*opts.perConn)
+			logf("steady agent %d of %d: idle RSS, %d s idle CPU, %d SDS streams", i+1, opts.steadyRuns, int(opts.cpuWindow.Seconds())*windows, opts.conns*opts.perConn)
 			res, a, err := b.steady(ctx, windows)
 			if err != nil {
 				serr = fmt.Errorf("steady agent %d: %w", i+1, err)
 				break
 			}
+			a.Stop(2 * time.Second)
 			idle.Samples = append(idle.Samples, res.idleRSSMB)
 			perStream.Samples = append(perStream.Samples, res.perStreamKB)
 			cpu.Samples = append(cpu.Samples, res.cpuMsPerMinute...)
-			if i == 0 {
-				steadyAgent = a // kept for the xDS figures
-			} else {
-				a.Stop(2 * time.Second)
-			}
 		}
-		if opts.only["steady"] {
-			for _, f := range []Figure{idle, perStream, cpu} {
-				if f.Name == cpu.Name && opts.cpuWindows == 0 {
-					continue
-				}
-				if serr != nil && len(f.Samples) == 0 {
-					rep.Fail(f.Name, serr)
-					continue
-				}
-				rep.Report(f)
+		for _, f := range []Figure{idle, perStream, cpu} {
+			if f.Name == cpu.Name && opts.cpuWindows == 0 {
+				continue
 			}
-			if serr != nil && len(idle.Samples) > 0 {
-				logf("%v", serr)
+			if serr != nil && len(f.Samples) == 0 {
+				rep.Fail(f.Name, serr)
+				continue
 			}
+			rep.Report(f)
 		}
-		if opts.only["xds"] {
-			names := []string{"xds_forward_overhead_ratio", "xds_forward_peak_rss_mb"}
-			if steadyAgent == nil {
-				for _, n := range names {
-					rep.Fail(n, fmt.Errorf("no agent: %w", serr))
-				}
-			} else {
-				logf("%d MB ADS response, %d reads each way", opts.xdsBytes/1_000_000, opts.xdsRuns+1)
-				res, err := b.xdsForward(ctx, steadyAgent)
-				if err != nil {
-					for _, n := range names {
-						rep.Fail(n, err)
-					}
-				} else {
-					logf("xDS direct read median %.1f ms, through the proxy %.1f ms (%d bytes)",
-						Summarize(res.directMs).Median, Summarize(res.proxyMs).Median, res.size)
-					rep.Report(Figure{Name: names[0], Unit: "x", Samples: res.ratio})
-					rep.Report(Figure{Name: names[1], Unit: "MB", Samples: res.peakRSSMB})
-				}
-			}
+		if serr != nil && len(idle.Samples) > 0 {
+			logf("%v", serr)
 		}
-		if steadyAgent != nil {
-			steadyAgent.Stop(2 * time.Second)
-		}
+	}
+
+	if opts.only["xds"] {
+		runXDS(ctx, b, opts, rep)
 	}
 
 	if opts.only["workloadapi"] {
@@ -286,6 +252,52 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// runXDS measures the xDS proxy figures for the small and the large
+// response on one agent: the time through the proxy over the direct time,
+// and the proxy's peak RSS over its idle RSS, in MB and over the response
+// size. The targets: at most 1.2x the direct time for the small response,
+// at most 1.2x the response size over idle for the large one.
+func runXDS(ctx context.Context, b *bench, opts options, rep *Reporter) {
+	sizes := []struct {
+		bytes                  int
+		ratioTarget, rssTarget string
+	}{
+		{opts.xdsSmallBytes, "<= 1.2", ""},
+		{opts.xdsBytes, "", "<= 1.2"},
+	}
+	names := func(bytes int) []string {
+		p := fmt.Sprintf("xds_forward_%dmb_", bytes/1_000_000)
+		return []string{p + "ratio", p + "peak_rss_over_idle_mb", p + "peak_rss_over_idle_x"}
+	}
+	a, idle, release, err := b.xdsAgent(ctx)
+	if err != nil {
+		for _, s := range sizes {
+			for _, n := range names(s.bytes) {
+				rep.Fail(n, err)
+			}
+		}
+		return
+	}
+	defer a.Stop(2 * time.Second)
+	defer release()
+	for _, s := range sizes {
+		n := names(s.bytes)
+		b.log("%d MB ADS response, %d reads each way", s.bytes/1_000_000, opts.xdsRuns+1)
+		res, err := b.xdsForward(ctx, a, s.bytes, idle)
+		if err != nil {
+			for _, name := range n {
+				rep.Fail(name, err)
+			}
+			continue
+		}
+		b.log("xDS %d MB: direct read median %.1f ms, through the proxy %.1f ms (%d bytes)",
+			s.bytes/1_000_000, Summarize(res.directMs).Median, Summarize(res.proxyMs).Median, res.size)
+		rep.Report(Figure{Name: n[0], Unit: "x", Samples: res.ratio, Target: s.ratioTarget})
+		rep.Report(Figure{Name: n[1], Unit: "MB", Samples: res.peakOverIdleMB})
+		rep.Report(Figure{Name: n[2], Unit: "x", Samples: res.peakOverSize, Target: s.rssTarget})
+	}
 }
 
 // ensureAgent builds the agent binary when it is missing or -build is set.

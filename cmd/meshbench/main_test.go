@@ -42,10 +42,10 @@ func TestFigureLine(t *testing.T) {
 		f    Figure
 		want string
 	}{
-		{Figure{"cold_start_ms", "ms", []float64{31.25, 28.5, 40.126}}, "BENCH cold_start_ms 31.25 ms (min 28.50 max 40.13, n=3)"},
-		{Figure{"xds_forward_overhead_ratio", "x", []float64{1.0412}}, "BENCH xds_forward_overhead_ratio 1.041 x (min 1.041 max 1.041, n=1)"},
-		{Figure{"xds_forward_peak_rss_mb", "MB", []float64{212.34, 250.01}}, "BENCH xds_forward_peak_rss_mb 231.2 MB (min 212.3 max 250.0, n=2)"},
-		{Figure{"sds_streams_rss_kb_per_stream", "KB", []float64{-0.5}}, "BENCH sds_streams_rss_kb_per_stream -0.500 KB (min -0.500 max -0.500, n=1)"},
+		{Figure{Name: "cold_start_ms", Unit: "ms", Samples: []float64{31.25, 28.5, 40.126}}, "BENCH cold_start_ms 31.25 ms (min 28.50 max 40.13, n=3)"},
+		{Figure{Name: "xds_forward_10mb_ratio", Unit: "x", Samples: []float64{1.0412}, Target: "<= 1.2"}, "BENCH xds_forward_10mb_ratio 1.041 x (min 1.041 max 1.041, n=1) target <= 1.2"},
+		{Figure{Name: "xds_forward_100mb_peak_rss_mb", Unit: "MB", Samples: []float64{212.34, 250.01}}, "BENCH xds_forward_100mb_peak_rss_mb 231.2 MB (min 212.3 max 250.0, n=2)"},
+		{Figure{Name: "sds_streams_rss_kb_per_stream", Unit: "KB", Samples: []float64{-0.5}}, "BENCH sds_streams_rss_kb_per_stream -0.500 KB (min -0.500 max -0.500, n=1)"},
 	}
 	for _, tt := range tests {
 		if got := tt.f.Line(); got != tt.want {

@@ -16,6 +16,8 @@ type Figure struct {
 	Unit string
 	// Samples holds one value per run.
 	Samples []float64
+	// Target, when set, is printed after the figure, e.g. "<= 1.2".
+	Target string
 }
 
 // Summary is the median, minimum and maximum of a figure's samples.
@@ -42,11 +44,15 @@ func Summarize(samples []float64) Summary {
 
 // Line formats the figure as the one line `make bench` prints:
 //
-//	BENCH <name> <median> <unit> (min <x> max <y>, n=<runs>)
+//	BENCH <name> <median> <unit> (min <x> max <y>, n=<runs>)[ target <target>]
 func (f Figure) Line() string {
 	s := Summarize(f.Samples)
-	return fmt.Sprintf("BENCH %s %s %s (min %s max %s, n=%d)",
+	line := fmt.Sprintf("BENCH %s %s %s (min %s max %s, n=%d)",
 		f.Name, formatValue(s.Median), f.Unit, formatValue(s.Min), formatValue(s.Max), s.N)
+	if f.Target != "" {
+		line += " target " + f.Target
+	}
+	return line
 }
 
 // formatValue prints three significant digits for small values and whole

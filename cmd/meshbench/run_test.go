@@ -20,7 +20,7 @@ func TestRunAgainstAgent(t *testing.T) {
 	args := []string{
 		"-agent", bin, "-cold-runs", "2", "-steady-runs", "1", "-settle", "200ms",
 		"-cpu-window", "1s", "-cpu-windows", "1", "-conns", "2", "-streams-per-conn", "10",
-		"-secret-ttl", "2s", "-rotations", "1", "-xds-bytes", "4000000", "-xds-runs", "1",
+		"-secret-ttl", "2s", "-rotations", "1", "-xds-small-bytes", "1000000", "-xds-bytes", "4000000", "-xds-runs", "1",
 		"-timeout", "60s",
 	}
 	if a, ok := os.LookupEnv("MESHBENCH_AGENT_ARGS"); ok {
@@ -39,7 +39,9 @@ func TestRunAgainstAgent(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	want := []string{
 		"cold_start_ms", "cold_start_rsa2048_ms", "idle_rss_mb", "sds_streams_rss_kb_per_stream",
-		"cpu_idle_ms_per_min", "xds_forward_overhead_ratio", "xds_forward_peak_rss_mb",
+		"cpu_idle_ms_per_min",
+		"xds_forward_1mb_ratio", "xds_forward_1mb_peak_rss_over_idle_mb", "xds_forward_1mb_peak_rss_over_idle_x",
+		"xds_forward_4mb_ratio", "xds_forward_4mb_peak_rss_over_idle_mb", "xds_forward_4mb_peak_rss_over_idle_x",
 		"workloadapi_streams_rss_kb_per_stream", "rotation_fanout_ms", "rotation_first_to_last_stream_ms",
 	}
 	if len(lines) != len(want) {
@@ -47,8 +49,8 @@ func TestRunAgainstAgent(t *testing.T) {
 	}
 	for i, name := range want {
 		f := strings.Fields(lines[i])
-		// BENCH name median unit (min x max y, n=k)
-		if len(f) != 9 || f[0] != "BENCH" || f[1] != name || f[4] != "(min" || f[6] != "max" || !strings.HasPrefix(f[8], "n=") {
+		// BENCH name median unit (min x max y, n=k)[ target <= t]
+		if len(f) != 9 && (len(f) != 12 || f[9] != "target") || f[0] != "BENCH" || f[1] != name || f[4] != "(min" || f[6] != "max" || !strings.HasPrefix(f[8], "n=") {
 			t.Errorf("line %d: %q, want the %s figure", i, lines[i], name)
 		}
 	}

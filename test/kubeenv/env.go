@@ -209,8 +209,8 @@ func (e *Env) waitReady(ctx context.Context, p *process, ready func(context.Cont
 		case <-p.done:
 			return p.exitError()
 		case <-ctx.Done():
-			return fmt.Errorf("kubeenv: %s not ready after %v (last check: %v)\n%s",
-				p.name, e.opts.StartTimeout, last, p.logTail())
+			return fmt.Errorf("kubeenv: %s not ready (start timeout %v): %w (last check: %v)\n%s",
+				p.name, e.opts.StartTimeout, ctx.Err(), last, p.logTail())
 		case <-tick.C:
 		}
 	}

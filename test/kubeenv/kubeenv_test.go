@@ -47,16 +47,21 @@ func TestToolsDirMatchesScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("bash", filepath.Join(root, "scripts", "tools.sh"), "-dir").Output()
-	if err != nil {
-		t.Fatalf("scripts/tools.sh -dir: %v", err)
-	}
-	dir, err := ToolsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := strings.TrimSpace(string(out)); got != dir {
-		t.Fatalf("scripts/tools.sh builds into %s, ToolsDir() looks in %s", got, dir)
+	for _, env := range []string{"", "/var/tmp/meshagent-tools", ".tools/kube"} {
+		t.Run("MESHAGENT_TOOLS_DIR="+env, func(t *testing.T) {
+			t.Setenv(ToolsDirEnv, env)
+			out, err := exec.Command("bash", filepath.Join(root, "scripts", "tools.sh"), "-dir").Output()
+			if err != nil {
+				t.Fatalf("scripts/tools.sh -dir: %v", err)
+			}
+			dir, err := ToolsDir()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.TrimSpace(string(out)); got != dir {
+				t.Fatalf("scripts/tools.sh builds into %s, ToolsDir() looks in %s", got, dir)
+			}
+		})
 	}
 }
 

@@ -49,15 +49,20 @@ func ToolPath(name string) (string, error) {
 }
 
 // ToolsDir returns the directory scripts/tools.sh builds into: $MESHAGENT_TOOLS_DIR
-// when set, else $HOME/.cache/meshagent/tools/<key>, where key is the first 16 hex
+// when set (relative to the repository root if relative), else $HOME/.cache/meshagent/tools/<key>, where key is the first 16 hex
 // digits of the SHA-256 of the files in keyFiles, concatenated.
 func ToolsDir() (string, error) {
-	if dir := os.Getenv(ToolsDirEnv); dir != "" {
+	dir := os.Getenv(ToolsDirEnv)
+	if filepath.IsAbs(dir) {
 		return dir, nil
 	}
 	root, err := repoRoot()
 	if err != nil {
 		return "", err
+	}
+	if dir != "" {
+		// Relative to the repository root, as for scripts/tools.sh.
+		return filepath.Join(root, dir), nil
 	}
 	h := sha256.New()
 	for _, name := range keyFiles {

@@ -114,6 +114,10 @@ default paths of its settings land on the mounted volumes.
 - name: CREDENTIAL_IDENTITY_PROVIDER
   value: {{ . | quote }}
 {{- end }}
+{{- if and (include "meshagent.tokenRequest" .) .Values.token.lifetime }}
+- name: MESHAGENT_TOKEN_LIFETIME
+  value: {{ .Values.token.lifetime | quote }}
+{{- end }}
 - name: PROXY_CONFIG
   value: {{ dict "discoveryAddress" .Values.discoveryAddress "statusPort" (int .Values.statusPort) | toJson | quote }}
 - name: MESHAGENT_LOG_LEVEL

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/secretmanager"
+)
+
+// The xDS proxy's client certificate is the manager's current workload
+// certificate: none before one is held, then each one published, parsed once.
+func TestWorkloadCertificate(t *testing.T) {
+	ca, err := localca.New(localca.Config{Name: "client cert test root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, err := secretmanager.NewRoots(ca.RootPEM(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := secretmanager.New(secretmanager.Config{Roots: roots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := workloadCertificate(m)
+	if c, err := get(); !errors.Is(err, errNoWorkloadCert) || c != nil {
+		t.Fatalf("before any certificate: %v, %v", c, err)
+	}
+	if _, err := workloadCertificate(nil)(); !errors.Is(err, errNoWorkloadCert) {
+		t.Fatalf("without a manager: %v", err)
+	}
+	for i := range 2 {
+		key, err := pki.GenerateKey(pki.ECP256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chain, err := ca.Issue(localca.Leaf{PublicKey: key.Public(), Identity: pki.SPIFFEIdentity("cluster.local", "ns", "sa")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keyPEM, err := pki.EncodeKeyPEM(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Publish(&secretmanager.Secret{Name: secretmanager.WorkloadCertName, CertChain: pki.EncodeCertificates(chain[:1]), PrivateKey: keyPEM}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.Leaf.Equal(chain[0]) {
+			t.Fatalf("certificate %d: not the published one", i)
+		}
+		if again, err := get(); err != nil || again != c {
+			t.Fatalf("certificate %d: parsed again (%v)", i, err)
+		}
+	}
+}

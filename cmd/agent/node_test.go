@@ -1,0 +1,184 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/test/kubeenv"
+	"github.com/meshagent/meshagent/test/podproc"
+	"github.com/meshagent/meshagent/test/sdsclient"
+)
+
+var (
+	kubeOnce sync.Once
+	kube     *kubeenv.Env
+	kubeErr  error
+)
+
+// kubeEnv returns the package's API server, started on first use.
+func kubeEnv(t *testing.T) *kubeenv.Env {
+	t.Helper()
+	kubeOnce.Do(func() { kube, kubeErr = kubeenv.Start(context.Background(), kubeenv.Options{}) })
+	if kubeErr != nil {
+		t.Fatalf("starting the test API server: %v", kubeErr)
+	}
+	return kube
+}
+
+// childFetchEnv makes the test binary a child that waits for a line on
+// stdin (the parent moves it into a pod's cgroup meanwhile), then fetches
+// "default" over SDS from the socket it names and prints the certificate's
+// URI SAN, or "error: ..." on failure.
+const childFetchEnv = "AGENT_TEST_SDS_FETCH"
+
+// childFetchNameEnv names another resource to fetch than "default".
+const childFetchNameEnv = "AGENT_TEST_SDS_NAME"
+
+func childFetch(sock string) int {
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := sdsclient.Dial(ctx, sock)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 0
+	}
+	defer c.Close()
+	name := "default"
+	if n := os.Getenv(childFetchNameEnv); n != "" {
+		name = n
+	}
+	resp, err := c.Fetch(ctx, name)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 0
+	}
+	chain, _, ok := resp.Cert(name)
+	if !ok {
+		fmt.Println("error: no certificate")
+		return 0
+	}
+	block, _ := pem.Decode(chain)
+	if block == nil {
+		fmt.Println("error: chain is not PEM")
+		return 0
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil || len(cert.URIs) != 1 {
+		fmt.Println("error: bad certificate:", err)
+		return 0
+	}
+	fmt.Println(cert.URIs[0].String())
+	return 0
+}
+
+// fetchAsPod runs a child in the cgroup of pod uid that fetches "default"
+// from the agent's socket, and returns what it printed.
+func fetchAsPod(t *testing.T, sock, uid string, shape podproc.Shape, name ...string) string {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), childFetchEnv+"="+sock)
+	if len(name) > 0 {
+		child.Env = append(child.Env, childFetchNameEnv+"="+name[0])
+	}
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	child.Stdout = &out
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer podproc.Kill(child) // if Move fails
+	podproc.Move(t, child.Process.Pid, shape, uid, "c0ffee")
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Wait(); err != nil {
+		t.Fatalf("child: %v; output %q", err, out.String())
+	}
+	return strings.TrimSpace(out.String())
+}
+
+func TestNodeModeNeedsNodeName(t *testing.T) {
+	t.Chdir(t.TempDir())
+	code, _, stderr := runCmd(t, []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1"}, "run", "--node", "--dev")
+	if code != exitConfig || !strings.Contains(stderr, "NODE_NAME") {
+		t.Fatalf("exit %d; log:\n%s", code, stderr)
+	}
+}
+
+// TestNodeModeServesEachPodItsIdentity: one agent, one socket, the pods of
+// the node from a real API server, callers in real pod cgroups: each pod
+// gets the certificate of its own service account, a pod of another node
+// gets nothing.
+func TestNodeModeServesEachPodItsIdentity(t *testing.T) {
+	kube := kubeEnv(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	ctx := context.Background()
+	ns := fmt.Sprintf("node-e2e-%d", time.Now().UnixNano())
+	if _, err := kube.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	uid := map[string]string{}
+	for _, p := range []struct{ name, sa, node string }{
+		{"cart-0", "cart", "node-e2e"}, {"pay-0", "payments", "node-e2e"}, {"far-0", "cart", "node-other"},
+	} {
+		if _, err := kube.CreateServiceAccount(ctx, ns, p.sa); err != nil && !strings.Contains(err.Error(), "already exists") {
+			t.Fatal(err)
+		}
+		pod, err := kube.CreatePod(ctx, ns, p.name, p.sa, p.node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uid[p.name] = string(pod.UID)
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := kube.Kubeconfig(kubeconfig, kube.AdminToken()); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	base, wait, log := startAgent(t, runCtx, []string{
+		"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_DEV=true",
+		"MESHAGENT_MODE=node", "NODE_NAME=node-e2e", "KUBECONFIG=" + kubeconfig,
+	})
+	if code, body := waitReady(t, base); code != 200 {
+		t.Fatalf("ready: %d %q; log:\n%s", code, body, log)
+	}
+	sock := filepath.Join(dir, "var/run/secrets/workload-spiffe-uds/socket")
+
+	if got, want := fetchAsPod(t, sock, uid["cart-0"], podproc.Cgroupfs), "spiffe://cluster.local/ns/"+ns+"/sa/cart"; got != want {
+		t.Errorf("cart-0 got %q, want %q", got, want)
+	}
+	if got, want := fetchAsPod(t, sock, uid["pay-0"], podproc.Systemd), "spiffe://cluster.local/ns/"+ns+"/sa/payments"; got != want {
+		t.Errorf("pay-0 got %q, want %q", got, want)
+	}
+	// A file resource is refused before any file is read.
+	if got := fetchAsPod(t, sock, uid["cart-0"], podproc.Cgroupfs, "file-cert:/etc/hostname~/etc/hostname"); !strings.Contains(got, "InvalidArgument") || strings.Contains(got, "certificate chain") {
+		t.Errorf("a file resource in node mode got %q, want InvalidArgument without reading the files", got)
+	}
+	if got := fetchAsPod(t, sock, uid["far-0"], podproc.Cgroupfs); !strings.Contains(got, "PermissionDenied") || !strings.Contains(got, "not known on this node") {
+		t.Errorf("pod of another node got %q, want PermissionDenied", got)
+	}
+	cancel()
+	if code := wait(); code != exitOK {
+		t.Errorf("exit %d; log:\n%s", code, log)
+	}
+}

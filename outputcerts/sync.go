@@ -1,0 +1,88 @@
+package outputcerts
+
+import (
+	"context"
+	"errors"
+
+	"go.uber.org/zap"
+
+	"github.com/meshagent/meshagent/secretmanager"
+)
+
+// Secrets is the agent's secret source as Sync uses it (secretmanager.Manager).
+type Secrets interface {
+	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
+	Watch(ctx context.Context, name string) (<-chan struct{}, func())
+}
+
+// SyncConfig configures a Sync.
+type SyncConfig struct {
+	// Secrets gives the workload certificate ("default", for the context
+	// Run is given: the agent's own identity) and the trust bundle
+	// ("ROOTCA"). Required.
+	Secrets Secrets
+	// Writer writes the files. Required.
+	Writer *Writer
+	// Logger is narrowed with .Named("outputcerts"). Nil means zap.NewNop().
+	Logger *zap.Logger
+}
+
+// Sync keeps the OUTPUT_CERTS directory equal to the agent's current
+// workload certificate and trust bundle (SPEC 11): it writes what is held
+// when it starts and again after every change signalled by the secret
+// source. The Writer skips files whose content did not change.
+type Sync struct {
+	secrets Secrets
+	w       *Writer
+	log     *zap.Logger
+}
+
+// NewSync checks cfg and returns a Sync. It starts nothing.
+func NewSync(cfg SyncConfig) (*Sync, error) {
+	if cfg.Secrets == nil || cfg.Writer == nil {
+		return nil, errors.New("outputcerts: sync needs a secret source and a writer")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	return &Sync{secrets: cfg.Secrets, w: cfg.Writer, log: cfg.Logger.Named("outputcerts").With(zap.String(keyDir, cfg.Writer.Dir()))}, nil
+}
+
+// Run writes the files now and after every change until ctx ends, then
+// returns nil. A failed write is logged (and counted by the Writer); the
+// next change tries again. While no workload certificate is held, only the
+// roots are written.
+func (s *Sync) Run(ctx context.Context) error {
+	certs, stopCerts := s.secrets.Watch(ctx, secretmanager.WorkloadCertName)
+	defer stopCerts()
+	roots, stopRoots := s.secrets.Watch(ctx, secretmanager.RootCertName)
+	defer stopRoots()
+	for {
+		s.write(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-certs:
+		case <-roots:
+		}
+	}
+}
+
+// write writes what the source holds now, waiting for nothing.
+func (s *Sync) write(ctx context.Context) {
+	now, cancel := context.WithCancel(ctx)
+	cancel() // a done context: Secret answers with what it holds, or an error
+	var f Files
+	if cert, err := s.secrets.Secret(now, secretmanager.WorkloadCertName); err == nil {
+		f.CertChain, f.Key = cert.CertChain, cert.PrivateKey
+	}
+	if root, err := s.secrets.Secret(now, secretmanager.RootCertName); err == nil {
+		f.Root = root.Roots
+	}
+	if f.CertChain == nil && f.Root == nil {
+		return
+	}
+	if _, err := s.w.Write(f); err != nil {
+		s.log.Error("writing OUTPUT_CERTS failed", zap.Error(err))
+	}
+}

@@ -1,0 +1,231 @@
+package podcgroup
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrNotInPod means no line of the file names a pod: the process runs on the
+// node outside any pod (or in a kubepods cgroup above the pod level).
+var ErrNotInPod = errors.New("process is not in a pod's cgroup")
+
+// Pod is where a process sits in the kubelet's cgroup tree.
+type Pod struct {
+	// UID is the pod's UID as the API server spells it (dashes, lower case).
+	UID string
+	// ContainerID is the runtime's container ID, without the runtime
+	// prefix; empty when the process sits in the pod's own cgroup.
+	ContainerID string
+}
+
+// Error says why a cgroup file could not be read as a pod's.
+type Error struct {
+	// Line is the 1-based line of the file.
+	Line int
+	// Reason says what is wrong with it.
+	Reason string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("cgroup line %d: %s", e.Line, e.Reason)
+}
+
+// Parse reads the content of /proc/<pid>/cgroup. It returns ErrNotInPod when
+// no line names a pod, and an *Error when a line is malformed, a kubepods
+// path has an unknown shape, or two lines name different pods or containers.
+func Parse(data []byte) (Pod, error) {
+	var (
+		found Pod
+		have  bool
+	)
+	for i, line := range strings.Split(string(data), "\n") {
+		if line == "" {
+			continue
+		}
+		fields := strings.SplitN(line, ":", 3)
+		if len(fields) != 3 || fields[0] == "" || !isDigits(fields[0]) {
+			return Pod{}, &Error{Line: i + 1, Reason: "not <hierarchy>:<controllers>:<path>"}
+		}
+		p, ok, reason := parsePath(fields[2])
+		if reason != "" {
+			return Pod{}, &Error{Line: i + 1, Reason: reason}
+		}
+		if !ok {
+			continue
+		}
+		if have && p.UID != found.UID {
+			return Pod{}, &Error{Line: i + 1, Reason: "names a different pod than an earlier line"}
+		}
+		if have && p.ContainerID != found.ContainerID {
+			return Pod{}, &Error{Line: i + 1, Reason: "names a different container than an earlier line"}
+		}
+		found, have = p, true
+	}
+	if !have {
+		return Pod{}, ErrNotInPod
+	}
+	return found, nil
+}
+
+// parsePath reads one cgroup path. ok is false when the path names no pod;
+// a non-empty reason means the path is under kubepods but not understood.
+func parsePath(path string) (p Pod, ok bool, reason string) {
+	if !strings.HasPrefix(path, "/") {
+		return Pod{}, false, "cgroup path is not absolute"
+	}
+	comps := strings.Split(path[1:], "/")
+	root := -1
+	for i, c := range comps {
+		if isRoot(c) {
+			root = i
+			break
+		}
+	}
+	if root < 0 {
+		return Pod{}, false, ""
+	}
+	for _, c := range comps[:root] {
+		if c == "user.slice" {
+			return Pod{}, false, "kubepods tree under user.slice (delegated to node users) is not trusted"
+		}
+	}
+	rest := comps[root+1:]
+	if strings.HasSuffix(comps[root], ".slice") {
+		return parseSystemd(strings.TrimSuffix(comps[root], ".slice"), rest)
+	}
+	return parseCgroupfs(rest)
+}
+
+func isRoot(c string) bool {
+	return c == "kubepods" || c == "kubepods.slice" || strings.HasSuffix(c, "-kubepods.slice")
+}
+
+// parseCgroupfs reads what follows /kubepods: [<qos>/]pod<uid>[/<container>[/...]].
+func parseCgroupfs(rest []string) (Pod, bool, string) {
+	if len(rest) > 0 && (rest[0] == "besteffort" || rest[0] == "burstable") {
+		rest = rest[1:]
+	}
+	if len(rest) == 0 || rest[0] == "" {
+		return Pod{}, false, ""
+	}
+	uid, found := strings.CutPrefix(rest[0], "pod")
+	if !found {
+		return Pod{}, false, "unknown component under kubepods"
+	}
+	if !validUID(uid) {
+		return Pod{}, false, "pod UID is neither a UUID nor 32 hexadecimal digits"
+	}
+	p := Pod{UID: uid}
+	if len(rest) > 1 {
+		id, ok := containerID(rest[1], "")
+		if !ok {
+			return Pod{}, false, "container component is not a container ID"
+		}
+		p.ContainerID = id
+	}
+	return p, true, ""
+}
+
+// parseSystemd reads what follows <stem>.slice:
+// [<stem>-<qos>.slice/]<parent>-pod<uid>.slice[/<runtime>-<id>.scope[/...]].
+func parseSystemd(stem string, rest []string) (Pod, bool, string) {
+	parent := stem
+	if len(rest) > 0 && (rest[0] == stem+"-besteffort.slice" || rest[0] == stem+"-burstable.slice") {
+		parent = strings.TrimSuffix(rest[0], ".slice")
+		rest = rest[1:]
+	}
+	if len(rest) == 0 || rest[0] == "" {
+		return Pod{}, false, ""
+	}
+	name, found := strings.CutPrefix(rest[0], parent+"-pod")
+	if !found {
+		return Pod{}, false, "unknown component under kubepods"
+	}
+	name, found = strings.CutSuffix(name, ".slice")
+	if !found {
+		return Pod{}, false, "pod component is not a slice"
+	}
+	uid := strings.ReplaceAll(name, "_", "-")
+	if strings.Contains(name, "-") || !validUID(uid) {
+		return Pod{}, false, "pod UID is neither a UUID nor 32 hexadecimal digits"
+	}
+	p := Pod{UID: uid}
+	if len(rest) > 1 {
+		id, ok := containerID(rest[1], ".scope")
+		if !ok {
+			return Pod{}, false, "container component is not a <runtime>-<id>.scope"
+		}
+		p.ContainerID = id
+	}
+	return p, true, ""
+}
+
+// runtimePrefixes are the container runtimes' cgroup name prefixes, longest
+// first where one is a prefix of another.
+var runtimePrefixes = []string{"cri-containerd-", "crio-conmon-", "crio-", "docker-"}
+
+// containerID reads a container component: <id> or <runtime>-<id>, followed
+// by suffix (which is then required).
+func containerID(c, suffix string) (string, bool) {
+	c, found := strings.CutSuffix(c, suffix)
+	if !found {
+		return "", false
+	}
+	for _, p := range runtimePrefixes {
+		if id, ok := strings.CutPrefix(c, p); ok {
+			c = id
+			break
+		}
+	}
+	if c == "" || len(c) > 128 {
+		return "", false
+	}
+	for i := 0; i < len(c); i++ {
+		if !isAlnum(c[i]) {
+			return "", false
+		}
+	}
+	return c, true
+}
+
+// validUID accepts a lower-case UUID (8-4-4-4-12) or 32 lower-case
+// hexadecimal digits (a static pod's UID is a hash of its manifest).
+func validUID(s string) bool {
+	switch len(s) {
+	case 32:
+		for i := 0; i < len(s); i++ {
+			if !isHex(s[i]) {
+				return false
+			}
+		}
+		return true
+	case 36:
+		for i := 0; i < len(s); i++ {
+			if i == 8 || i == 13 || i == 18 || i == 23 {
+				if s[i] != '-' {
+					return false
+				}
+			} else if !isHex(s[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+func isHex(b byte) bool { return b >= '0' && b <= '9' || b >= 'a' && b <= 'f' }
+
+func isAlnum(b byte) bool {
+	return b >= '0' && b <= '9' || b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z'
+}
+
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,34 @@
+// Package podindex keeps the pods scheduled on one node, by UID, and counts
+// the pods of each workload identity so that certificates can be fetched
+// ahead for a service account that arrives on the node and dropped when its
+// last pod is gone.
+//
+// It owns a client-go informer of the pods with spec.nodeName=<node> (a
+// field selector: the API server sends nothing about other nodes), listed
+// and watched through kubeclient as kubeclient.Pod (only the pod fields the
+// agent reads are decoded; client-go's clientset is not linked), a
+// transform that keeps only the fields node mode reads (name, namespace,
+// UID, service account, node name, phase, deletion timestamp), the UID map
+// built from it, and the identity reference counts. It does not read /proc or
+// cgroups (package podresolver does) nor hold certificates (the caller's
+// IdentityHandler decides what an identity's arrival and departure mean).
+//
+// Which pods count toward an identity: every pod of the node whose phase is
+// not Succeeded or Failed, deleted or not. A pod being deleted still runs its
+// containers through their grace period and needs its certificate to drain;
+// a pod in a terminal phase has no container left to serve. The identity of a
+// pod is spiffe://<trust domain>/ns/<namespace>/sa/<service account> (an
+// empty service account is "default", as the API server's admission fills
+// it).
+//
+// Events: IdentityAdded is called when an identity's first counted pod is
+// seen, IdentityRemoved when its last counted pod is deleted or terminates.
+// Both are called from the informer's one event goroutine, in order, never
+// concurrently and never while the index's lock is held, so a handler may
+// call back into the Index; a handler that blocks delays later events (and
+// Wait), not lookups.
+//
+// Locking: one mutex guards the UID map and the counts; Get, Wait and
+// Identities take it briefly. New starts nothing; Run runs the informer until
+// its context ends.
+package podindex
