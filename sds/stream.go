@@ -214,9 +214,9 @@ func (l streamLog) write(ce *zapcore.CheckedEntry, fields ...zap.Field) {
 }
 
 // stream is one StreamSecrets stream. The gRPC handler goroutine reads
-// requests and answers them; pushes run on a goroutine of their own,
-// started when a watched secret changes and ending once the stream is up to
-// date, so a waiting stream holds one goroutine. mu serialises the two: it
+// requests and acts on them; every response (the answer to a request or a
+// change) is sent by a push goroutine, started by kick and ending once the
+// stream is up to date, so a waiting stream holds one goroutine. mu serialises the two: it
 // guards st and every Send.
 type stream struct {
 	srv      *Server
@@ -235,7 +235,7 @@ type stream struct {
 }
 
 // StreamSecrets serves one SDS stream: this goroutine reads requests and
-// answers them; changes are pushed by stream.kick.
+// acts on them; responses are sent by the stream's push goroutine.
 func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsServer) error {
 	ctx := gs.Context()
 	if n := s.open.Add(1); n > int64(s.cfg.MaxStreams) {
