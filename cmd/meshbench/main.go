@@ -54,7 +54,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.build, "build", false, "rebuild the agent binary even when it exists")
 	only := fs.String("only", strings.Join(groups, ","), "comma-separated measurement groups to run: "+strings.Join(groups, ", "))
 	fs.BoolVar(&o.keep, "keep", false, "keep the agents' working directories and logs")
-	fs.StringVar(&o.pprofDir, "pprof-dir", "", "save heap and goroutine profiles of the steady agents (idle and with the SDS streams) and a CPU profile of the rotations here, from the agent's /debug/pprof")
+	fs.StringVar(&o.pprofDir, "pprof-dir", "", "save heap and goroutine profiles of the steady and Workload API agents (idle and with the streams) and a CPU profile of the rotations here, from the agent's /debug/pprof")
 	fs.DurationVar(&o.timeout, "timeout", 290*time.Second, "give up on everything after this long")
 	fs.DurationVar(&o.startTimeout, "start-timeout", 15*time.Second, "longest wait for an agent's first secret")
 	fs.IntVar(&o.coldRuns, "cold-runs", 20, "cold starts per key type")
