@@ -32,6 +32,11 @@
 // A refused caller gets PermissionDenied naming the reason and is counted in
 // meshagent_socket_refused_total.
 //
+// Encoding: messages are protobuf, except that a service may Send a
+// WireMessage, a message already in wire form as pieces, which the socket's
+// codec sends without marshalling or copying (SDS sends each secret's
+// encoding, shared by every stream, this way).
+//
 // Concurrency: New starts nothing; Run starts gRPC's serving goroutines and
 // stops them before it returns. A connection's resolution is guarded by a
 // one-slot semaphore of that connection, so concurrent first RPCs on one

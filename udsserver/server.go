@@ -114,6 +114,7 @@ func (s *Server) Run(ctx context.Context) error {
 	gs := grpc.NewServer(
 		grpc.Creds(peerCreds{log: s.log}),
 		grpc.MaxRecvMsgSize(s.cfg.MaxRecvBytes),
+		grpc.ForceServerCodecV2(newCodec()),
 		grpc.ChainUnaryInterceptor(s.unaryAdmit),
 		grpc.ChainStreamInterceptor(s.streamAdmit),
 	)
