@@ -34,6 +34,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(childConnectEnv); path != "" {
 		os.Exit(childConnect(path))
 	}
+	if path := os.Getenv(childWhoEnv); path != "" {
+		os.Exit(childWho(path))
+	}
 	goleak.VerifyTestMain(m)
 }
 

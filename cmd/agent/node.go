@@ -53,7 +53,7 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 	}
 	log := a.base.Named("node")
 	idx, err := podindex.New(podindex.Config{
-		Pods:        kube.CoreV1(),
+		Pods:        kube,
 		NodeName:    c.NodeName,
 		TrustDomain: td,
 		Handler: podindex.HandlerFuncs{

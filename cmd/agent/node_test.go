@@ -168,6 +168,10 @@ func TestNodeModeServesEachPodItsIdentity(t *testing.T) {
 		t.Fatalf("ready: %d %q; log:\n%s", code, body, log)
 	}
 	sock := filepath.Join(dir, "var/run/secrets/workload-spiffe-uds/socket")
+	// Pods' processes of any uid must reach the socket.
+	if fi, err := os.Stat(filepath.Dir(sock)); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("node mode socket directory: %v, %v; want 0755", fi.Mode(), err)
+	}
 
 	if got, want := fetchAsPod(t, sock, uid["cart-0"], podproc.Cgroupfs), "spiffe://cluster.local/ns/"+ns+"/sa/cart"; got != want {
 		t.Errorf("cart-0 got %q, want %q", got, want)

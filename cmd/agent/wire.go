@@ -325,8 +325,14 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 			}
 			services = append(services, wl.Register)
 		}
-		var resolver caller.Resolver
+		var (
+			resolver caller.Resolver
+			dirMode  os.FileMode
+		)
 		if a.nodeMode() {
+			// The directory is mounted into pods whose processes run as
+			// any uid; the kernel, not the mode, says who they are.
+			dirMode = 0o755
 			r, nodeCs, err := a.nodeCallers(m)
 			if err != nil {
 				return nil, err
@@ -335,7 +341,7 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 			cs = append(cs, nodeCs...)
 		}
 		socket, err := udsserver.New(udsserver.Config{
-			SocketPath: c.SDSSocket, Services: services, Resolver: resolver,
+			SocketPath: c.SDSSocket, DirMode: dirMode, Services: services, Resolver: resolver,
 			MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
 		})
 		if err != nil {
