@@ -138,6 +138,20 @@ func TestNodeModeWorkloadAPIGivesEachPodItsSVID(t *testing.T) {
 		"KUBECONFIG="+kubeconfig,
 	)...)
 
+	// The socket appears once the agent serves (after the pod list).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(p.Socket()); err == nil {
+			break
+		}
+		select {
+		case <-p.Done():
+			t.Fatalf("agent exited before serving:\n%s", p.Logs())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no socket after 30 s:\n%s", p.Logs())
+		}
+	}
 	for _, c := range []struct{ pod, want string }{
 		{"cart-0", "spiffe://cluster.local/ns/shop/sa/cart"},
 		{"pay-0", "spiffe://cluster.local/ns/shop/sa/payments"},
