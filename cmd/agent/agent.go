@@ -41,6 +41,10 @@ type agent struct {
 	mode   ModeDecision
 	// tokens is the bearer token source, built by tokenFetcher.
 	tokens credfetcher.Fetcher
+	// podTokens and nodePods: node mode with Linkerd, the tokens of each
+	// service account with pods on the node (linkerdNodeTokens).
+	podTokens *credfetcher.PodTokens
+	nodePods  nodePods
 }
 
 // errSourceUnavailable: a mode without a certificate source (a mode added to
