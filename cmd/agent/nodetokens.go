@@ -17,7 +17,9 @@ import (
 
 // nodePods lists a service account's pods on the node from the pod index,
 // which is built after the CA client: until then it lists none.
-type nodePods struct{ idx atomic.Pointer[podindex.Index] }
+type nodePods struct {
+	idx atomic.Pointer[podindex.Index]
+}
 
 func (n *nodePods) PodsOf(namespace, serviceAccount string) []credfetcher.PodRef {
 	idx := n.idx.Load()
