@@ -59,6 +59,7 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 		return configError{err}
 	}
 	defer func() { _ = base.Sync() }()
+	defer logging.RouteKlog(base)() // client-go logs in the agent's format
 	log := base.Named("agent")
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)

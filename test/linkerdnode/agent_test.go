@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -247,6 +248,15 @@ func TestLinkerdNodeModeTokensPerServiceAccount(t *testing.T) {
 		t.Errorf("web-1 got %q, want %q", got, want)
 	}
 	checkReviews(nil)
+
+	// One log format: client-go's lines (klog) come through the agent's
+	// JSON logger too.
+	p.Stop()
+	for _, line := range strings.Split(strings.TrimSpace(p.Logs()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("log line not JSON: %q", line)
+		}
+	}
 }
 
 // waitFor polls cond until it holds or within passes.
