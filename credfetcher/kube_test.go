@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/meshagent/meshagent/kubeclient"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
@@ -25,7 +26,7 @@ type workload struct {
 	env    *kubeenv.Env
 	ns, sa string
 	pod    *corev1.Pod
-	client kubernetes.Interface // authenticated as the service account
+	client *kubeclient.Client // authenticated as the service account
 }
 
 func newWorkload(t *testing.T, node string) *workload {
@@ -54,7 +55,7 @@ func newWorkload(t *testing.T, node string) *workload {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := kubernetes.NewForConfig(env.ConfigForToken(tok))
+	client, err := kubeclient.NewForConfig(env.ConfigForToken(tok))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,10 +88,10 @@ func grantOwnTokens(t *testing.T, admin kubernetes.Interface, ns, sa string) {
 	}
 }
 
-func (w *workload) fetcher(t *testing.T, client kubernetes.Interface, clk *clocktesting.FakeClock, log *zap.Logger) *TokenRequest {
+func (w *workload) fetcher(t *testing.T, client TokenCreator, clk *clocktesting.FakeClock, log *zap.Logger) *TokenRequest {
 	t.Helper()
 	f, err := NewTokenRequest(TokenRequestConfig{
-		Client: client.CoreV1(), Namespace: w.ns, ServiceAccount: w.sa,
+		Client: client, Namespace: w.ns, ServiceAccount: w.sa,
 		PodName: w.pod.Name, PodUID: w.pod.UID, Audiences: []string{IstioAudience},
 		Lifetime: MinTokenLifetime, Clock: clk, Logger: log,
 	})
@@ -191,7 +192,7 @@ func TestTokenRequestFromTheAPIServer(t *testing.T) {
 func TestTokenRequestForAnotherPodUIDIsRefused(t *testing.T) {
 	w := newWorkload(t, "node-a")
 	f, err := NewTokenRequest(TokenRequestConfig{
-		Client: w.client.CoreV1(), Namespace: w.ns, ServiceAccount: w.sa,
+		Client: w.client, Namespace: w.ns, ServiceAccount: w.sa,
 		PodName: w.pod.Name, PodUID: "00000000-0000-0000-0000-000000000000", Audiences: []string{IstioAudience},
 	})
 	if err != nil {
@@ -214,7 +215,7 @@ func TestTokenRequestWithoutRBACIsForbidden(t *testing.T) {
 		t.Fatal(err)
 	}
 	f, err := NewTokenRequest(TokenRequestConfig{
-		Client: w.client.CoreV1(), Namespace: w.ns, ServiceAccount: "other",
+		Client: w.client, Namespace: w.ns, ServiceAccount: "other",
 		PodName: "other-0", Audiences: []string{IstioAudience},
 	})
 	if err != nil {
@@ -234,7 +235,11 @@ func TestTokenRequestDeletedServiceAccount(t *testing.T) {
 	// Two views: the account itself (its credentials die with it) and an
 	// operator's client that outlives it.
 	own := w.fetcher(t, w.client, clk, zap.New(core))
-	admin := w.fetcher(t, w.env.Client(), clk, nil)
+	adminClient, err := kubeclient.NewForConfig(w.env.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := w.fetcher(t, adminClient, clk, nil)
 	ownTok, adminTok := mustToken(t, own), mustToken(t, admin)
 
 	if err := w.env.Client().CoreV1().ServiceAccounts(w.ns).Delete(ctx, w.sa, metav1.DeleteOptions{}); err != nil {
@@ -244,7 +249,7 @@ func TestTokenRequestDeletedServiceAccount(t *testing.T) {
 		t.Fatal("the token of a deleted service account still authenticates")
 	}
 	admin.Invalidate(adminTok)
-	_, err := admin.Token(ctx)
+	_, err = admin.Token(ctx)
 	want := `requesting a token for serviceaccount ` + w.ns + `/web: serviceaccounts "web" not found`
 	if err == nil || err.Error() != want {
 		t.Fatalf("error %v\nwant %s", err, want)

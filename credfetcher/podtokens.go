@@ -8,7 +8,6 @@ import (
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/clock"
 )
 
@@ -31,7 +30,7 @@ type PodLister interface {
 // PodTokensConfig describes a PodTokens. The fields mean what they mean in
 // TokenRequestConfig.
 type PodTokensConfig struct {
-	Client         corev1client.ServiceAccountsGetter
+	Client         TokenCreator
 	Pods           PodLister
 	Audiences      []string
 	Lifetime       time.Duration

@@ -9,6 +9,8 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/meshagent/meshagent/kubeclient"
 )
 
 // podList is a PodLister a test edits.
@@ -75,7 +77,11 @@ func TestPodTokensPerAccount(t *testing.T) {
 	pods := &podList{pods: map[string][]PodRef{}}
 	pods.set(w.ns+"/web", w.pod, web1)
 	pods.set(w.ns+"/db", db0)
-	pt, err := NewPodTokens(PodTokensConfig{Client: w.env.Client().CoreV1(), Pods: pods, Audiences: []string{LinkerdAudience}})
+	admin, err := kubeclient.NewForConfig(w.env.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pt, err := NewPodTokens(PodTokensConfig{Client: admin, Pods: pods, Audiences: []string{LinkerdAudience}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,9 +10,7 @@ import (
 	"go.uber.org/zap"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/internal/backoff"
@@ -46,11 +44,17 @@ const (
 	LinkerdAudience = "identity.l5d.io"
 )
 
+// TokenCreator asks the API server for a token of a service account
+// (kubeclient.Client). An error the API server answers is an
+// *errors.StatusError of k8s.io/apimachinery/pkg/api/errors.
+type TokenCreator interface {
+	CreateToken(ctx context.Context, namespace, serviceAccount string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error)
+}
+
 // TokenRequestConfig describes a TokenRequest fetcher.
 type TokenRequestConfig struct {
-	// Client asks the API server for tokens (CoreV1() of a clientset).
-	// Required.
-	Client corev1client.ServiceAccountsGetter
+	// Client asks the API server for tokens. Required.
+	Client TokenCreator
 	// Namespace and ServiceAccount name the account the tokens stand for.
 	// Required.
 	Namespace, ServiceAccount string
@@ -233,7 +237,7 @@ func (t *TokenRequest) request(f *flight) {
 			},
 		},
 	}
-	resp, err := t.cfg.Client.ServiceAccounts(t.cfg.Namespace).CreateToken(ctx, t.cfg.ServiceAccount, req, metav1.CreateOptions{})
+	resp, err := t.cfg.Client.CreateToken(ctx, t.cfg.Namespace, t.cfg.ServiceAccount, req)
 	if err == nil {
 		err = checkTokenResponse(resp)
 	}

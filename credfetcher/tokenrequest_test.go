@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -61,7 +62,7 @@ func TestRetryDelay(t *testing.T) {
 func TestNewTokenRequestChecksConfig(t *testing.T) {
 	good := func() TokenRequestConfig {
 		return TokenRequestConfig{
-			Client: fake.NewClientset().CoreV1(), Namespace: "shop", ServiceAccount: "web",
+			Client: clientsetTokens{fake.NewClientset()}, Namespace: "shop", ServiceAccount: "web",
 			PodName: "web-0", Audiences: []string{IstioAudience},
 		}
 	}
@@ -96,6 +97,13 @@ func TestNewTokenRequestChecksConfig(t *testing.T) {
 	if f.cfg.Lifetime != DefaultTokenLifetime || f.cfg.RefreshRatio != DefaultRefreshRatio {
 		t.Errorf("defaults: lifetime %s ratio %g", f.cfg.Lifetime, f.cfg.RefreshRatio)
 	}
+}
+
+// clientsetTokens asks a clientset (here client-go's fake one) for tokens.
+type clientsetTokens struct{ kubernetes.Interface }
+
+func (c clientsetTokens) CreateToken(ctx context.Context, namespace, serviceAccount string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
+	return c.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, serviceAccount, req, metav1.CreateOptions{})
 }
 
 // apiStub answers TokenRequests of a fake clientset: each answer is a new
@@ -153,7 +161,7 @@ func newStubFetcher(t *testing.T, logger *zap.Logger) (*TokenRequest, *apiStub) 
 	t.Helper()
 	stub := &apiStub{clock: clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC))}
 	f, err := NewTokenRequest(TokenRequestConfig{
-		Client: stub.client().CoreV1(), Namespace: "shop", ServiceAccount: "web",
+		Client: clientsetTokens{stub.client()}, Namespace: "shop", ServiceAccount: "web",
 		PodName: "web-0", PodUID: "uid-1", Audiences: []string{"istio-ca"},
 		Lifetime: time.Hour, Clock: stub.clock, Logger: logger,
 	})
@@ -346,7 +354,7 @@ func TestTokenRequestRejectsAnEmptyAnswer(t *testing.T) {
 		return true, &authenticationv1.TokenRequest{}, nil
 	})
 	f, err := NewTokenRequest(TokenRequestConfig{
-		Client: cs.CoreV1(), Namespace: "shop", ServiceAccount: "web", PodName: "web-0",
+		Client: clientsetTokens{cs}, Namespace: "shop", ServiceAccount: "web", PodName: "web-0",
 		Audiences: []string{"istio-ca"}, Clock: clk,
 	})
 	if err != nil {

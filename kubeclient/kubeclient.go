@@ -1,12 +1,20 @@
 package kubeclient
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
-	"k8s.io/client-go/kubernetes"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -47,15 +55,123 @@ func RESTConfig(cfg Config) (*rest.Config, error) {
 	return rc, nil
 }
 
-// New returns a clientset for the configuration.
-func New(cfg Config) (kubernetes.Interface, error) {
+// coreV1 is the group and version of pods and service accounts.
+var coreV1 = schema.GroupVersion{Version: "v1"}
+
+// Client makes the agent's requests to the API server: TokenRequest for a
+// service account, and list and watch of pods. It is safe for concurrent use.
+type Client struct {
+	core   *rest.RESTClient
+	params runtime.ParameterCodec
+}
+
+// New loads the configuration (RESTConfig) and returns a client for it.
+func New(cfg Config) (*Client, error) {
 	rc, err := RESTConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	cs, err := kubernetes.NewForConfig(rc)
+	return NewForConfig(rc)
+}
+
+// NewForConfig returns a client for rc. It does not contact the API server.
+func NewForConfig(rc *rest.Config) (*Client, error) {
+	scheme := newScheme()
+	c := rest.CopyConfig(rc)
+	c.GroupVersion = &coreV1
+	c.APIPath = "/api"
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if c.UserAgent == "" {
+		c.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	core, err := rest.RESTClientFor(c)
 	if err != nil {
 		return nil, fmt.Errorf("building the Kubernetes client: %w", err)
 	}
-	return cs, nil
+	return &Client{core: core, params: runtime.NewParameterCodec(scheme)}, nil
+}
+
+// newScheme knows the few types the client sends and receives, and the
+// meta types of lists, watches and errors. Pods are the agent's own small
+// type (Pod) under core/v1's names, so they are always asked for as JSON.
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	s.AddKnownTypes(coreV1, &Pod{}, &PodList{})
+	metav1.AddToGroupVersion(s, coreV1)
+	s.AddKnownTypes(authenticationv1.SchemeGroupVersion, &authenticationv1.TokenRequest{})
+	metav1.AddToGroupVersion(s, authenticationv1.SchemeGroupVersion)
+	return s
+}
+
+// CreateToken asks for a token of the service account namespace/serviceAccount
+// (POST /api/v1/namespaces/<namespace>/serviceaccounts/<name>/token) and
+// returns the API server's answer. An error from the API server is an
+// *errors.StatusError of k8s.io/apimachinery/pkg/api/errors.
+func (c *Client) CreateToken(ctx context.Context, namespace, serviceAccount string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
+	out := &authenticationv1.TokenRequest{}
+	err := c.core.Post().
+		UseProtobufAsDefault().
+		Namespace(namespace).
+		Resource("serviceaccounts").
+		Name(serviceAccount).
+		SubResource("token").
+		Body(req).
+		Do(ctx).
+		Into(out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ListPods lists the pods of namespace (metav1.NamespaceAll: every
+// namespace) that match opts.
+func (c *Client) ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*PodList, error) {
+	out := &PodList{}
+	err := c.core.Get().
+		NamespaceIfScoped(namespace, namespace != "").
+		Resource("pods").
+		VersionedParams(&opts, c.params).
+		Timeout(timeout(opts)).
+		Do(ctx).
+		Into(out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// WatchPods watches the pods of namespace (metav1.NamespaceAll: every
+// namespace) that match opts.
+func (c *Client) WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return c.core.Get().
+		NamespaceIfScoped(namespace, namespace != "").
+		Resource("pods").
+		VersionedParams(&opts, c.params).
+		Timeout(timeout(opts)).
+		Watch(ctx)
+}
+
+// PodListWatch lists and watches the pods of every namespace that match
+// fieldSelector (e.g. "spec.nodeName=node-a"; empty: all), for an informer
+// (cache.NewSharedIndexInformer with &Pod{}).
+func (c *Client) PodListWatch(fieldSelector string) cache.ListerWatcher {
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			opts.FieldSelector = fieldSelector
+			return c.ListPods(ctx, metav1.NamespaceAll, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.FieldSelector = fieldSelector
+			return c.WatchPods(ctx, metav1.NamespaceAll, opts)
+		},
+	}
+}
+
+func timeout(opts metav1.ListOptions) time.Duration {
+	if opts.TimeoutSeconds == nil {
+		return 0
+	}
+	return time.Duration(*opts.TimeoutSeconds) * time.Second
 }

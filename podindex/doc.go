@@ -4,7 +4,9 @@
 // last pod is gone.
 //
 // It owns a client-go informer of the pods with spec.nodeName=<node> (a
-// field selector: the API server sends nothing about other nodes), a
+// field selector: the API server sends nothing about other nodes), listed
+// and watched through kubeclient as kubeclient.Pod (only the pod fields the
+// agent reads are decoded; client-go's clientset is not linked), a
 // transform that keeps only the fields node mode reads (name, namespace,
 // UID, service account, node name, phase, deletion timestamp), the UID map
 // built from it, and the identity reference counts. It does not read /proc or

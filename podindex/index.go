@@ -10,13 +10,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.uber.org/zap"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/meshagent/meshagent/kubeclient"
 )
 
 // Pod is what the index keeps of a pod.
@@ -26,7 +24,7 @@ type Pod struct {
 	// names none).
 	ServiceAccount string
 	NodeName       string
-	Phase          corev1.PodPhase
+	Phase          kubeclient.PodPhase
 	// Deleting is true once the pod has a deletion timestamp.
 	Deleting bool
 	// Identity is spiffe://<trust domain>/ns/<namespace>/sa/<service account>.
@@ -36,7 +34,7 @@ type Pod struct {
 // Terminated reports whether the pod's phase is Succeeded or Failed: none of
 // its containers runs any more.
 func (p Pod) Terminated() bool {
-	return p.Phase == corev1.PodSucceeded || p.Phase == corev1.PodFailed
+	return p.Phase == kubeclient.PodSucceeded || p.Phase == kubeclient.PodFailed
 }
 
 // String is "<namespace>/<name>".
@@ -71,8 +69,8 @@ func (h HandlerFuncs) IdentityRemoved(id spiffeid.ID) {
 
 // Config configures an Index.
 type Config struct {
-	// Pods lists and watches pods (a clientset's CoreV1()). Required.
-	Pods corev1client.PodsGetter
+	// Pods lists and watches pods (a *kubeclient.Client). Required.
+	Pods PodSource
 	// NodeName is the node whose pods are kept. Required.
 	NodeName string
 	// TrustDomain is the trust domain of the pods' SPIFFE IDs. Required.
@@ -83,6 +81,12 @@ type Config struct {
 	Logger *zap.Logger
 	// Registerer receives the index's metrics; nil means none.
 	Registerer prometheus.Registerer
+}
+
+// PodSource lists and watches the pods that match a field selector, for an
+// informer of *kubeclient.Pod. *kubeclient.Client implements it.
+type PodSource interface {
+	PodListWatch(fieldSelector string) cache.ListerWatcher
 }
 
 // Index is the set of pods on one node, by UID.
@@ -128,18 +132,8 @@ func New(cfg Config) (*Index, error) {
 		changed: make(chan struct{}),
 	}
 	selector := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-	pods := cfg.Pods.Pods(metav1.NamespaceAll)
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			opts.FieldSelector = selector
-			return pods.List(ctx, opts)
-		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			opts.FieldSelector = selector
-			return pods.Watch(ctx, opts)
-		},
-	}
-	x.informer = cache.NewSharedIndexInformerWithOptions(lw, &corev1.Pod{}, cache.SharedIndexInformerOptions{})
+	lw := cfg.Pods.PodListWatch(selector)
+	x.informer = cache.NewSharedIndexInformerWithOptions(lw, &kubeclient.Pod{}, cache.SharedIndexInformerOptions{})
 	if err := x.informer.SetTransform(strip); err != nil {
 		return nil, fmt.Errorf("podindex: setting the pod transform: %w", err)
 	}
@@ -212,7 +206,7 @@ func counted(p Pod) bool { return !p.Terminated() }
 // upsert records an added or updated pod and tells the handler of an
 // identity that gains its first pod or loses its last.
 func (x *Index) upsert(obj any) {
-	k8sPod, ok := obj.(*corev1.Pod)
+	k8sPod, ok := obj.(*kubeclient.Pod)
 	if !ok {
 		return
 	}
@@ -245,7 +239,7 @@ func (x *Index) delete(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
-	k8sPod, ok := obj.(*corev1.Pod)
+	k8sPod, ok := obj.(*kubeclient.Pod)
 	if !ok {
 		return
 	}
@@ -307,7 +301,7 @@ func (x *Index) emit(added, removed []spiffeid.ID) {
 	}
 }
 
-func (x *Index) podOf(p *corev1.Pod) (Pod, error) {
+func (x *Index) podOf(p *kubeclient.Pod) (Pod, error) {
 	sa := p.Spec.ServiceAccountName
 	if sa == "" {
 		sa = "default"
@@ -331,11 +325,11 @@ func (x *Index) podOf(p *corev1.Pod) (Pod, error) {
 // strip keeps only the fields the index reads, so the informer's store holds
 // a few hundred bytes per pod instead of the whole object.
 func strip(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
+	p, ok := obj.(*kubeclient.Pod)
 	if !ok {
 		return obj, nil
 	}
-	return &corev1.Pod{
+	return &kubeclient.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:              p.Name,
 			Namespace:         p.Namespace,
@@ -343,11 +337,11 @@ func strip(obj any) (any, error) {
 			ResourceVersion:   p.ResourceVersion,
 			DeletionTimestamp: p.DeletionTimestamp,
 		},
-		Spec: corev1.PodSpec{
+		Spec: kubeclient.PodSpec{
 			ServiceAccountName: p.Spec.ServiceAccountName,
 			NodeName:           p.Spec.NodeName,
 		},
-		Status: corev1.PodStatus{Phase: p.Status.Phase},
+		Status: kubeclient.PodStatus{Phase: p.Status.Phase},
 	}, nil
 }
 

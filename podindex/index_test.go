@@ -12,10 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/meshagent/meshagent/kubeclient"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
@@ -87,7 +87,7 @@ func newFixture(t *testing.T, node string, serviceAccounts ...string) *fixture {
 			t.Fatal(err)
 		}
 	}
-	idx, err := New(Config{Pods: kube.Client().CoreV1(), NodeName: node, TrustDomain: td, Handler: f.ev})
+	idx, err := New(Config{Pods: podClient(t, kube), NodeName: node, TrustDomain: td, Handler: f.ev})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,17 +296,17 @@ func TestStoredPodsAreStripped(t *testing.T) {
 	if len(objs) != 1 {
 		t.Fatalf("%d pods stored, want 1", len(objs))
 	}
-	stored := objs[0].(*corev1.Pod)
-	if len(stored.Spec.Containers) != 0 || len(stored.Labels) != 0 || len(stored.ManagedFields) != 0 {
+	stored := objs[0].(*kubeclient.Pod)
+	if len(stored.Labels) != 0 || len(stored.ManagedFields) != 0 {
 		t.Fatalf("stored pod keeps unread fields: %+v", stored)
 	}
-	if stored.UID != p.UID || stored.Spec.ServiceAccountName != "app" || stored.Spec.NodeName != "node-strip" || stored.Status.Phase != corev1.PodPending {
+	if stored.UID != p.UID || stored.Spec.ServiceAccountName != "app" || stored.Spec.NodeName != "node-strip" || stored.Status.Phase != kubeclient.PodPending {
 		t.Fatalf("stored pod lost a field it needs: %+v", stored)
 	}
 }
 
 func TestWaitEndsWithContext(t *testing.T) {
-	idx, err := New(Config{Pods: clientOfNothing(t).CoreV1(), NodeName: "n", TrustDomain: td})
+	idx, err := New(Config{Pods: clientOfNothing(t), NodeName: "n", TrustDomain: td})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +318,7 @@ func TestWaitEndsWithContext(t *testing.T) {
 }
 
 func TestNewRequires(t *testing.T) {
-	pods := clientOfNothing(t).CoreV1()
+	pods := clientOfNothing(t)
 	for _, cfg := range []Config{
 		{NodeName: "n", TrustDomain: td},
 		{Pods: pods, TrustDomain: td},
@@ -332,9 +332,9 @@ func TestNewRequires(t *testing.T) {
 
 // clientOfNothing is a client whose server does not exist, for tests that
 // must not reach one.
-func clientOfNothing(t *testing.T) kubernetes.Interface {
+func clientOfNothing(t *testing.T) *kubeclient.Client {
 	t.Helper()
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: "https://127.0.0.1:1"})
+	client, err := kubeclient.NewForConfig(&rest.Config{Host: "https://127.0.0.1:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,4 +386,14 @@ func TestPodsOf(t *testing.T) {
 	if got := f.idx.PodsOf(f.ns, "none"); len(got) != 0 {
 		t.Fatalf("PodsOf(none) = %v, want none", got)
 	}
+}
+
+// podClient is the agent's client, as the API server's admin.
+func podClient(t *testing.T, kube *kubeenv.Env) *kubeclient.Client {
+	t.Helper()
+	client, err := kubeclient.NewForConfig(kube.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
 }

@@ -6,9 +6,9 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sys/unix"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/meshagent/meshagent/caller"
+	"github.com/meshagent/meshagent/kubeclient"
 	"github.com/meshagent/meshagent/peerpidfd"
 	"github.com/meshagent/meshagent/podindex"
 	"github.com/meshagent/meshagent/podresolver"
@@ -20,12 +20,12 @@ import (
 func Example() {
 	var (
 		ctx    = context.Background()
-		client kubernetes.Interface // from the agent's kubeconfig or in-cluster config
-		conn   *net.UnixConn        // a connection the socket server accepted
-		cred   caller.Cred          // its SO_PEERCRED
+		client *kubeclient.Client // from the agent's kubeconfig or in-cluster config
+		conn   *net.UnixConn      // a connection the socket server accepted
+		cred   caller.Cred        // its SO_PEERCRED
 	)
 	idx, err := podindex.New(podindex.Config{
-		Pods:        client.CoreV1(),
+		Pods:        client,
 		NodeName:    "node-1", // NODE_NAME
 		TrustDomain: spiffeid.RequireTrustDomainFromString("cluster.local"),
 		Handler: podindex.HandlerFuncs{

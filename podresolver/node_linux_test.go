@@ -77,7 +77,7 @@ func TestNodeCallers(t *testing.T) {
 	}
 
 	// The index is not running yet: the first lookup must wait for it.
-	idx, err := podindex.New(podindex.Config{Pods: kube.Client().CoreV1(), NodeName: "node-1", TrustDomain: td})
+	idx, err := podindex.New(podindex.Config{Pods: agentClient(t, kube), NodeName: "node-1", TrustDomain: td})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,7 +78,7 @@ func TestRealPIDReuse(t *testing.T) {
 		uids[i] = string(p.UID)
 	}
 	uidAttacker, uidVictim := uids[0], uids[1]
-	idx, err := podindex.New(podindex.Config{Pods: kube.Client().CoreV1(), NodeName: "node-reuse", TrustDomain: td})
+	idx, err := podindex.New(podindex.Config{Pods: agentClient(t, kube), NodeName: "node-reuse", TrustDomain: td})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/meshagent/meshagent/caller"
+	"github.com/meshagent/meshagent/kubeclient"
 	"github.com/meshagent/meshagent/podindex"
 )
 
@@ -41,7 +42,7 @@ func (m podMap) Wait(ctx context.Context, uid string) (podindex.Pod, error) {
 
 func pod(ns, name, uid, sa string, phase corev1.PodPhase) podindex.Pod {
 	return podindex.Pod{
-		Namespace: ns, Name: name, UID: uid, ServiceAccount: sa, Phase: phase,
+		Namespace: ns, Name: name, UID: uid, ServiceAccount: sa, Phase: kubeclient.PodPhase(phase),
 		Identity: spiffeid.RequireFromSegments(td, "ns", ns, "sa", sa),
 	}
 }

@@ -44,15 +44,24 @@
 // meshagent_sds_refused_total and logged). The RPC context carries the
 // caller (caller.FromContext) and is what the SecretSource is asked with.
 //
-// Concurrency: each stream has one goroutine reading requests and the
-// handler goroutine, which alone owns the stream's state, reads secrets and
-// sends. It waits with a plain select when it watches one or two names (the
-// usual case) and with reflect.Select beyond. Secret changes arrive on the
-// source's one-slot watch channels, so a stream's queue of changes is one
-// signal deep: after a signal the stream sends the newest versions only, and
-// only if they differ from what it last sent. A slow or stuck client blocks
-// only its own handler (in Send, once gRPC's flow-control windows are full),
-// never the publisher or other streams; when it reads again it gets what was
-// already queued in gRPC and then the newest versions, skipping those it
-// missed. The Server itself holds only atomic counters; New starts nothing.
+// Concurrency: a waiting stream holds one goroutine, its gRPC handler,
+// blocked reading the next request. Streams of callers with the same
+// identity share one watch per name on the source (Server.watchMu guards
+// the shared watches); the watch's goroutine, on each signal, kicks every
+// member stream without blocking. A kicked stream pushes on a goroutine of
+// its own that ends once the stream is up to date; the answer to a request
+// is sent the same way. stream.mu serialises a stream's state and its
+// Sends between the handler and that goroutine. Signals merge: after a
+// change the stream sends the newest versions only, and only if they
+// differ from what it last sent. A slow or stuck client blocks only its
+// own push goroutine (in Send, once gRPC's flow-control windows are full),
+// never the watch, the publisher or other streams; when it reads again it
+// gets what was already queued in gRPC and then the newest versions,
+// skipping those it missed. A push that fails ends the stream when its
+// next request or its end arrives.
+//
+// Each secret is encoded once per name into its Envoy resource and the
+// encoding is shared, read-only, by every response carrying it (a cache
+// keyed weakly by the secret, so an entry goes with its secret); each
+// response still has its own version and nonce. New starts nothing.
 package sds

@@ -29,6 +29,9 @@ type metrics struct {
 	// unavailable counts names a stream holds that became unavailable
 	// (left out of its responses until they are available again).
 	unavailable prometheus.Counter
+
+	// The pushes counter of each reason, looked up once.
+	pushRequest, pushUpdate, pushFetch prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -66,6 +69,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Times a resource name held by an SDS stream was not available (left out of the responses and pushed once it is; the stream's other names are served meanwhile).",
 		}),
 	}
+	m.pushRequest = m.pushes.WithLabelValues(pushRequest)
+	m.pushUpdate = m.pushes.WithLabelValues(pushUpdate)
+	m.pushFetch = m.pushes.WithLabelValues(pushFetch)
 	if reg == nil {
 		return m, nil
 	}

@@ -4,7 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,7 +32,9 @@ const (
 
 // SecretSource is what the server needs from the secret manager. ctx is the
 // RPC's or stream's context and carries the caller (caller.FromContext):
-// what "default" means depends on it.
+// what "default" means depends on it, through the caller's Identity only,
+// so streams of callers with one identity share a watch (opened with the
+// first stream's context, without its cancellation).
 type SecretSource interface {
 	// Secret returns the current secret for name, waiting (bounded by ctx)
 	// while it is not available yet; with a ctx already done it answers at
@@ -75,8 +78,16 @@ type Server struct {
 	metrics *metrics
 
 	versions  atomic.Uint64
+	stamp     atomic.Pointer[versionStamp]
 	streamIDs atomic.Uint64
 	open      atomic.Int64 // StreamSecrets streams being served
+
+	// encoded holds each secret's resource, encoded once and shared by
+	// every response that carries it.
+	encoded encodedCache
+
+	watchMu sync.Mutex
+	watches map[watchKey]*sharedWatch
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -118,7 +129,7 @@ func (s *Server) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryReq
 		s.countError(err)
 		return nil, err
 	}
-	s.metrics.pushes.WithLabelValues(pushFetch).Inc()
+	s.metrics.pushFetch.Inc()
 	return resp, nil
 }
 
@@ -193,7 +204,7 @@ func (s *Server) resolve(ctx context.Context, names []string) ([]*secretmanager.
 func (s *Server) response(names []string, secrets []*secretmanager.Secret) (*discoveryv3.DiscoveryResponse, error) {
 	resources := make([]*anypb.Any, len(names))
 	for i, name := range names {
-		a, err := toAny(name, secrets[i])
+		a, err := s.encoded.get(name, secrets[i])
 		if err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		}
@@ -207,9 +218,23 @@ func (s *Server) response(names []string, secrets []*secretmanager.Secret) (*dis
 	}, nil
 }
 
-// nextVersion is a timestamp and a counter, as pilot-agent sends.
+// nextVersion is a timestamp and a counter, as pilot-agent sends. The
+// timestamp is formatted once a second: a rotation pushed to many streams
+// formats it once.
 func (s *Server) nextVersion() string {
-	return fmt.Sprintf("%s/%d", s.cfg.Clock.Now().UTC().Format(time.RFC3339), s.versions.Add(1))
+	now := s.cfg.Clock.Now()
+	stamp := s.stamp.Load()
+	if stamp == nil || stamp.unix != now.Unix() {
+		stamp = &versionStamp{unix: now.Unix(), text: now.UTC().Format(time.RFC3339)}
+		s.stamp.Store(stamp)
+	}
+	return stamp.text + "/" + strconv.FormatUint(s.versions.Add(1), 10)
+}
+
+// versionStamp is a second and its RFC 3339 form.
+type versionStamp struct {
+	unix int64
+	text string
 }
 
 func (s *Server) countError(err error) {

@@ -750,9 +750,10 @@ func FuzzClassify(f *testing.F) {
 		if proto.Unmarshal(data, req) != nil {
 			return
 		}
-		st := &streamState{}
+		str := &stream{srv: &Server{cfg: Config{Secrets: staticSource{}}}, ctx: context.Background()}
+		st := &str.st
 		if subscribed {
-			st.subscribe(context.Background(), staticSource{}, []string{"default"}, []string{"default"})
+			str.subscribe([]string{"default"}, []string{"default"})
 			st.nonce = "n1"
 		}
 		a := st.classify(req)
@@ -779,6 +780,6 @@ func FuzzClassify(f *testing.F) {
 		if err == nil && (len(names) == 0 || len(names) > DefaultMaxNames) {
 			t.Fatalf("names %v", names)
 		}
-		st.unwatchAll()
+		str.unwatchAll()
 	})
 }

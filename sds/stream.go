@@ -2,13 +2,17 @@ package sds
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"io"
-	"reflect"
 	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
@@ -33,25 +37,41 @@ const (
 	actBadType
 )
 
-// streamState is the xDS bookkeeping of one stream. It is used only by the
-// stream's own goroutine.
+// streamState is the xDS bookkeeping of one stream, guarded by stream.mu.
 type streamState struct {
 	subscribed bool
-	requested  []string          // the names of the last accepted request, sorted and unique
-	names      []string          // the names served: requested, or the defaults
-	nonce      string            // nonce of our latest response
-	sent       map[string]uint64 // version of each name last sent on the stream
-	missing    map[string]bool   // names not available at the last look
-	watches    map[string]watch
-	// peek is the stream's context, already cancelled: a source asked with
-	// it answers at once with what it holds, so no name waits for another.
+	requested  []string // the names of the last accepted request, sorted and unique
+	// names are the names served (requested, or the defaults), unique; the
+	// stream is a member of the shared watch of each. Only the handler
+	// goroutine changes it.
+	names   []string
+	nonce   string          // nonce of our latest response
+	sent    []sentVersion   // version of each name last sent on the stream
+	missing map[string]bool // names not available at the last look
+	// respond: a request changed the subscription; the next push answers
+	// it with every name available, changed or not.
+	respond bool
+	// peek is the stream's context, already done: a source asked with it
+	// answers at once with what it holds, so no name waits for another.
 	peek context.Context
 }
 
-type watch struct {
-	ch     <-chan struct{}
-	cancel func()
-}
+// doneContext carries a context's values but is done already. It costs the
+// stream one small value where a cancelled child context would also take a
+// place among its parent's children.
+type doneContext struct{ context.Context }
+
+func (doneContext) Done() <-chan struct{}       { return closedChan }
+func (doneContext) Err() error                  { return context.Canceled }
+func (doneContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (d doneContext) Value(key any) any         { return d.Context.Value(key) }
+func (d doneContext) Cause() error              { return context.Canceled }
+
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
 
 // classify applies the xDS stream rules of SPEC 9 to req.
 func (st *streamState) classify(req *discoveryv3.DiscoveryRequest) action {
@@ -61,7 +81,7 @@ func (st *streamState) classify(req *discoveryv3.DiscoveryRequest) action {
 	if st.subscribed && req.GetResponseNonce() != "" && req.GetResponseNonce() != st.nonce {
 		return actStale
 	}
-	if !st.subscribed || !slices.Equal(sortedUnique(req.GetResourceNames()), st.requested) {
+	if !st.subscribed || !sameNames(req.GetResourceNames(), st.requested) {
 		// A NACK that also changes the names is a subscription change too:
 		// the client wants other names, whatever it thought of the last
 		// response.
@@ -73,45 +93,83 @@ func (st *streamState) classify(req *discoveryv3.DiscoveryRequest) action {
 	return actACK
 }
 
+// sameNames reports whether names, as a set, are the sorted and unique
+// want. An ACK repeats the names of its request, usually already in order:
+// that case allocates nothing.
+func sameNames(names, want []string) bool {
+	if slices.IsSorted(names) {
+		unique := true
+		for i := 1; i < len(names) && unique; i++ {
+			unique = names[i] != names[i-1]
+		}
+		if unique {
+			return slices.Equal(names, want)
+		}
+	}
+	return slices.Equal(sortedUnique(names), want)
+}
+
 func sortedUnique(names []string) []string {
 	out := slices.Clone(names)
 	slices.Sort(out)
 	return slices.Compact(out)
 }
 
-// subscribe makes the stream follow names: it watches new names before their
-// secrets are read (so no change slips between read and watch) and stops
-// watching names it no longer serves.
-func (st *streamState) subscribe(ctx context.Context, src SecretSource, requested, names []string) {
-	if st.watches == nil {
-		st.watches = make(map[string]watch)
-	}
-	keep := make(map[string]bool, len(names))
+// subscribe makes the stream follow names: it joins the shared watch of
+// each new name before its secret is read (so no change slips between read
+// and watch) and leaves those of names it no longer serves.
+func (st *stream) subscribe(requested, names []string) {
+	state := &st.st
 	for _, n := range names {
-		keep[n] = true
-		if _, ok := st.watches[n]; !ok {
-			ch, cancel := src.Watch(ctx, n)
-			st.watches[n] = watch{ch: ch, cancel: cancel}
+		if !slices.Contains(state.names, n) {
+			st.srv.join(st.ctx, watchKey{identity: st.identity, name: n}, st)
 		}
 	}
-	for n, w := range st.watches {
-		if !keep[n] {
-			w.cancel()
-			delete(st.watches, n)
-			delete(st.sent, n)
-			delete(st.missing, n)
+	for _, n := range state.names {
+		if !slices.Contains(names, n) {
+			st.srv.leave(watchKey{identity: st.identity, name: n}, st)
+			state.sent = slices.DeleteFunc(state.sent, func(v sentVersion) bool { return v.name == n })
+			delete(state.missing, n)
 		}
 	}
-	st.subscribed = true
-	st.requested = sortedUnique(requested)
-	st.names = names
+	state.subscribed = true
+	state.requested = sortedUnique(requested)
+	state.names = names
 }
 
-func (st *streamState) unwatchAll() {
-	for n, w := range st.watches {
-		w.cancel()
-		delete(st.watches, n)
+// unwatchAll leaves every shared watch of the stream. Only the handler
+// goroutine calls it, as it returns.
+func (st *stream) unwatchAll() {
+	for _, n := range st.st.names {
+		st.srv.leave(watchKey{identity: st.identity, name: n}, st)
 	}
+}
+
+// sentVersion is the version of a name last sent on a stream. A stream
+// serves a few names: a slice is smaller than a map and as quick.
+type sentVersion struct {
+	name    string
+	version uint64
+}
+
+// sentOf returns the version last sent under name.
+func (st *streamState) sentOf(name string) (uint64, bool) {
+	for _, v := range st.sent {
+		if v.name == name {
+			return v.version, true
+		}
+	}
+	return 0, false
+}
+
+func (st *streamState) setSent(name string, version uint64) {
+	for i := range st.sent {
+		if st.sent[i].name == name {
+			st.sent[i].version = version
+			return
+		}
+	}
+	st.sent = append(st.sent, sentVersion{name: name, version: version})
 }
 
 // changed reports whether an available secret differs from what the stream
@@ -121,7 +179,7 @@ func (st *streamState) changed(names []string, secrets []*secretmanager.Secret) 
 		if s == nil {
 			continue
 		}
-		if v, ok := st.sent[names[i]]; !ok || v != s.Version {
+		if v, ok := st.sentOf(names[i]); !ok || v != s.Version {
 			return true
 		}
 	}
@@ -135,20 +193,51 @@ type streamLog struct {
 	id   uint64
 }
 
-func (l streamLog) Debug(msg string, fields ...zap.Field) { l.write(zap.DebugLevel, msg, fields) }
-func (l streamLog) Info(msg string, fields ...zap.Field)  { l.write(zap.InfoLevel, msg, fields) }
-func (l streamLog) Warn(msg string, fields ...zap.Field)  { l.write(zap.WarnLevel, msg, fields) }
+func (l streamLog) Debug(msg string, fields ...zap.Field) { l.log(zap.DebugLevel, msg, fields) }
+func (l streamLog) Info(msg string, fields ...zap.Field)  { l.log(zap.InfoLevel, msg, fields) }
+func (l streamLog) Warn(msg string, fields ...zap.Field)  { l.log(zap.WarnLevel, msg, fields) }
 
-func (l streamLog) write(lvl zapcore.Level, msg string, fields []zap.Field) {
-	if ce := l.base.Check(lvl, msg); ce != nil {
-		ce.Write(append(fields, zap.Uint64(keyStream, l.id))...)
+func (l streamLog) log(lvl zapcore.Level, msg string, fields []zap.Field) {
+	if ce := l.check(lvl, msg); ce != nil {
+		l.write(ce, fields...)
 	}
 }
 
-// StreamSecrets serves one SDS stream. One goroutine reads requests; this
-// one decides, reads secrets and sends, so a slow client only slows itself.
-func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecretsServer) error {
-	ctx := stream.Context()
+// check and write split a log call, so that a hot path builds its fields
+// only when the entry is logged.
+func (l streamLog) check(lvl zapcore.Level, msg string) *zapcore.CheckedEntry {
+	return l.base.Check(lvl, msg)
+}
+
+func (l streamLog) write(ce *zapcore.CheckedEntry, fields ...zap.Field) {
+	ce.Write(append(fields, zap.Uint64(keyStream, l.id))...)
+}
+
+// stream is one StreamSecrets stream. The gRPC handler goroutine reads
+// requests and acts on them; every response (the answer to a request or a
+// change) is sent by a push goroutine, started by kick and ending once the
+// stream is up to date, so a waiting stream holds one goroutine. mu serialises the two: it
+// guards st and every Send.
+type stream struct {
+	srv      *Server
+	ctx      context.Context
+	grpc     secretv3.SecretDiscoveryService_StreamSecretsServer
+	log      streamLog
+	identity string // the caller's, which decides what a name means
+
+	mu  sync.Mutex
+	st  streamState
+	err error // a push's failure; the stream ends with it
+
+	closed  atomic.Bool // the handler returned: nothing more is sent
+	dirty   atomic.Bool // a watched secret changed since the last push began
+	pushing atomic.Bool // a push goroutine runs
+}
+
+// StreamSecrets serves one SDS stream: this goroutine reads requests and
+// acts on them; responses are sent by the stream's push goroutine.
+func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsServer) error {
+	ctx := gs.Context()
 	if n := s.open.Add(1); n > int64(s.cfg.MaxStreams) {
 		s.open.Add(-1)
 		s.metrics.refused.WithLabelValues(refusedStreams).Inc()
@@ -156,119 +245,84 @@ func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecr
 		return status.Errorf(codes.ResourceExhausted, "too many SDS streams: at most %d (MaxStreams) are served at once", s.cfg.MaxStreams)
 	}
 	defer s.open.Add(-1)
-	log := streamLog{base: s.log, id: s.streamIDs.Add(1)}
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
 
-	reqs := make(chan *discoveryv3.DiscoveryRequest)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			req, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case reqs <- req:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-
-	peek, cancelPeek := context.WithCancel(ctx)
-	cancelPeek()
-	st := &streamState{peek: peek}
-	defer st.unwatchAll()
-	err := s.serveStream(ctx, stream, st, reqs, recvErr, log)
+	st := &stream{
+		srv:      s,
+		ctx:      ctx,
+		grpc:     gs,
+		log:      streamLog{base: s.log, id: s.streamIDs.Add(1)},
+		identity: identityOf(ctx),
+		st:       streamState{peek: doneContext{ctx}},
+	}
+	err := st.serve()
+	st.closed.Store(true)
+	st.unwatchAll()
 	if err != nil {
 		s.countError(err)
 		if c := status.Code(err); c != codes.Canceled {
-			log.Warn("SDS stream ended with an error", zap.String(keyCode, c.String()), zap.Error(err))
+			st.log.Warn("SDS stream ended with an error", zap.String(keyCode, c.String()), zap.Error(err))
 		}
 	}
 	return err
 }
 
-// Fixed positions of the select cases of a stream with more than two
-// watched names; watch channels follow.
-const (
-	caseDone = iota
-	caseRequest
-	caseRecvErr
-	caseWatches
-)
-
-func (s *Server) serveStream(ctx context.Context, stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState,
-	reqs <-chan *discoveryv3.DiscoveryRequest, recvErr <-chan error, log streamLog) error {
-	// Streams watch one or two names almost always ("default", "ROOTCA"): a
-	// plain select on w0 and w1 (nil when unused) serves them without
-	// reflection; more names use reflect.Select over cases.
-	var (
-		w0, w1 <-chan struct{}
-		cases  []reflect.SelectCase
-	)
+// serve reads and answers requests until the stream ends.
+func (st *stream) serve() error {
 	for {
-		var (
-			req    *discoveryv3.DiscoveryRequest
-			change bool
-		)
-		if cases == nil {
-			select {
-			case <-ctx.Done():
-				return status.FromContextError(ctx.Err()).Err()
-			case err := <-recvErr:
-				return endOfRecv(err)
-			case req = <-reqs:
-			case <-w0:
-				change = true
-			case <-w1:
-				change = true
-			}
-		} else {
-			chosen, v, _ := reflect.Select(cases)
-			switch chosen {
-			case caseDone:
-				return status.FromContextError(ctx.Err()).Err()
-			case caseRecvErr:
-				err, _ := v.Interface().(error)
-				return endOfRecv(err)
-			case caseRequest:
-				req, _ = v.Interface().(*discoveryv3.DiscoveryRequest)
-			default:
-				change = true
-			}
+		req, recvErr := st.grpc.Recv()
+		st.mu.Lock()
+		err := st.err
+		if err == nil && recvErr == nil {
+			err = st.srv.handleRequest(st, req)
 		}
-		if change {
-			if err := s.push(ctx, stream, st, log); err != nil {
-				return err
-			}
-			continue
-		}
-		resubscribed, err := s.handleRequest(ctx, stream, st, req, log)
-		if err != nil {
+		st.mu.Unlock()
+		switch {
+		case err != nil:
 			return err
+		case recvErr != nil:
+			return endOfRecv(recvErr)
 		}
-		if !resubscribed {
-			continue
+	}
+}
+
+// kick schedules a push: it starts the stream's push goroutine unless one
+// runs, which then pushes again. It never blocks, so one watch's goroutine
+// serves any number of streams and a slow client delays only itself.
+func (st *stream) kick() {
+	st.dirty.Store(true)
+	if st.pushing.CompareAndSwap(false, true) {
+		go st.pushLoop()
+	}
+}
+
+// pushLoop pushes until no change is pending. Changes that arrive during a
+// push merge into one more push of the newest versions.
+func (st *stream) pushLoop() {
+	for {
+		for st.dirty.Swap(false) {
+			st.pushOnce()
 		}
-		w0, w1, cases = nil, nil, nil
-		switch n := len(st.names); {
-		case n > 2:
-			cases = []reflect.SelectCase{
-				caseDone:    {Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-				caseRequest: {Dir: reflect.SelectRecv, Chan: reflect.ValueOf(reqs)},
-				caseRecvErr: {Dir: reflect.SelectRecv, Chan: reflect.ValueOf(recvErr)},
-			}
-			for _, name := range st.names {
-				cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(st.watches[name].ch)})
-			}
-		case n == 2:
-			w0, w1 = st.watches[st.names[0]].ch, st.watches[st.names[1]].ch
-		case n == 1:
-			w0 = st.watches[st.names[0]].ch
+		st.pushing.Store(false)
+		// A kick between the last Swap and the Store saw a push running
+		// and started none: take it over unless another kick did.
+		if !st.dirty.Load() || !st.pushing.CompareAndSwap(false, true) {
+			return
 		}
+	}
+}
+
+func (st *stream) pushOnce() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.err != nil || st.closed.Load() {
+		return
+	}
+	if err := st.srv.push(st); err != nil {
+		// The handler is waiting for the client; the stream ends with err
+		// when its next request or its end arrives.
+		st.err = err
 	}
 }
 
@@ -281,10 +335,9 @@ func endOfRecv(err error) error {
 	return err
 }
 
-// handleRequest acts on one request and reports whether the subscription
-// changed.
-func (s *Server) handleRequest(ctx context.Context, stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState,
-	req *discoveryv3.DiscoveryRequest, log streamLog) (bool, error) {
+// handleRequest acts on one request. Called with str.mu held.
+func (s *Server) handleRequest(str *stream, req *discoveryv3.DiscoveryRequest) error {
+	st, log := &str.st, str.log
 	act := st.classify(req)
 	if req.GetErrorDetail() != nil && (act == actNACK || act == actRespond) {
 		s.metrics.nacks.Inc()
@@ -295,43 +348,55 @@ func (s *Server) handleRequest(ctx context.Context, stream secretv3.SecretDiscov
 	}
 	switch act {
 	case actBadType:
-		return false, checkType(req.GetTypeUrl())
+		return checkType(req.GetTypeUrl())
 	case actStale:
 		s.metrics.stale.Inc()
 		log.Debug("stale SDS request ignored", zap.String(keyNonce, req.GetResponseNonce()))
-		return false, nil
+		return nil
 	case actNACK:
-		return false, nil
+		return nil
 	case actACK:
 		s.metrics.acks.Inc()
-		log.Debug("secrets acknowledged", zap.String(keyVersion, req.GetVersionInfo()), zap.String(keyNonce, req.GetResponseNonce()))
-		return false, nil
+		if ce := log.check(zap.DebugLevel, "secrets acknowledged"); ce != nil {
+			log.write(ce, zap.String(keyVersion, req.GetVersionInfo()), zap.String(keyNonce, req.GetResponseNonce()))
+		}
+		return nil
 	}
 	names, err := s.names(req.GetResourceNames())
 	if err != nil {
-		return false, err
+		return err
 	}
-	st.subscribe(ctx, s.cfg.Secrets, req.GetResourceNames(), names)
-	secrets, err := s.available(st, names, log)
-	if err != nil {
-		return true, err
+	str.subscribe(req.GetResourceNames(), names)
+	// A name that can never be served ends the stream now; the answer
+	// itself is sent by the push goroutine, whose stack the encoding and
+	// sending grow, not this one's, which the stream keeps while it waits.
+	if _, err := s.available(st, names, log); err != nil {
+		return err
 	}
-	return true, s.send(stream, st, secrets, pushRequest, log)
+	st.respond = true
+	str.kick()
+	return nil
 }
 
-// push sends the subscribed secrets again if any of them changed.
-func (s *Server) push(ctx context.Context, stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState, log streamLog) error {
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
+// push answers the latest request, or sends the subscribed secrets again if
+// any of them changed. Called with str.mu held.
+func (s *Server) push(str *stream) error {
+	if err := str.ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
 	}
-	secrets, err := s.available(st, st.names, log)
+	st := &str.st
+	secrets, err := s.available(st, st.names, str.log)
 	if err != nil {
 		return err
+	}
+	if st.respond {
+		st.respond = false
+		return s.send(str, secrets, s.metrics.pushRequest)
 	}
 	if !st.changed(st.names, secrets) {
 		return nil
 	}
-	return s.send(stream, st, secrets, pushUpdate, log)
+	return s.send(str, secrets, s.metrics.pushUpdate)
 }
 
 // available reads every name of the stream on its own, without waiting:
@@ -374,8 +439,8 @@ func permanent(err error) bool {
 
 // send sends the available secrets (nil entries are left out); with none
 // available it sends nothing.
-func (s *Server) send(stream secretv3.SecretDiscoveryService_StreamSecretsServer, st *streamState,
-	secrets []*secretmanager.Secret, reason string, log streamLog) error {
+func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prometheus.Counter) error {
+	st, log := &str.st, str.log
 	var (
 		names []string
 		have  []*secretmanager.Secret
@@ -388,22 +453,30 @@ func (s *Server) send(stream secretv3.SecretDiscoveryService_StreamSecretsServer
 	if len(have) == 0 {
 		return nil
 	}
-	resp, err := s.response(names, have)
-	if err != nil {
-		return err
-	}
-	if err := stream.Send(resp); err != nil {
-		return err
-	}
-	st.nonce = resp.GetNonce()
-	if st.sent == nil {
-		st.sent = make(map[string]uint64, len(names))
-	}
+	fields := make([][]byte, len(have))
 	for i, sec := range have {
-		st.sent[names[i]] = sec.Version
+		f, err := s.encoded.field(names[i], sec)
+		if err != nil {
+			return status.Error(codes.Internal, err.Error())
+		}
+		fields[i] = f
 	}
-	s.metrics.pushes.WithLabelValues(reason).Inc()
-	log.Debug("secrets sent", zap.Strings(keyNames, names), zap.String(keyVersion, resp.GetVersionInfo()),
-		zap.String(keyNonce, resp.GetNonce()), zap.String(keyReason, reason))
+	version, nonce := s.nextVersion(), rand.Text()
+	if err := str.grpc.SendMsg(newWireResponse(version, nonce, fields)); err != nil {
+		return err
+	}
+	st.nonce = nonce
+	for i, sec := range have {
+		st.setSent(names[i], sec.Version)
+	}
+	counter.Inc()
+	if ce := log.check(zap.DebugLevel, "secrets sent"); ce != nil {
+		reason := pushUpdate
+		if counter == s.metrics.pushRequest {
+			reason = pushRequest
+		}
+		log.write(ce, zap.Strings(keyNames, names), zap.String(keyVersion, version),
+			zap.String(keyNonce, nonce), zap.String(keyReason, reason))
+	}
 	return nil
 }

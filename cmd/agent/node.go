@@ -53,7 +53,7 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 	}
 	log := a.base.Named("node")
 	idx, err := podindex.New(podindex.Config{
-		Pods:        kube.CoreV1(),
+		Pods:        kube,
 		NodeName:    c.NodeName,
 		TrustDomain: td,
 		Handler: podindex.HandlerFuncs{
@@ -82,6 +82,18 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 		Registerer: a.reg,
 	})
 	if err != nil {
+		return nil, nil, err
+	}
+	podsOf := func() map[string][]string {
+		ids := idx.Identities()
+		out := make(map[string][]string, len(ids))
+		for id, pods := range ids {
+			out[of(id).String()] = pods
+		}
+		return out
+	}
+	a.status.AddCertLister(managerLister{m: m, pods: podsOf})
+	if err := a.reg.Register(nodeIdentityCollector{m: m, pods: podsOf}); err != nil {
 		return nil, nil, err
 	}
 	a.status.AddReadiness("pod_index", func() error {

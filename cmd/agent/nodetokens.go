@@ -45,7 +45,7 @@ func (a *agent) linkerdNodeTokens() (func(pki.Identity) (credfetcher.Fetcher, er
 		return nil, configError{fmt.Errorf("MESHAGENT_MODE=node with CA_PROVIDER=Linkerd: %w", err)}
 	}
 	pt, err := credfetcher.NewPodTokens(credfetcher.PodTokensConfig{
-		Client:       kube.CoreV1(),
+		Client:       kube,
 		Pods:         &a.nodePods,
 		Audiences:    strings.Split(c.CredentialIdentityProvider, ","),
 		Lifetime:     c.TokenLifetime,

@@ -35,7 +35,7 @@ func (a *agent) tokenFetcher() (credfetcher.Fetcher, error) {
 		return nil, configError{fmt.Errorf("CREDENTIAL_FETCHER_TYPE=%s: %w", settings.FetcherTokenRequest, err)}
 	}
 	f, err := credfetcher.NewTokenRequest(credfetcher.TokenRequestConfig{
-		Client:         kube.CoreV1(),
+		Client:         kube,
 		Namespace:      c.PodNamespace,
 		ServiceAccount: c.ServiceAccount,
 		PodName:        c.PodName,

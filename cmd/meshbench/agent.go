@@ -72,7 +72,8 @@ func prepareAgentDir(dir string, cfg agentConfig) error {
 	return nil
 }
 
-// agentEnv is the agent's whole environment: PATH and HOME from ours, and the
+// agentEnv is the agent's whole environment: PATH, HOME and GODEBUG (to
+// trace or tune the Go runtime of the measured agent) from ours, and the
 // pilot-agent settings for the test CA and control plane. Nothing else is
 // inherited, so the caller's environment cannot change what is measured.
 func agentEnv(dir string, cfg agentConfig) []string {
@@ -95,7 +96,7 @@ func agentEnv(dir string, cfg agentConfig) []string {
 	if cfg.LogLevel != "" {
 		env = append(env, "MESHAGENT_LOG_LEVEL="+cfg.LogLevel)
 	}
-	for _, k := range []string{"PATH", "HOME"} {
+	for _, k := range []string{"PATH", "HOME", "GODEBUG"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}

@@ -45,8 +45,10 @@ func saveProfile(ctx context.Context, a *agentProc, path, dir, file string) erro
 	return f.Close()
 }
 
-// snapshotProfiles saves the agent's heap profile (after a GC) and goroutine
-// dump under the name label, when -pprof-dir is set. Failures are logged, not
+// snapshotProfiles saves the agent's heap profile (after a GC), the same as
+// text with the runtime's memory statistics at its end (StackInuse: the
+// goroutine stacks) and its goroutine dump under the name label, when
+// -pprof-dir is set. Failures are logged, not
 // fatal: profiles are an aid, not a figure.
 func (b *bench) snapshotProfiles(ctx context.Context, a *agentProc, label string) {
 	if b.opts.pprofDir == "" {
@@ -56,6 +58,7 @@ func (b *bench) snapshotProfiles(ctx context.Context, a *agentProc, label string
 	defer cancel()
 	for _, p := range []struct{ path, file string }{
 		{"/debug/pprof/heap?gc=1", label + ".heap.pb.gz"},
+		{"/debug/pprof/heap?debug=1", label + ".heap.txt"},
 		{"/debug/pprof/goroutine?debug=1", label + ".goroutines.txt"},
 	} {
 		if err := saveProfile(ctx, a, p.path, b.opts.pprofDir, p.file); err != nil {

@@ -15,7 +15,7 @@ import (
 // stream, then conns x perConn FetchX509SVID streams each holding its first
 // SVID; RSS growth over the stream count.
 func (b *bench) workloadStreams(ctx context.Context) (float64, error) {
-	a, err := b.newAgent("ec-p256", 0, false)
+	a, err := b.newAgent("ec-p256", 0, true)
 	if err != nil {
 		return 0, err
 	}
@@ -40,6 +40,7 @@ func (b *bench) workloadStreams(ctx context.Context) (float64, error) {
 	if err != nil {
 		return 0, agentErr(a, err)
 	}
+	b.snapshotProfiles(ctx, a, fmt.Sprintf("agent-%03d-workloadapi-idle", b.runs))
 
 	streamCtx, cancelStreams := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, "workload.spiffe.io", "true"), b.opts.streamTimeout)
 	defer cancelStreams()
@@ -79,6 +80,7 @@ func (b *bench) workloadStreams(ctx context.Context) (float64, error) {
 	if err != nil {
 		return 0, agentErr(a, err)
 	}
+	b.snapshotProfiles(ctx, a, fmt.Sprintf("agent-%03d-workloadapi-streams", b.runs))
 	b.log("RSS %d kB before and %d kB with %d Workload API streams (%s)", before, after, n, rssBreakdown(a.Pid()))
 	return float64(after-before) / float64(n), nil
 }

@@ -1,0 +1,248 @@
+package sds
+
+import (
+	"bytes"
+	"context"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/test/sdsclient"
+)
+
+// countingSource counts the watches its streams hold on the source.
+type countingSource struct {
+	SecretSource
+	mu     sync.Mutex
+	active map[string]int
+	opened int
+}
+
+func (c *countingSource) Watch(ctx context.Context, name string) (<-chan struct{}, func()) {
+	ch, cancel := c.SecretSource.Watch(ctx, name)
+	c.mu.Lock()
+	c.active[name]++
+	c.opened++
+	c.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			c.mu.Lock()
+			c.active[name]--
+			c.mu.Unlock()
+			cancel()
+		})
+	}
+}
+
+func (c *countingSource) counts(name string) (active, opened int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.active[name], c.opened
+}
+
+// goroutinesIn counts the goroutines whose stack holds fn.
+func goroutinesIn(fn string) int {
+	var b bytes.Buffer
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
+	n := 0
+	for g := range strings.SplitSeq(b.String(), "\n\n") {
+		if strings.Contains(g, fn) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor polls cond until it holds or 10 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Streams of one caller identity share one watch on the source, a waiting
+// stream holds one goroutine (its handler), each rotation reaches every
+// stream, and leaving streams release the watch.
+func TestStreamsShareOneWatchAndOneGoroutineEach(t *testing.T) {
+	const conns, perConn = 3, 10
+	var src *countingSource
+	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second, config: func(c *Config) {
+		src = &countingSource{SecretSource: c.Secrets, active: map[string]int{}}
+		c.Secrets = src
+	}})
+	var all []*sdsclient.Stream
+	for range conns {
+		c := f.dial()
+		for range perConn {
+			all = append(all, f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}}))
+		}
+	}
+	first := make([]*sdsclient.Response, len(all))
+	for i, s := range all {
+		first[i] = next(t, s)
+		f.checkCert(first[i])
+	}
+	if active, opened := src.counts("default"); active != 1 || opened != 1 {
+		t.Fatalf("%d streams hold %d watches (%d opened), want 1", len(all), active, opened)
+	}
+	waitFor(t, "the push goroutines to end", func() bool { return goroutinesIn("sds.(*stream).pushLoop") == 0 })
+	if n := goroutinesIn("sds.(*Server).StreamSecrets"); n != len(all) {
+		t.Fatalf("%d goroutines in StreamSecrets for %d streams", n, len(all))
+	}
+
+	f.step(15 * time.Second)
+	for i, s := range all {
+		r := next(t, s)
+		f.checkCert(r)
+		if r.Nonce == first[i].Nonce || bytes.Equal(r.Secrets["default"].GetTlsCertificate().GetCertificateChain().GetInlineBytes(),
+			first[i].Secrets["default"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) {
+			t.Fatalf("stream %d: the push repeats the first response", i)
+		}
+	}
+
+	for _, s := range all {
+		s.Close()
+	}
+	waitFor(t, "the watch to be released", func() bool { active, _ := src.counts("default"); return active == 0 })
+	waitFor(t, "the fan-out goroutine to end", func() bool { return goroutinesIn("sds.(*Server).fanOut") == 0 })
+}
+
+// The encoded resource of a secret is made once and shared by every
+// response that carries it; sending it never changes it.
+func TestSharedEncodingIsNotMutated(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	c := f.dial()
+	var all []*sdsclient.Stream
+	for range 20 {
+		all = append(all, f.stream(c, sdsclient.StreamConfig{Names: []string{"default", "ROOTCA"}}))
+	}
+	var got [][]byte
+	for _, s := range all {
+		r := next(t, s)
+		got = append(got, r.Raw.GetResources()[0].GetValue())
+	}
+	sec, err := f.mgr.Secret(context.Background(), secretmanager.WorkloadCertName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared, err := f.srv.encoded.get(secretmanager.WorkloadCertName, sec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := toAny(secretmanager.WorkloadCertName, sec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(shared, fresh) || !bytes.Equal(shared.GetValue(), fresh.GetValue()) {
+		t.Fatal("the shared encoding differs from a fresh one")
+	}
+	for i, b := range got {
+		if !bytes.Equal(b, fresh.GetValue()) {
+			t.Fatalf("stream %d got other bytes than the encoding", i)
+		}
+	}
+	again, _ := f.srv.encoded.get(secretmanager.WorkloadCertName, sec)
+	if again != shared {
+		t.Fatal("a second look-up encoded the secret again")
+	}
+	// The wire form every stream was sent is still the resource field of
+	// a fresh encoding.
+	field, err := f.srv.encoded.field(secretmanager.WorkloadCertName, sec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := proto.Marshal(&discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{fresh}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(field, b) {
+		t.Fatal("the shared wire form of the resource changed")
+	}
+}
+
+// Under rotations faster than a client reads, every stream ends holding the
+// newest certificate and never receives an older one after a newer one.
+func TestStreamsGetNewestVersionInOrder(t *testing.T) {
+	f := newFixture(t, fixtureOpts{ttl: 30 * time.Second})
+	c := f.dial()
+	var all []*sdsclient.Stream
+	for range 10 {
+		all = append(all, f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}}))
+	}
+	for _, s := range all {
+		next(t, s)
+	}
+	for range 5 {
+		f.step(15 * time.Second)
+		f.waitCert()
+	}
+	// A renewal may still be on its way: the newest is what the manager
+	// holds when a stream has caught up with it.
+	newest := func() []byte {
+		sec, err := f.mgr.Secret(context.Background(), secretmanager.WorkloadCertName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sec.CertChain
+	}
+	for i, s := range all {
+		var (
+			last   []byte
+			issued time.Time
+			pushes int
+		)
+		for !bytes.Equal(last, newest()) {
+			r := next(t, s)
+			chain, _, ok := r.Cert(secretmanager.WorkloadCertName)
+			if !ok {
+				t.Fatalf("stream %d: a push without the certificate", i)
+			}
+			certs, err := pki.ParseCertificates(chain)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !certs[0].NotBefore.After(issued) {
+				t.Fatalf("stream %d: a certificate issued at %v after one issued at %v", i, certs[0].NotBefore, issued)
+			}
+			last, issued = chain, certs[0].NotBefore
+			pushes++
+		}
+		if pushes > 5 {
+			t.Fatalf("stream %d got %d pushes for 5 rotations", i, pushes)
+		}
+	}
+}
+
+// An encoding is dropped once its secret is collected: a rotated-out key
+// does not stay in memory through the cache.
+func TestEncodingDroppedWithItsSecret(t *testing.T) {
+	var c encodedCache
+	func() {
+		sec := &secretmanager.Secret{Name: "ROOTCA", Roots: []byte("-----BEGIN CERTIFICATE-----\n"), Version: 1}
+		if _, err := c.field("ROOTCA", sec); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	if c.len() != 1 {
+		t.Fatalf("%d entries, want 1", c.len())
+	}
+	waitFor(t, "the entry to be dropped", func() bool {
+		runtime.GC()
+		return c.len() == 0
+	})
+}

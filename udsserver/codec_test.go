@@ -1,0 +1,50 @@
+package udsserver
+
+import (
+	"bytes"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+type pieces [][]byte
+
+func (p pieces) WirePieces() [][]byte { return p }
+
+// A WireMessage is sent as its pieces, in order, without a copy; anything
+// else is marshalled as protobuf, and both read back as protobuf.
+func TestCodecSendsWirePiecesAsTheyAre(t *testing.T) {
+	c := newCodec()
+	want, err := proto.Marshal(wrapperspb.String("shared bytes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := bytes.Clone(want)
+	out, err := c.Marshal(pieces{shared[:3], nil, shared[3:]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := out.Materialize(); !bytes.Equal(got, want) {
+		t.Fatalf("wire message sent as %q, want %q", got, want)
+	}
+	if len(out) != 2 || &out[0].ReadOnlyData()[0] != &shared[0] {
+		t.Fatal("the pieces were copied")
+	}
+	out.Free()
+	if !bytes.Equal(shared, want) {
+		t.Fatal("freeing the sent message changed the shared bytes")
+	}
+
+	var back wrapperspb.StringValue
+	if err := c.Unmarshal(out, &back); err != nil || back.GetValue() != "shared bytes" {
+		t.Fatalf("read back %q, %v", back.GetValue(), err)
+	}
+	plain, err := c.Marshal(wrapperspb.String("shared bytes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(plain.Materialize(), want) {
+		t.Fatal("a protobuf message is not marshalled as protobuf")
+	}
+}
