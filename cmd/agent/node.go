@@ -62,7 +62,10 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 					log.Warn("certificate not fetched ahead", zap.Stringer(keyIdentity, id), zap.Error(err))
 				}
 			},
-			Removed: func(id spiffeid.ID) { m.Release(of(id)) },
+			Removed: func(id spiffeid.ID) {
+				m.Release(of(id))
+				a.dropNodeTokens(of(id))
+			},
 		},
 		Logger:     a.base,
 		Registerer: a.reg,
@@ -70,6 +73,7 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 	if err != nil {
 		return nil, nil, err
 	}
+	a.nodePods.idx.Store(idx)
 	r, err := podresolver.New(podresolver.Config{
 		Pods:       idx,
 		NodeUIDs:   uids,

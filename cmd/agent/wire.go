@@ -209,6 +209,19 @@ func (a *agent) caClient(roots caclient.RootSource) (caclient.Client, error) {
 	for k, v := range c.CAHeaders {
 		md[k] = v
 	}
+	if c.CAProvider == settings.ProviderLinkerd && a.nodeMode() {
+		tokenFor, err := a.linkerdNodeTokens()
+		if err != nil {
+			return nil, err
+		}
+		return linkerd.New(linkerd.Config{
+			Transport: caclient.TransportConfig{
+				Addr: c.CAAddr, Roots: roots, Metadata: md, ServerName: c.LinkerdIdentityServiceName,
+			},
+			ControlPlaneNamespace: c.LinkerdNamespace, TrustDomain: c.TrustDomain,
+			TokenFor: tokenFor, Logger: a.base, Registerer: a.reg,
+		})
+	}
 	tokens, err := a.tokenFetcher()
 	if err != nil {
 		return nil, err
