@@ -10,3 +10,9 @@ import (
 
 // readPeerCred is not implemented off Linux.
 func readPeerCred(*net.UnixConn) (caller.Cred, error) { return caller.Cred{}, errNoPeerCred }
+
+// readyRead is empty off Linux: gRPC keeps its own read buffer per
+// connection there.
+type readyRead struct{}
+
+func (*readyRead) init(*net.UnixConn) {}
