@@ -2,14 +2,16 @@ package sds
 
 // Log field keys used by the SDS server.
 const (
-	keyStream      = "stream"
-	keyNames       = "names"
-	keyName        = "name"
-	keyNonce       = "nonce"
-	keyVersion     = "version"
-	keyCode        = "code"
-	keyErrorDetail = "error_detail"
-	keyTypeURL     = "type_url"
-	keyReason      = "reason"
-	keyMaxStreams  = "max_streams"
+	keyStream              = "stream"
+	keyNames               = "names"
+	keyName                = "name"
+	keyNonce               = "nonce"
+	keyVersion             = "version"
+	keyCode                = "code"
+	keyErrorDetail         = "error_detail"
+	keyTypeURL             = "type_url"
+	keyReason              = "reason"
+	keyMaxStreams          = "max_streams"
+	keyMaxStreamsPerCaller = "max_streams_per_caller"
+	keyCaller              = "caller"
 )

@@ -15,7 +15,8 @@ const (
 
 // Refusal reasons, the values of the "reason" label of refused.
 const (
-	refusedStreams = "max_streams"
+	refusedStreams          = "max_streams"
+	refusedStreamsPerCaller = "max_streams_per_caller"
 )
 
 type metrics struct {
@@ -62,7 +63,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_sds_refused_total",
-			Help: "SDS streams refused, by reason (max_streams).",
+			Help: "SDS streams refused, by reason (max_streams, max_streams_per_caller).",
 		}, []string{"reason"}),
 		unavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meshagent_sds_resources_unavailable_total",

@@ -28,6 +28,9 @@ const (
 	DefaultMaxNames = 100
 	// DefaultMaxStreams bounds the StreamSecrets streams open at once.
 	DefaultMaxStreams = 4096
+	// DefaultMaxStreamsPerCaller bounds the StreamSecrets streams one
+	// resolved caller (a pod in node mode) holds at once.
+	DefaultMaxStreamsPerCaller = 64
 )
 
 // SecretSource is what the server needs from the secret manager. ctx is the
@@ -60,6 +63,12 @@ type Config struct {
 	// MaxStreams bounds the StreamSecrets streams open at once; a stream over
 	// the limit is refused with ResourceExhausted. Default DefaultMaxStreams.
 	MaxStreams int
+	// MaxStreamsPerCaller bounds the StreamSecrets streams one caller holds
+	// at once: a pod (caller.Info.PodUID), or an identity when the caller
+	// has no pod, as the socket server resolved it (node mode). Callers the
+	// socket server did not resolve (a sidecar's: one workload) are bounded
+	// by MaxStreams only. Default DefaultMaxStreamsPerCaller.
+	MaxStreamsPerCaller int
 	// Clock stamps VersionInfo. Default the real clock.
 	Clock clock.PassiveClock
 	// Logger receives the server's logs. Nil means no logs.
@@ -80,7 +89,10 @@ type Server struct {
 	versions  atomic.Uint64
 	stamp     atomic.Pointer[versionStamp]
 	streamIDs atomic.Uint64
-	open      atomic.Int64 // StreamSecrets streams being served
+
+	openMu    sync.Mutex
+	open      int            // StreamSecrets streams being served
+	perCaller map[string]int // of open, those of each resolved caller
 
 	// encoded holds each secret's resource, encoded once and shared by
 	// every response that carries it.
@@ -104,6 +116,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxStreams <= 0 {
 		cfg.MaxStreams = DefaultMaxStreams
 	}
+	if cfg.MaxStreamsPerCaller <= 0 {
+		cfg.MaxStreamsPerCaller = DefaultMaxStreamsPerCaller
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -114,7 +129,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, log: cfg.Logger.Named("sds"), metrics: m}, nil
+	return &Server{cfg: cfg, log: cfg.Logger.Named("sds"), metrics: m, perCaller: make(map[string]int)}, nil
 }
 
 // Register adds the SDS service to gs.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -238,13 +239,11 @@ type stream struct {
 // acts on them; responses are sent by the stream's push goroutine.
 func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsServer) error {
 	ctx := gs.Context()
-	if n := s.open.Add(1); n > int64(s.cfg.MaxStreams) {
-		s.open.Add(-1)
-		s.metrics.refused.WithLabelValues(refusedStreams).Inc()
-		s.log.Warn("SDS stream refused: too many streams", zap.Int(keyMaxStreams, s.cfg.MaxStreams))
-		return status.Errorf(codes.ResourceExhausted, "too many SDS streams: at most %d (MaxStreams) are served at once", s.cfg.MaxStreams)
+	release, err := s.admit(ctx)
+	if err != nil {
+		return err
 	}
-	defer s.open.Add(-1)
+	defer release()
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
 
@@ -256,7 +255,7 @@ func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsS
 		identity: identityOf(ctx),
 		st:       streamState{peek: doneContext{ctx}},
 	}
-	err := st.serve()
+	err = st.serve()
 	st.closed.Store(true)
 	st.unwatchAll()
 	if err != nil {
@@ -479,4 +478,59 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 			zap.String(keyNonce, nonce), zap.String(keyReason, reason))
 	}
 	return nil
+}
+
+// callerKey names the caller a stream is counted against for
+// MaxStreamsPerCaller: its pod, or its identity, when the socket server
+// resolved them (node mode); empty when the agent serves one workload.
+func callerKey(ctx context.Context) string {
+	info, _ := caller.FromContext(ctx)
+	switch {
+	case info.PodUID != "":
+		return "pod:" + info.PodUID
+	case info.Identity != "":
+		return "identity:" + info.Identity
+	default:
+		return ""
+	}
+}
+
+// admit takes a stream's place within MaxStreams and MaxStreamsPerCaller,
+// or refuses it with ResourceExhausted naming the limit; release gives the
+// place back.
+func (s *Server) admit(ctx context.Context) (release func(), err error) {
+	key := callerKey(ctx)
+	msg := "SDS stream refused: too many streams"
+	s.openMu.Lock()
+	switch {
+	case s.open >= s.cfg.MaxStreams:
+		s.metrics.refused.WithLabelValues(refusedStreams).Inc()
+		err = status.Errorf(codes.ResourceExhausted, "too many SDS streams: at most %d (MaxStreams) are served at once", s.cfg.MaxStreams)
+	case key != "" && s.perCaller[key] >= s.cfg.MaxStreamsPerCaller:
+		s.metrics.refused.WithLabelValues(refusedStreamsPerCaller).Inc()
+		msg = "SDS stream refused: too many streams from this caller"
+		err = status.Errorf(codes.ResourceExhausted, "too many SDS streams from this caller: at most %d (MaxStreamsPerCaller) are served at once", s.cfg.MaxStreamsPerCaller)
+	default:
+		s.open++
+		if key != "" {
+			s.perCaller[key]++
+		}
+	}
+	s.openMu.Unlock()
+	if err != nil {
+		s.log.Warn(msg, zap.String(keyCaller, key), zap.Int(keyMaxStreams, s.cfg.MaxStreams),
+			zap.Int(keyMaxStreamsPerCaller, s.cfg.MaxStreamsPerCaller), zap.Error(err))
+		return nil, err
+	}
+	return func() {
+		s.openMu.Lock()
+		defer s.openMu.Unlock()
+		s.open--
+		if key == "" {
+			return
+		}
+		if s.perCaller[key]--; s.perCaller[key] == 0 {
+			delete(s.perCaller, key)
+		}
+	}, nil
 }

@@ -151,6 +151,9 @@ type Config struct {
 	CAMaxConcurrentCSRs int
 	// SDSMaxStreams bounds the SDS streams open at once (MESHAGENT_SDS_MAX_STREAMS).
 	SDSMaxStreams int
+	// SDSMaxStreamsPerPod bounds the SDS streams of one pod in node mode
+	// (MESHAGENT_SDS_MAX_STREAMS_PER_POD).
+	SDSMaxStreamsPerPod int
 	// SDSMaxRecvBytes bounds one SDS request's size (MESHAGENT_SDS_MAX_RECV_BYTES).
 	SDSMaxRecvBytes int
 	// SDSAllowedUIDs are the only peer uids the SDS socket serves; empty

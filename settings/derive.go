@@ -56,6 +56,16 @@ func (r *resolution) derive(in Input) error {
 		}
 	}
 
+	// MESHAGENT_SDS_MAX_STREAMS: one node's pods share the bound in node
+	// mode, each within MESHAGENT_SDS_MAX_STREAMS_PER_POD.
+	if !r.isSet("MESHAGENT_SDS_MAX_STREAMS") {
+		c.SDSMaxStreams = 4096
+		if c.Mode == ModeNode {
+			c.SDSMaxStreams = 65536
+			r.notes["MESHAGENT_SDS_MAX_STREAMS"] = "node mode default"
+		}
+	}
+
 	// CA_ADDR: the discovery address; Linkerd's identity service for Linkerd.
 	if !r.isSet("CA_ADDR") {
 		if c.CAProvider == ProviderLinkerd {

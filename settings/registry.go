@@ -255,9 +255,14 @@ var Registry = []Setting{
 		Value: Bool(func(c *Config) *bool { return &c.XDSProxy }),
 	},
 	{
-		Name: "MESHAGENT_SDS_MAX_STREAMS", Flag: "sds-max-streams", Default: "4096", Group: GroupMeshagent,
-		Doc:   "Most SDS streams served at once; a stream over the limit is refused with gRPC status RESOURCE_EXHAUSTED.",
+		Name: "MESHAGENT_SDS_MAX_STREAMS", Flag: "sds-max-streams", DerivedDefault: "4096; in node mode 65536 (1,024 pods at MESHAGENT_SDS_MAX_STREAMS_PER_POD, or 16,384 pods at 4 streams each)", Group: GroupMeshagent,
+		Doc:   "Most SDS streams served at once, from all callers together; a stream over the limit is refused with gRPC status RESOURCE_EXHAUSTED.",
 		Value: Int(func(c *Config) *int { return &c.SDSMaxStreams }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SDS_MAX_STREAMS_PER_POD", Default: "64", Group: GroupMeshagent,
+		Doc:   "Node mode: most SDS streams one pod holds at once (a caller resolved to no pod is counted by its identity); one more is refused with gRPC status RESOURCE_EXHAUSTED, so a pod cannot take the places of the others. Not applied in sidecar mode, where every caller is the one workload.",
+		Value: Int(func(c *Config) *int { return &c.SDSMaxStreamsPerPod }, 1, 1<<20),
 	},
 	{
 		Name: "MESHAGENT_SDS_MAX_RECV_BYTES", Flag: "sds-max-recv-bytes", Default: "65536", Group: GroupMeshagent,

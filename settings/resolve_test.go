@@ -79,7 +79,7 @@ func TestDefaults(t *testing.T) {
 		CAAddr: DefaultDiscoveryAddress, CAProvider: ProviderIstio, CARoot: "./var/run/secrets/istio/root-cert.pem",
 		XDSRoot: "./var/run/secrets/istio/root-cert.pem", PilotCertProvider: "istiod", TrustDomain: "cluster.local",
 		JWTPolicy: "third-party-jwt", CredentialFetcherType: "JWT", SecretTTL: 24 * time.Hour, GraceRatio: 0.5,
-		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadAPI: true, Mode: ModeSidecar, SDSMaxStreams: 4096, SDSMaxRecvBytes: 65536, CAMaxConcurrentCSRs: 8, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
+		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadAPI: true, Mode: ModeSidecar, SDSMaxStreams: 4096, SDSMaxStreamsPerPod: 64, SDSMaxRecvBytes: 65536, CAMaxConcurrentCSRs: 8, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
 		GRPCXDSBootstrap: "etc/istio/proxy/grpc-bootstrap.json", DiscoveryAddress: DefaultDiscoveryAddress,
 		StatusPort: 15020, WorkloadIdentitySocketFile: "socket", KeyType: pki.ECP256, LinkerdNamespace: "linkerd",
 		LinkerdIdentityServiceName: "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local",
@@ -543,5 +543,27 @@ func TestWarningsNameSettingsWithoutEffect(t *testing.T) {
 				t.Errorf("warnings for %v: %v, want %v", tt.env, got, tt.want)
 			}
 		})
+	}
+}
+
+// TestSDSMaxStreamsScalesInNodeMode: one node's pods share the SDS bound in
+// node mode, so it is larger there; a value set is kept in either mode.
+func TestSDSMaxStreamsScalesInNodeMode(t *testing.T) {
+	for _, tt := range []struct {
+		env  []string
+		want int
+	}{
+		{nil, 4096},
+		{[]string{"MESHAGENT_MODE=node", "NODE_NAME=n1"}, 65536},
+		{[]string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "MESHAGENT_SDS_MAX_STREAMS=100"}, 100},
+		{[]string{"MESHAGENT_SDS_MAX_STREAMS=100"}, 100},
+	} {
+		c := resolve(t, tt.env, nil)
+		if c.SDSMaxStreams != tt.want {
+			t.Errorf("%v: SDSMaxStreams = %d, want %d", tt.env, c.SDSMaxStreams, tt.want)
+		}
+		if c.SDSMaxStreamsPerPod != 64 {
+			t.Errorf("%v: SDSMaxStreamsPerPod = %d, want 64", tt.env, c.SDSMaxStreamsPerPod)
+		}
 	}
 }
