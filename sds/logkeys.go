@@ -12,4 +12,6 @@ const (
 	keyTypeURL     = "type_url"
 	keyReason      = "reason"
 	keyMaxStreams  = "max_streams"
+	keyMaxFiles    = "max_file_names_per_caller"
+	keyCaller      = "caller"
 )

@@ -16,6 +16,9 @@ const (
 // Refusal reasons, the values of the "reason" label of refused.
 const (
 	refusedStreams = "max_streams"
+	// refusedFileNames: a file resource over the caller's share
+	// (Config.MaxFileNamesPerCaller).
+	refusedFileNames = "max_file_names_per_caller"
 )
 
 type metrics struct {
@@ -62,7 +65,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_sds_refused_total",
-			Help: "SDS streams refused, by reason (max_streams).",
+			Help: "SDS streams and resources refused, by reason (max_streams, max_file_names_per_caller).",
 		}, []string{"reason"}),
 		unavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meshagent_sds_resources_unavailable_total",

@@ -28,6 +28,11 @@ const (
 	DefaultMaxNames = 100
 	// DefaultMaxStreams bounds the StreamSecrets streams open at once.
 	DefaultMaxStreams = 4096
+	// DefaultMaxFileNamesPerCaller bounds the file resources (file-cert:,
+	// file-root:) one caller's streams hold at once: a quarter of the
+	// names the file provider holds at once by default (64), so three
+	// other callers always find room.
+	DefaultMaxFileNamesPerCaller = 16
 )
 
 // SecretSource is what the server needs from the secret manager. ctx is the
@@ -44,7 +49,10 @@ type SecretSource interface {
 	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
 	// Watch signals, on a channel with a one-slot buffer, each time the secret
 	// under name is replaced; the function ends the subscription (a resource
-	// nobody watches may be released).
+	// nobody watches may be released). A nil channel means the source
+	// refused to watch name (unknown, no identity, a bad file, over a
+	// limit): the name is then refused on the stream, whatever Secret
+	// answers later, so no name is served that is not watched.
 	Watch(ctx context.Context, name string) (<-chan struct{}, func())
 }
 
@@ -60,6 +68,13 @@ type Config struct {
 	// MaxStreams bounds the StreamSecrets streams open at once; a stream over
 	// the limit is refused with ResourceExhausted. Default DefaultMaxStreams.
 	MaxStreams int
+	// MaxFileNamesPerCaller bounds the file resources (names under
+	// secretmanager.FileCertPrefix or FileRootPrefix) held at once by the
+	// streams of one caller (its pod when the caller was resolved to one,
+	// else its identity, else its connecting process: uid and pid); one
+	// more is refused with ResourceExhausted naming it and the limit.
+	// Default DefaultMaxFileNamesPerCaller.
+	MaxFileNamesPerCaller int
 	// Clock stamps VersionInfo. Default the real clock.
 	Clock clock.PassiveClock
 	// Logger receives the server's logs. Nil means no logs.
@@ -88,6 +103,9 @@ type Server struct {
 
 	watchMu sync.Mutex
 	watches map[watchKey]*sharedWatch
+	// fileNames counts, per caller (callerKey), the streams holding each
+	// file resource name; guarded by watchMu.
+	fileNames map[string]map[string]int
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -103,6 +121,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxStreams <= 0 {
 		cfg.MaxStreams = DefaultMaxStreams
+	}
+	if cfg.MaxFileNamesPerCaller <= 0 {
+		cfg.MaxFileNamesPerCaller = DefaultMaxFileNamesPerCaller
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
