@@ -149,6 +149,9 @@ type Config struct {
 	// CAMaxConcurrentCSRs bounds the CA requests in flight across identities
 	// (MESHAGENT_CA_MAX_CONCURRENT_CSRS).
 	CAMaxConcurrentCSRs int
+	// IdentityIdleGrace is how long an identity nobody holds is kept
+	// (MESHAGENT_IDENTITY_IDLE_GRACE).
+	IdentityIdleGrace time.Duration
 	// SDSMaxStreams bounds the SDS streams open at once (MESHAGENT_SDS_MAX_STREAMS).
 	SDSMaxStreams int
 	// SDSMaxRecvBytes bounds one SDS request's size (MESHAGENT_SDS_MAX_RECV_BYTES).

@@ -270,6 +270,11 @@ var Registry = []Setting{
 		Value: Int(func(c *Config) *int { return &c.CAMaxConcurrentCSRs }, 1, 1024),
 	},
 	{
+		Name: "MESHAGENT_IDENTITY_IDLE_GRACE", Default: "1m", Group: GroupMeshagent,
+		Doc:   "How long a workload identity nobody holds any more (no stream, no waiting caller, no pod on the node) keeps its certificate before it is dropped; a caller back within it is served at once. The agent's own identity is never dropped.",
+		Value: Duration(func(c *Config) *time.Duration { return &c.IdentityIdleGrace }, time.Second),
+	},
+	{
 		Name: "MESHAGENT_SDS_ALLOWED_UIDS", Flag: "sds-allowed-uids", Group: GroupMeshagent,
 		Doc:   "Comma-separated uids allowed to use the SDS socket (checked with SO_PEERCRED); others get PERMISSION_DENIED. Empty lets anyone who can open the socket in.",
 		Value: UIDs(func(c *Config) *[]uint32 { return &c.SDSAllowedUIDs }),

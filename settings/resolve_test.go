@@ -79,7 +79,7 @@ func TestDefaults(t *testing.T) {
 		CAAddr: DefaultDiscoveryAddress, CAProvider: ProviderIstio, CARoot: "./var/run/secrets/istio/root-cert.pem",
 		XDSRoot: "./var/run/secrets/istio/root-cert.pem", PilotCertProvider: "istiod", TrustDomain: "cluster.local",
 		JWTPolicy: "third-party-jwt", CredentialFetcherType: "JWT", SecretTTL: 24 * time.Hour, GraceRatio: 0.5,
-		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadAPI: true, Mode: ModeSidecar, SDSMaxStreams: 4096, SDSMaxRecvBytes: 65536, CAMaxConcurrentCSRs: 8, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
+		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadAPI: true, Mode: ModeSidecar, SDSMaxStreams: 4096, SDSMaxRecvBytes: 65536, CAMaxConcurrentCSRs: 8, IdentityIdleGrace: time.Minute, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
 		GRPCXDSBootstrap: "etc/istio/proxy/grpc-bootstrap.json", DiscoveryAddress: DefaultDiscoveryAddress,
 		StatusPort: 15020, WorkloadIdentitySocketFile: "socket", KeyType: pki.ECP256, LinkerdNamespace: "linkerd",
 		LinkerdIdentityServiceName: "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local",
@@ -185,6 +185,7 @@ func TestInvalidValues(t *testing.T) {
 		{"header empty name", []string{"XDS_HEADER_=1"}, nil, `invalid XDS_HEADER_="1": the header name after the prefix is empty`},
 		{"fetcher type", []string{"CREDENTIAL_FETCHER_TYPE=GoogleComputeEngine"}, nil, `invalid CREDENTIAL_FETCHER_TYPE="GoogleComputeEngine": accepted: JWT, TokenRequest`},
 		{"token lifetime below the API minimum", []string{"MESHAGENT_TOKEN_LIFETIME=5m"}, nil, `invalid MESHAGENT_TOKEN_LIFETIME="5m": want at least 10m0s`},
+		{"identity idle grace below a second", []string{"MESHAGENT_IDENTITY_IDLE_GRACE=500ms"}, nil, `invalid MESHAGENT_IDENTITY_IDLE_GRACE="500ms": want at least 1s`},
 		{"token refresh ratio", []string{"MESHAGENT_TOKEN_REFRESH_RATIO=0"}, nil, `invalid MESHAGENT_TOKEN_REFRESH_RATIO="0": want a number from 0.001 to 1`},
 		{"header value hidden", []string{"CA_HEADER_X=secret\x01"}, nil, `invalid CA_HEADER_X="<redacted>": a header value may hold only printable ASCII (no line breaks)`},
 	}

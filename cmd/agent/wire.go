@@ -70,6 +70,7 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 		GraceJitter: c.GraceJitter,
 		// Sidecar: one identity; the bound matters once callers carry their own.
 		MaxConcurrentCSRs: c.CAMaxConcurrentCSRs,
+		IdleGrace:         c.IdentityIdleGrace,
 		Source:            source,
 		Logger:            a.base,
 		Registerer:        a.reg,
