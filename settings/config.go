@@ -154,6 +154,9 @@ type Config struct {
 	IdentityIdleGrace time.Duration
 	// SDSMaxStreams bounds the SDS streams open at once (MESHAGENT_SDS_MAX_STREAMS).
 	SDSMaxStreams int
+	// SDSMaxFileResourcesPerCaller bounds the file resources one caller's
+	// SDS streams hold at once (MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER).
+	SDSMaxFileResourcesPerCaller int
 	// SDSMaxRecvBytes bounds one SDS request's size (MESHAGENT_SDS_MAX_RECV_BYTES).
 	SDSMaxRecvBytes int
 	// SDSAllowedUIDs are the only peer uids the SDS socket serves; empty

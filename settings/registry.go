@@ -260,6 +260,11 @@ var Registry = []Setting{
 		Value: Int(func(c *Config) *int { return &c.SDSMaxStreams }, 1, 1<<20),
 	},
 	{
+		Name: "MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER", Default: "16", Group: GroupMeshagent,
+		Doc:   "Most file-cert: and file-root: resources one caller's SDS streams hold at once (a caller is its pod in node mode, else its connecting process), out of the 64 the agent holds in all, so no caller starves the others; one more is refused with gRPC status RESOURCE_EXHAUSTED naming it. Raise it when one proxy needs more (64 or more lets one caller take them all).",
+		Value: Int(func(c *Config) *int { return &c.SDSMaxFileResourcesPerCaller }, 1, 1<<20),
+	},
+	{
 		Name: "MESHAGENT_SDS_MAX_RECV_BYTES", Flag: "sds-max-recv-bytes", Default: "65536", Group: GroupMeshagent,
 		Doc:   "Largest SDS request accepted, in bytes; a larger one is refused with gRPC status RESOURCE_EXHAUSTED.",
 		Value: Int(func(c *Config) *int { return &c.SDSMaxRecvBytes }, 1024, 16<<20),

@@ -327,7 +327,10 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 	var cs []component
 	m := src.manager
 	if m != nil && !c.DisableEnvoy {
-		srv, err := sds.New(sds.Config{Secrets: m, MaxStreams: c.SDSMaxStreams, Logger: a.base, Registerer: a.reg})
+		srv, err := sds.New(sds.Config{
+			Secrets: m, MaxStreams: c.SDSMaxStreams, MaxFileNamesPerCaller: c.SDSMaxFileResourcesPerCaller,
+			Logger: a.base, Registerer: a.reg,
+		})
 		if err != nil {
 			return nil, err
 		}
