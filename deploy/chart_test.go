@@ -414,10 +414,20 @@ func TestChartEnvIsAgentConfig(t *testing.T) {
 				case fromEnv[name]:
 				case known[name]:
 					t.Errorf("%s is set by the chart but meshagent config does not show it from env:\n%s", name, out)
-				case (name == "MESHAGENT_MODE" || name == "NODE_NAME") && !known["MESHAGENT_MODE"]:
-					t.Logf("%s: this agent build has no node mode", name)
 				default:
 					t.Errorf("the chart sets %s, which is no setting of the agent", name)
+				}
+			}
+			if tt.kind == "DaemonSet" {
+				// The node agent runs in node mode on the node it is scheduled to.
+				if set["MESHAGENT_MODE"] != "node" || set["NODE_NAME"] != fields["spec.nodeName"] {
+					t.Errorf("DaemonSet env MESHAGENT_MODE=%q NODE_NAME=%q, want node and the pod's spec.nodeName", set["MESHAGENT_MODE"], set["NODE_NAME"])
+				}
+				for _, line := range strings.Split(string(out), "\n") {
+					f := strings.Fields(line)
+					if len(f) >= 3 && (f[0] == "MESHAGENT_MODE" && f[1] != "node" || f[0] == "NODE_NAME" && f[1] != "node-a") {
+						t.Errorf("meshagent config resolved %s", line)
+					}
 				}
 			}
 		})

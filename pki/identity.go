@@ -109,3 +109,19 @@ func ParseIdentity(s string) (Identity, error) {
 	}
 	return id, nil
 }
+
+// LinkerdAccount is the inverse of LinkerdIdentity: the namespace and service
+// account named by id under trustDomain and controlNamespace. A namespace is a
+// DNS label (no dots) while a service account name may hold dots, so the
+// name splits at its last dot. ok is false when id is not such an identity.
+func LinkerdAccount(id Identity, trustDomain, controlNamespace string) (namespace, serviceAccount string, ok bool) {
+	rest, found := strings.CutSuffix(id.DNSName, ".serviceaccount.identity."+controlNamespace+"."+trustDomain)
+	if !found || id.SPIFFEID != "" {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, '.')
+	if i <= 0 || i == len(rest)-1 {
+		return "", "", false
+	}
+	return rest[i+1:], rest[:i], true
+}

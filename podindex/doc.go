@@ -28,7 +28,11 @@
 // call back into the Index; a handler that blocks delays later events (and
 // Wait), not lookups.
 //
-// Locking: one mutex guards the UID map and the counts; Get, Wait and
-// Identities take it briefly. New starts nothing; Run runs the informer until
+// PodsOf lists a service account's counted pods (those not being deleted
+// first), to which node mode binds the account's CA tokens when the CA has
+// no impersonation (Linkerd).
+//
+// Locking: one mutex guards the UID map and the counts; Get, Wait,
+// Identities and PodsOf take it briefly. New starts nothing; Run runs the informer until
 // its context ends.
 package podindex

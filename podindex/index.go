@@ -344,3 +344,24 @@ func strip(obj any) (any, error) {
 		Status: kubeclient.PodStatus{Phase: p.Status.Phase},
 	}, nil
 }
+
+// PodsOf returns the counted pods of namespace/serviceAccount on the node:
+// pods not being deleted first, then by name. Node mode binds a service
+// account's CA tokens to one of them.
+func (x *Index) PodsOf(namespace, serviceAccount string) []Pod {
+	x.mu.Lock()
+	var out []Pod
+	for _, p := range x.pods {
+		if p.Namespace == namespace && p.ServiceAccount == serviceAccount && counted(p) {
+			out = append(out, p)
+		}
+	}
+	x.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Deleting != out[j].Deleting {
+			return !out[i].Deleting
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}

@@ -3,6 +3,7 @@ package podindex
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
@@ -351,6 +353,39 @@ func TestSurvivesAPIServerRestart(t *testing.T) {
 	f.delete(t, p, 0)
 	f.pod(t, "after-0", "after", "node-restart")
 	f.ev.want(t, event{false, sa(f.ns, "before")}, event{true, sa(f.ns, "after")})
+}
+
+// TestPodsOf: a service account's pods on the node, those not being deleted
+// first; pods of other accounts, other nodes and terminated pods are left
+// out.
+func TestPodsOf(t *testing.T) {
+	f := newFixture(t, "node-a", "web", "db")
+	w0 := f.pod(t, "web-0", "web", "node-a")
+	f.pod(t, "web-1", "web", "node-a")
+	w2 := f.pod(t, "web-2", "web", "node-a")
+	f.pod(t, "web-far", "web", "node-b")
+	db := f.pod(t, "db-0", "db", "node-a")
+	f.delete(t, w0, 30)
+	f.setPhase(t, w2, corev1.PodFailed)
+	f.seen(t, db)
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		p0, _ := f.idx.Get(string(w0.UID))
+		p2, _ := f.idx.Get(string(w2.UID))
+		return p0.Deleting && p2.Terminated(), nil
+	})
+	if err != nil {
+		t.Fatalf("the index never saw web-0 deleted and web-2 failed: %v", err)
+	}
+	var names []string
+	for _, p := range f.idx.PodsOf(f.ns, "web") {
+		names = append(names, p.Name)
+	}
+	if got := strings.Join(names, ","); got != "web-1,web-0" {
+		t.Fatalf("PodsOf(web) = %s, want web-1,web-0", got)
+	}
+	if got := f.idx.PodsOf(f.ns, "none"); len(got) != 0 {
+		t.Fatalf("PodsOf(none) = %v, want none", got)
+	}
 }
 
 // podClient is the agent's client, as the API server's admin.

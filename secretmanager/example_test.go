@@ -9,7 +9,6 @@ import (
 	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/secretmanager"
-	"github.com/meshagent/meshagent/status"
 )
 
 // The manager of `meshagent run --dev`: an in-process CA, its root as the
@@ -48,9 +47,9 @@ func Example() {
 	<-changed // the first publication was signalled too
 	fmt.Println(s.Identity, s.Source, m.Ready() == nil)
 
-	// /debug/certs: the manager's CertInfo converts to the status server's.
+	// /debug/certs lists what Certs returns: the certificate, then the roots.
 	for _, c := range m.Certs() {
-		fmt.Println(status.CertInfo(c).ResourceName)
+		fmt.Println(c.ResourceName)
 	}
 	cancel()
 	<-done

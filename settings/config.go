@@ -165,6 +165,9 @@ type Config struct {
 	// NodeUIDIdentities are node processes' identities by uid, as
 	// "<uid>=<spiffe id>,..." (MESHAGENT_NODE_UID_IDENTITIES).
 	NodeUIDIdentities string
+	// NodeFileResources serves file-cert: and file-root: resources in node
+	// mode (MESHAGENT_NODE_FILE_RESOURCES; any pod can then read the files).
+	NodeFileResources bool
 	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
 	WorkloadAPI bool
 

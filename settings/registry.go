@@ -291,6 +291,13 @@ var Registry = []Setting{
 		Value: String(func(c *Config) *string { return &c.NodeUIDIdentities }),
 	},
 	{
+		Name: "MESHAGENT_NODE_FILE_RESOURCES", Default: "false", Group: GroupMeshagent,
+		Doc: "Node mode: serve `file-cert:` and `file-root:` SDS resources (files of the node). Off by default, and refused then: " +
+			"with it on, ANY pod on the node can read any certificate, key or bundle file the agent can read, by naming its path. " +
+			"Turn it on only when every pod of the node may read those files (docs/node-mode.md). No effect in sidecar mode, where they are always served.",
+		Value: Bool(func(c *Config) *bool { return &c.NodeFileResources }),
+	},
+	{
 		Name: "MESHAGENT_WORKLOAD_API", Flag: "workload-api", Default: "true", Group: GroupMeshagent,
 		Doc:   "Serve the SPIFFE Workload API (X.509-SVIDs and bundles, for go-spiffe, spiffe-helper and other SPIFFE clients) on the SDS socket beside SDS. Set SPIFFE_ENDPOINT_SOCKET=unix://<SDS socket> in the clients.",
 		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),

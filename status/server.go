@@ -39,6 +39,9 @@ type CertInfo struct {
 	RenewAt time.Time `json:"renew_at,omitzero"`
 	// Source says where it came from: "ca", "dev-ca", "file", "output-certs".
 	Source string `json:"source"`
+	// Pods are the pods using the identity ("<namespace>/<name>"), in node
+	// mode; empty otherwise.
+	Pods []string `json:"pods,omitempty"`
 }
 
 // CertLister lists held certificates.

@@ -1,7 +1,9 @@
 // Package udsserver is the agent's local gRPC server on a Unix socket, on
 // which SDS and the SPIFFE Workload API are served side by side.
 //
-// It owns the socket (directory created 0750, socket 0666 as pilot-agent; a
+// It owns the socket (directory created 0750, or Config.DirMode, 0755 in
+// node mode so that pods' processes of any uid reach the socket; socket 0666
+// as pilot-agent; a
 // stale socket file is removed before listening, a live one is left alone and
 // Run fails with ErrSocketInUse; a regular file is never removed; the socket
 // is removed when Run returns), the grpc.Server and what applies to every
@@ -13,7 +15,13 @@
 //
 // Callers: the transport credentials add no security (the socket is local)
 // but read each new connection's SO_PEERCRED (uid, gid, pid; Linux only)
-// once, log it, and keep it with the connection. Interceptors put the
+// and a pidfd of the connecting process (peerpidfd.FromConn) once, log
+// them, and keep them with the connection; the pidfd is passed to the
+// Resolver (peerpidfd.NewContext), so a pid reused between connect() and
+// the first RPC is seen, and is closed when the connection closes (or when
+// the last resolution using it returns, whichever is later). A connection
+// whose process could not be pinned at accept (it had exited) is refused
+// when a Resolver is set; kernels without pidfds (ENOSYS) resolve by pid. Interceptors put the
 // caller in every RPC's context (caller.NewContext): without a Resolver,
 // caller.Info with the credentials only (the agent's own identity is
 // meant); with one, what it answers, asked on the connection's first RPC

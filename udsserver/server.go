@@ -35,8 +35,16 @@ var ErrSocketInUse = sockprobe.ErrInUse
 // Config describes a local socket server. Zero values get the defaults noted.
 type Config struct {
 	// SocketPath is the Unix socket to serve on. Required. Its directory is
-	// created with mode 0750 and the socket is made 0666, as pilot-agent does.
+	// created with mode 0750 (or DirMode) and the socket is made 0666, as
+	// pilot-agent does.
 	SocketPath string
+	// DirMode, when not zero, is the mode of the socket's directory: it is
+	// created with it, and an existing directory is given it. Node mode
+	// uses 0755: the directory is a host directory mounted into pods whose
+	// processes run as other uids, which must be able to reach the socket
+	// (who they are is asked of the kernel, not of the file system). Zero:
+	// a directory created is 0750, an existing one is left alone.
+	DirMode os.FileMode
 	// Services register the gRPC services served on the socket (for
 	// example sds.Server.Register). At least one is required.
 	Services []func(*grpc.Server)
@@ -92,6 +100,10 @@ func New(cfg Config) (*Server, error) {
 	return &Server{cfg: cfg, log: cfg.Logger.Named("uds"), metrics: m}, nil
 }
 
+// connReadBuffer is each connection's read buffer: an SDS request or a
+// Workload API call fits in it, a larger message is read in several goes.
+const connReadBuffer = 4 << 10
+
 // Run listens on the socket and serves until ctx ends (then it returns nil)
 // or serving fails. A stale socket file is removed first; a live one makes
 // Run fail with ErrSocketInUse. The socket is removed when Run returns.
@@ -106,6 +118,12 @@ func (s *Server) Run(ctx context.Context) error {
 	gs := grpc.NewServer(
 		grpc.Creds(peerCreds{log: s.log}),
 		grpc.MaxRecvMsgSize(s.cfg.MaxRecvBytes),
+		// One connection per pod in node mode: gRPC's 32 KiB read buffer
+		// per connection was most of the agent's heap with 1,000 pods. The
+		// messages here are a few KiB; the write buffer is shared and let go
+		// between writes.
+		grpc.ReadBufferSize(connReadBuffer),
+		grpc.SharedWriteBuffer(true),
 		grpc.ForceServerCodecV2(newCodec()),
 		grpc.ChainUnaryInterceptor(s.unaryAdmit),
 		grpc.ChainStreamInterceptor(s.streamAdmit),
@@ -140,8 +158,18 @@ func (s *Server) Run(ctx context.Context) error {
 
 func (s *Server) listen() (net.Listener, error) {
 	path := s.cfg.SocketPath
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+	dirMode := s.cfg.DirMode
+	if dirMode == 0 {
+		dirMode = 0o750
+	}
+	if err := os.MkdirAll(filepath.Dir(path), dirMode); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
+	}
+	if s.cfg.DirMode != 0 {
+		// MkdirAll leaves an existing directory (and the umask trims a new one).
+		if err := os.Chmod(filepath.Dir(path), s.cfg.DirMode); err != nil {
+			return nil, fmt.Errorf("setting socket directory mode: %w", err)
+		}
 	}
 	removed, err := sockprobe.RemoveStale(context.Background(), path, probeTimeout, sockprobe.Connect)
 	if err != nil {

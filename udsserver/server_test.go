@@ -30,7 +30,15 @@ import (
 	"github.com/meshagent/meshagent/caller"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if path := os.Getenv(childConnectEnv); path != "" {
+		os.Exit(childConnect(path))
+	}
+	if path := os.Getenv(childWhoEnv); path != "" {
+		os.Exit(childWho(path))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // whoService is a gRPC service for the tests: its unary method and its
 // server-streaming method answer the caller found in the RPC's context,

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	pb "istio.io/api/security/v1alpha1"
@@ -27,6 +28,11 @@ const PlaintextPortNumber = "15010"
 // CertSignerKey is the request metadata key naming the signer
 // (ISTIO_META_CERT_SIGNER).
 const CertSignerKey = "CertSigner"
+
+// ImpersonatedIdentityKey is the request metadata key with which a node
+// agent asks for the certificate of another identity than its token's
+// (istiod's node authorizer, CA_TRUSTED_NODE_ACCOUNTS).
+const ImpersonatedIdentityKey = "ImpersonatedIdentity"
 
 // DefaultAttemptTimeout is the default bound of one CreateCertificate call.
 const DefaultAttemptTimeout = 30 * time.Second
@@ -48,6 +54,14 @@ type Config struct {
 	// CertSigner (ISTIO_META_CERT_SIGNER), when set, is sent as the
 	// "CertSigner" field of the request metadata.
 	CertSigner string
+	// Identity, when set, is the identity the bearer token (or client
+	// certificate) authenticates: the agent's own, in node mode. A Sign for
+	// any other identity names it in the ImpersonatedIdentity metadata
+	// field, and the CA issues it only to a trusted node account for an
+	// identity with a pod on the agent's node. Unset (one workload per
+	// agent), nothing is impersonated: the CA takes the identity from the
+	// token.
+	Identity pki.Identity
 	// AttemptTimeout bounds one call, within the caller's context. Default
 	// 30s; a negative value means no bound of its own.
 	AttemptTimeout time.Duration
@@ -123,21 +137,54 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time
 		Csr:              string(pki.EncodeCSRPEM(csr)),
 		ValidityDuration: int64(ttl / time.Second),
 	}
+	fields := map[string]*structpb.Value{}
 	if c.cfg.CertSigner != "" {
-		req.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{
-			CertSignerKey: structpb.NewStringValue(c.cfg.CertSigner),
-		}}
+		fields[CertSignerKey] = structpb.NewStringValue(c.cfg.CertSigner)
+	}
+	impersonate := c.impersonates(id)
+	if impersonate {
+		fields[ImpersonatedIdentityKey] = structpb.NewStringValue(id.SPIFFEID)
+	}
+	if len(fields) > 0 {
+		req.Metadata = &structpb.Struct{Fields: fields}
 	}
 	chain, err := c.attempt(ctx, req)
+	if impersonate {
+		c.metrics.impersonated.WithLabelValues(impersonationResult(err)).Inc()
+	}
 	if err != nil {
 		if cerr := contextEnded(ctx); cerr != nil {
 			return nil, fmt.Errorf("signing certificate for %s: %w: %w", id, cerr, err)
 		}
-		c.log.Warn("CA request failed", zap.String(keyIdentity, id.String()), zap.Stringer(keyCode, status.Code(err)), zap.Error(err))
+		c.log.Warn("CA request failed", zap.String(keyIdentity, id.String()), zap.Bool(keyImpersonated, impersonate),
+			zap.Stringer(keyCode, status.Code(err)), zap.Error(err))
+		if impersonate && status.Code(err) == codes.Unauthenticated {
+			return nil, fmt.Errorf("signing certificate for %s on behalf of %s: the CA refused the impersonation "+
+				"(is the agent's service account in the CA's trusted node accounts, and does a pod of %s run on this node?): %w",
+				id, c.cfg.Identity, id, err)
+		}
 		return nil, fmt.Errorf("signing certificate for %s: %w", id, err)
 	}
 	c.log.Debug("certificate signed", zap.String(keyIdentity, id.String()), zap.Int(keyCerts, len(chain)), zap.Duration(keyTTL, ttl))
 	return chain, nil
+}
+
+// impersonates reports whether a certificate for id is asked on behalf of
+// another identity than the token's.
+func (c *Client) impersonates(id pki.Identity) bool {
+	return c.cfg.Identity.SPIFFEID != "" && id.SPIFFEID != "" && id.SPIFFEID != c.cfg.Identity.SPIFFEID
+}
+
+// impersonationResult labels the outcome of an impersonated request.
+func impersonationResult(err error) string {
+	switch {
+	case err == nil:
+		return resultOK
+	case status.Code(err) == codes.Unauthenticated || status.Code(err) == codes.PermissionDenied:
+		return resultRefused
+	default:
+		return resultFailed
+	}
 }
 
 // contextEnded returns ctx's error, or DeadlineExceeded once its deadline has

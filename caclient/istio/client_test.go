@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -29,9 +30,42 @@ import (
 	"github.com/meshagent/meshagent/localca"
 	"github.com/meshagent/meshagent/pki"
 	"github.com/meshagent/meshagent/test/istioca"
+	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+var (
+	kubeOnce sync.Once
+	kube     *kubeenv.Env
+	kubeErr  error
+)
+
+// kubeEnv returns the package's API server, started on first use (tests
+// that need none never start it).
+func kubeEnv(t *testing.T) *kubeenv.Env {
+	t.Helper()
+	kubeOnce.Do(func() { kube, kubeErr = kubeenv.Start(context.Background(), kubeenv.Options{}) })
+	if kubeErr != nil {
+		t.Fatalf("starting the test API server: %v", kubeErr)
+	}
+	return kube
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if kube != nil {
+		if err := kube.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the test API server:", err)
+			code = 1
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 const (
 	tokenA = "token-of-app"

@@ -3,7 +3,10 @@
 // istiod and cert-manager's istio-csr. It implements caclient.Client.
 //
 // It owns the request (the CSR in PEM, the validity in seconds, the CertSigner
-// metadata), the parsing of the answer and the request metrics. One Sign is
+// metadata, and in node mode the ImpersonatedIdentity metadata: when
+// Config.Identity, the identity the agent's own token stands for, differs
+// from the identity a Sign asks for, the request names the latter, as
+// istiod's node authorizer expects from a trusted node account), the parsing of the answer and the request metrics. One Sign is
 // one CreateCertificate call: it does not retry (pilot-agent does, a few tries
 // inside one call, which stacks under any outer retry and multiplies the load
 // on a struggling CA); the secret manager retries with its per-identity

@@ -13,13 +13,16 @@ import (
 const (
 	resultOK        = "ok"
 	resultBadAnswer = "bad_answer"
+	resultRefused   = "refused"
+	resultFailed    = "failed"
 )
 
 // metrics counts CreateCertificate calls. Every try of a Sign call is one
 // request.
 type metrics struct {
-	requests *prometheus.CounterVec
-	latency  prometheus.Histogram
+	requests     *prometheus.CounterVec
+	latency      prometheus.Histogram
+	impersonated *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -36,6 +39,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			ConstLabels: labels,
 			Buckets:     prometheus.ExponentialBuckets(0.005, 2.5, 10),
 		}),
+		impersonated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_ca_impersonated_requests_total",
+			Help: "Certificate signing requests made on behalf of another identity (node mode, ImpersonatedIdentity), " +
+				"by result: ok, refused (the CA's node authorizer said no: Unauthenticated or PermissionDenied), failed (any other error).",
+			ConstLabels: labels,
+		}, []string{"result"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -45,6 +54,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.latency, err = register(reg, m.latency); err != nil {
+		return nil, err
+	}
+	if m.impersonated, err = register(reg, m.impersonated); err != nil {
 		return nil, err
 	}
 	return m, nil

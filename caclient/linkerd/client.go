@@ -57,6 +57,12 @@ type Config struct {
 	// Token gives the proof of identity (the projected service-account token,
 	// audience identity.l5d.io), read afresh for every call. Required.
 	Token credfetcher.Fetcher
+	// TokenFor, when set, chooses the token source per identity and Token
+	// is not used: an agent certifying identities of other workloads (node
+	// mode) sends each identity's own service-account token, since the
+	// identity service checks that the token's account is the identity's.
+	// A refusal is reported to the source TokenFor returned.
+	TokenFor func(id pki.Identity) (credfetcher.Fetcher, error)
 	// Timeout bounds one Certify call when the caller's context allows more.
 	// Default 30s.
 	Timeout time.Duration
@@ -74,6 +80,7 @@ type Client struct {
 	// the token may go without a TLS peer.
 	plaintextLoopback bool
 	token             credfetcher.Fetcher
+	tokenFor          func(pki.Identity) (credfetcher.Fetcher, error)
 	timeout           time.Duration
 	log               *zap.Logger
 	metrics           *metrics
@@ -97,7 +104,7 @@ func New(cfg Config) (*Client, error) {
 		cfg.Token = cfg.Transport.Token
 	}
 	cfg.Transport.Token = nil
-	if cfg.Token == nil {
+	if cfg.Token == nil && cfg.TokenFor == nil {
 		return nil, errors.New("linkerd identity client: no token source")
 	}
 	loopback := caclient.IsLoopback(cfg.Transport.Addr)
@@ -128,6 +135,7 @@ func New(cfg Config) (*Client, error) {
 		serverName:        cfg.Transport.ServerName,
 		plaintextLoopback: cfg.Transport.Plaintext && loopback,
 		token:             cfg.Token,
+		tokenFor:          cfg.TokenFor,
 		timeout:           cfg.Timeout,
 		log: cfg.Logger.Named("linkerd").With(
 			zap.String(keyAddr, cfg.Transport.Addr),
@@ -156,7 +164,15 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 	}
 	log := c.log.With(zap.String(keyIdentity, id.DNSName))
 
-	tok, err := c.token.Token(ctx)
+	source := c.token
+	if c.tokenFor != nil {
+		var err error
+		if source, err = c.tokenFor(id); err != nil {
+			c.metrics.requests.WithLabelValues(outcomeTokenError).Inc()
+			return nil, fmt.Errorf("certifying %s: no token source: %w", id, err)
+		}
+	}
+	tok, err := source.Token(ctx)
 	if err != nil {
 		c.metrics.requests.WithLabelValues(outcomeTokenError).Inc()
 		return nil, fmt.Errorf("certifying %s: fetching token: %w", id, err)
@@ -187,7 +203,7 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 		}
 		code := status.Code(err)
 		if tokenRefused(code) {
-			credfetcher.Refused(c.token, tok)
+			credfetcher.Refused(source, tok)
 		}
 		c.metrics.requests.WithLabelValues(code.String()).Inc()
 		c.metrics.latency.Observe(latency.Seconds())

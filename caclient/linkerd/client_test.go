@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -360,5 +361,54 @@ func TestRefusedTokenIsReported(t *testing.T) {
 				t.Errorf("refused tokens %v, want refused=%v", rec.refused, tt.refused)
 			}
 		})
+	}
+}
+
+// TestTokenForChoosesPerIdentity: with TokenFor, each identity's request
+// carries the token of that identity's source (Token is not read), a refusal
+// is reported to that source, and a source error fails the call before any
+// request is sent.
+func TestTokenForChoosesPerIdentity(t *testing.T) {
+	dbID := linkerdca.Identity("default", "db")
+	sources := map[string]*refusalRecorder{}
+	tokenFor := func(id pki.Identity) (credfetcher.Fetcher, error) {
+		r, ok := sources[id.DNSName]
+		if !ok {
+			return nil, errors.New("no pod")
+		}
+		return r, nil
+	}
+	web := &refusalRecorder{}
+	sources[webID.DNSName] = web
+	e := setup(t, linkerdca.Config{}, func(c *linkerd.Config) {
+		c.Token = credfetcher.File{Path: "/nonexistent"}
+		c.TokenFor = tokenFor
+	})
+	if _, err := e.sign(t); err != nil {
+		t.Fatalf("web: %v", err)
+	}
+	key, err := pki.GenerateKey(pki.ECP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbCSR, err := pki.NewCSR(key, dbID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Sign(context.Background(), dbCSR, dbID, time.Hour); err == nil || !strings.Contains(err.Error(), "no pod") {
+		t.Fatalf("db without a source: %v, want the source's error", err)
+	}
+	if n := len(e.s.Requests()); n != 1 {
+		t.Fatalf("server saw %d requests, want 1 (none for db)", n)
+	}
+	// web's token (the only one the server knows) is refused for db:
+	// reported to db's source, not web's.
+	db := &refusalRecorder{}
+	sources[dbID.DNSName] = db
+	if _, err := e.c.Sign(context.Background(), dbCSR, dbID, time.Hour); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("db with web's token: %v, want FailedPrecondition", err)
+	}
+	if len(db.refused) != 1 || len(web.refused) != 0 {
+		t.Fatalf("refusals: db %v web %v, want one to db only", db.refused, web.refused)
 	}
 }

@@ -17,6 +17,11 @@
 // The protocol carries no lifetime: Sign's ttl argument is ignored and the
 // identity service decides (24 h by default in Linkerd).
 //
+// The token comes from one source (Config.Token) or, for an agent that
+// certifies the identities of other workloads (node mode), from a source
+// chosen per identity (Config.TokenFor): the identity service checks that the
+// token's service account is the requested identity's.
+//
 // An answer that may mean the token was refused (Unauthenticated,
 // FailedPrecondition, InvalidArgument) is reported to the token source
 // (credfetcher.Refused), so a source that keeps tokens gets a new one.

@@ -41,6 +41,10 @@ type agent struct {
 	mode   ModeDecision
 	// tokens is the bearer token source, built by tokenFetcher.
 	tokens credfetcher.Fetcher
+	// podTokens and nodePods: node mode with Linkerd, the tokens of each
+	// service account with pods on the node (linkerdNodeTokens).
+	podTokens *credfetcher.PodTokens
+	nodePods  nodePods
 }
 
 // errSourceUnavailable: a mode without a certificate source (a mode added to
@@ -55,6 +59,7 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 		return configError{err}
 	}
 	defer func() { _ = base.Sync() }()
+	defer logging.RouteKlog(base)() // client-go logs in the agent's format
 	log := base.Named("agent")
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)

@@ -62,7 +62,10 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 					log.Warn("certificate not fetched ahead", zap.Stringer(keyIdentity, id), zap.Error(err))
 				}
 			},
-			Removed: func(id spiffeid.ID) { m.Release(of(id)) },
+			Removed: func(id spiffeid.ID) {
+				m.Release(of(id))
+				a.dropNodeTokens(of(id))
+			},
 		},
 		Logger:     a.base,
 		Registerer: a.reg,
@@ -70,6 +73,7 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 	if err != nil {
 		return nil, nil, err
 	}
+	a.nodePods.idx.Store(idx)
 	r, err := podresolver.New(podresolver.Config{
 		Pods:       idx,
 		NodeUIDs:   uids,
@@ -78,6 +82,18 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 		Registerer: a.reg,
 	})
 	if err != nil {
+		return nil, nil, err
+	}
+	podsOf := func() map[string][]string {
+		ids := idx.Identities()
+		out := make(map[string][]string, len(ids))
+		for id, pods := range ids {
+			out[of(id).String()] = pods
+		}
+		return out
+	}
+	a.status.AddCertLister(managerLister{m: m, pods: podsOf})
+	if err := a.reg.Register(nodeIdentityCollector{m: m, pods: podsOf}); err != nil {
 		return nil, nil, err
 	}
 	a.status.AddReadiness("pod_index", func() error {

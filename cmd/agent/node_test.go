@@ -5,17 +5,22 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/status"
 	"github.com/meshagent/meshagent/test/kubeenv"
 	"github.com/meshagent/meshagent/test/podproc"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -163,6 +168,10 @@ func TestNodeModeServesEachPodItsIdentity(t *testing.T) {
 		t.Fatalf("ready: %d %q; log:\n%s", code, body, log)
 	}
 	sock := filepath.Join(dir, "var/run/secrets/workload-spiffe-uds/socket")
+	// Pods' processes of any uid must reach the socket.
+	if fi, err := os.Stat(filepath.Dir(sock)); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("node mode socket directory: %v, %v; want 0755", fi.Mode(), err)
+	}
 
 	if got, want := fetchAsPod(t, sock, uid["cart-0"], podproc.Cgroupfs), "spiffe://cluster.local/ns/"+ns+"/sa/cart"; got != want {
 		t.Errorf("cart-0 got %q, want %q", got, want)
@@ -176,6 +185,116 @@ func TestNodeModeServesEachPodItsIdentity(t *testing.T) {
 	}
 	if got := fetchAsPod(t, sock, uid["far-0"], podproc.Cgroupfs); !strings.Contains(got, "PermissionDenied") || !strings.Contains(got, "not known on this node") {
 		t.Errorf("pod of another node got %q, want PermissionDenied", got)
+	}
+
+	// /debug/certs lists each identity with the pods using it.
+	code, body := httpGet(t, base+"/debug/certs")
+	if code != 200 {
+		t.Fatalf("/debug/certs: %d %s", code, body)
+	}
+	var certs []status.CertInfo
+	if err := json.Unmarshal([]byte(body), &certs); err != nil {
+		t.Fatalf("/debug/certs: %v\n%s", err, body)
+	}
+	pods := map[string][]string{}
+	for _, c := range certs {
+		if c.ResourceName == "default" {
+			pods[c.Identity] = c.Pods
+		}
+	}
+	cartID, payID := "spiffe://cluster.local/ns/"+ns+"/sa/cart", "spiffe://cluster.local/ns/"+ns+"/sa/payments"
+	if got := pods[cartID]; !slices.Equal(got, []string{ns + "/cart-0"}) {
+		t.Errorf("/debug/certs: %s used by %v, want [%s/cart-0]\n%s", cartID, got, ns, body)
+	}
+	if got := pods[payID]; !slices.Equal(got, []string{ns + "/pay-0"}) {
+		t.Errorf("/debug/certs: %s used by %v, want [%s/pay-0]\n%s", payID, got, ns, body)
+	}
+	// Metrics per identity, never per pod.
+	_, metrics := httpGet(t, base+"/metrics")
+	for _, want := range []string{
+		`meshagent_node_identity_pods{identity="` + cartID + `"} 1`,
+		`meshagent_node_identity_pods{identity="` + payID + `"} 1`,
+		`meshagent_node_identity_cert_expiry_timestamp_seconds{identity="` + cartID + `"}`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(metrics, "cart-0") || strings.Contains(metrics, "pay-0") {
+		t.Errorf("/metrics names pods")
+	}
+	cancel()
+	if code := wait(); code != exitOK {
+		t.Errorf("exit %d; log:\n%s", code, log)
+	}
+}
+
+// TestNodeModeFileResourcesAllowed: with MESHAGENT_NODE_FILE_RESOURCES a
+// pod may read a certificate pair of the node by naming its files.
+func TestNodeModeFileResourcesAllowed(t *testing.T) {
+	kube := kubeEnv(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	ctx := context.Background()
+	ns := fmt.Sprintf("node-files-%d", time.Now().UnixNano())
+	if _, err := kube.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.CreateServiceAccount(ctx, ns, "cart"); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := kube.CreatePod(ctx, ns, "cart-0", "cart", "node-files")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := localca.New(localca.Config{Name: "node files test root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := pki.GenerateKey(pki.ECP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fileID := pki.SPIFFEIdentity("cluster.local", "files", "shared")
+	chain, err := ca.Issue(localca.Leaf{PublicKey: key.Public(), Identity: fileID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := pki.EncodeKeyPEM(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath, keyPath := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certPath, pki.EncodeCertificates(chain), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := kube.Kubeconfig(kubeconfig, kube.AdminToken()); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	base, wait, log := startAgent(t, runCtx, []string{
+		"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_DEV=true",
+		"MESHAGENT_MODE=node", "NODE_NAME=node-files", "KUBECONFIG=" + kubeconfig,
+		"MESHAGENT_NODE_FILE_RESOURCES=true",
+	})
+	if code, body := waitReady(t, base); code != 200 {
+		t.Fatalf("ready: %d %q; log:\n%s", code, body, log)
+	}
+	sock := filepath.Join(dir, "var/run/secrets/workload-spiffe-uds/socket")
+	if got := fetchAsPod(t, sock, string(pod.UID), podproc.Cgroupfs, "file-cert:"+certPath+"~"+keyPath); got != fileID.SPIFFEID {
+		t.Errorf("file resource with MESHAGENT_NODE_FILE_RESOURCES=true: got %q, want the file's certificate %s", got, fileID)
+	}
+	// The pod's own identity is still its own.
+	if got, want := fetchAsPod(t, sock, string(pod.UID), podproc.Cgroupfs), "spiffe://cluster.local/ns/"+ns+"/sa/cart"; got != want {
+		t.Errorf("default: got %q, want %q", got, want)
+	}
+	if !strings.Contains(log.String(), "any pod on the node can read the files") {
+		t.Errorf("no warning that files are served to every pod; log:\n%s", log)
 	}
 	cancel()
 	if code := wait(); code != exitOK {

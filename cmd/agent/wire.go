@@ -90,8 +90,12 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 func (a *agent) startManager(mc secretmanager.Config, client caclient.Client) (*secretmanager.Manager, []component, error) {
 	files := fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
 	// Node mode serves many pods from one socket: files of the node are not
-	// served, so one pod cannot read what is meant for another.
-	if !a.nodeMode() {
+	// served, so one pod cannot read what is meant for another, unless the
+	// operator says every pod may read them.
+	if a.nodeMode() && a.cfg.NodeFileResources {
+		a.log.Warn("node mode: file-cert: and file-root: resources are served (MESHAGENT_NODE_FILE_RESOURCES): any pod on the node can read the files the agent can read")
+	}
+	if !a.nodeMode() || a.cfg.NodeFileResources {
 		mc.Providers = map[string]secretmanager.Provider{
 			secretmanager.FileCertPrefix: files,
 			secretmanager.FileRootPrefix: files,
@@ -106,7 +110,9 @@ func (a *agent) startManager(mc secretmanager.Config, client caclient.Client) (*
 	}
 	a.status.AddReadiness("workload_certificate", m.Ready)
 	a.status.AddLiveness("workload_certificate", m.Live)
-	a.status.AddCertLister(managerLister{m})
+	if !a.nodeMode() { // node mode lists the pods of each identity too (nodeCallers)
+		a.status.AddCertLister(managerLister{m: m})
+	}
 	return m, []component{{name: "secretmanager", run: func(ctx context.Context) error {
 		if client != nil {
 			defer client.Close()
@@ -115,15 +121,28 @@ func (a *agent) startManager(mc secretmanager.Config, client caclient.Client) (*
 	}}, {name: "file_resources", run: files.Run}}, nil
 }
 
-type managerLister struct{ m *secretmanager.Manager }
+// managerLister lists the manager's certificates for /debug/certs; with
+// pods (node mode), each workload certificate with the pods using its
+// identity.
+type managerLister struct {
+	m    *secretmanager.Manager
+	pods func() map[string][]string
+}
 
 func (l managerLister) Certs() []status.CertInfo {
 	in := l.m.Certs()
+	var pods map[string][]string
+	if l.pods != nil {
+		pods = l.pods()
+	}
 	out := make([]status.CertInfo, len(in))
 	for i, c := range in {
 		out[i] = status.CertInfo{
 			ResourceName: c.ResourceName, Identity: c.Identity, Serial: c.Serial,
 			NotBefore: c.NotBefore, NotAfter: c.NotAfter, RenewAt: c.RenewAt, Source: c.Source,
+		}
+		if c.ResourceName == secretmanager.WorkloadCertName {
+			out[i].Pods = pods[c.Identity]
 		}
 	}
 	return out
@@ -196,6 +215,19 @@ func (a *agent) caClient(roots caclient.RootSource) (caclient.Client, error) {
 	for k, v := range c.CAHeaders {
 		md[k] = v
 	}
+	if c.CAProvider == settings.ProviderLinkerd && a.nodeMode() {
+		tokenFor, err := a.linkerdNodeTokens()
+		if err != nil {
+			return nil, err
+		}
+		return linkerd.New(linkerd.Config{
+			Transport: caclient.TransportConfig{
+				Addr: c.CAAddr, Roots: roots, Metadata: md, ServerName: c.LinkerdIdentityServiceName,
+			},
+			ControlPlaneNamespace: c.LinkerdNamespace, TrustDomain: c.TrustDomain,
+			TokenFor: tokenFor, Logger: a.base, Registerer: a.reg,
+		})
+	}
 	tokens, err := a.tokenFetcher()
 	if err != nil {
 		return nil, err
@@ -229,7 +261,15 @@ func (a *agent) caClient(roots caclient.RootSource) (caclient.Client, error) {
 		}
 		t.TokenOptional = true
 	}
-	return istio.New(istio.Config{Transport: t, CertSigner: c.CertSigner, Logger: a.base, Registerer: a.reg})
+	ic := istio.Config{Transport: t, CertSigner: c.CertSigner, Logger: a.base, Registerer: a.reg}
+	if a.nodeMode() {
+		// The token is the agent's own: pods' certificates are asked on
+		// their behalf (ImpersonatedIdentity).
+		if ic.Identity, err = c.Identity(); err != nil {
+			return nil, configError{err}
+		}
+	}
+	return istio.New(ic)
 }
 
 // outputCertsInitial returns a still-valid certificate for id found in
@@ -304,8 +344,14 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 			}
 			services = append(services, wl.Register)
 		}
-		var resolver caller.Resolver
+		var (
+			resolver caller.Resolver
+			dirMode  os.FileMode
+		)
 		if a.nodeMode() {
+			// The directory is mounted into pods whose processes run as
+			// any uid; the kernel, not the mode, says who they are.
+			dirMode = 0o755
 			r, nodeCs, err := a.nodeCallers(m)
 			if err != nil {
 				return nil, err
@@ -314,7 +360,7 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 			cs = append(cs, nodeCs...)
 		}
 		socket, err := udsserver.New(udsserver.Config{
-			SocketPath: c.SDSSocket, Services: services, Resolver: resolver,
+			SocketPath: c.SDSSocket, DirMode: dirMode, Services: services, Resolver: resolver,
 			MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
 		})
 		if err != nil {

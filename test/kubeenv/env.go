@@ -147,6 +147,10 @@ func start(ctx context.Context, opts Options, etcdBin, apiBin string) (_ *Env, e
 		"--authorization-mode=Node,RBAC",
 		"--token-auth-file=" + files.tokens,
 		"--allow-privileged=true",
+		// Open watches end 2s after SIGTERM: without it the server waits for
+		// every watch to close, and Restart and Stop with a client watching
+		// (an informer) run into stopGrace.
+		"--shutdown-watch-termination-grace-period=2s",
 	}, opts.APIServerFlags...)
 
 	e.etcd, err = startProcess("etcd", e.etcdBin, e.etcdArgs, filepath.Join(e.dir, "etcd.log"))

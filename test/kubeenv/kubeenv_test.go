@@ -256,3 +256,25 @@ func BenchmarkStart(b *testing.B) {
 	b.ReportMetric(ready.Seconds()/float64(b.N), "s-to-ready/op")
 	b.ReportMetric(stop.Seconds()/float64(b.N), "s-to-stop/op")
 }
+
+// TestRestartWithOpenWatch: a client watching pods (an informer) does not
+// hold up a restart; the watch ends and a new one works afterwards.
+func TestRestartWithOpenWatch(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	w, err := kube.Client().CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if err := kube.Restart(ctx); err != nil {
+		t.Fatalf("restart with an open watch: %v", err)
+	}
+	for range w.ResultChan() { // ended by the server's shutdown
+	}
+	w2, err := kube.Client().CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("watch after the restart: %v", err)
+	}
+	w2.Stop()
+}

@@ -14,6 +14,15 @@
 //     (Linkerd's "not authenticated");
 //   - a requested identity other than the token's: FailedPrecondition.
 //
+// With Config.TokenReviews, a token not in the table is authenticated as
+// Linkerd's identity service does it, by a TokenReview against a (test) API
+// server with audience identity.l5d.io: an error in the review's answer
+// (a token of another audience, a bound pod that is gone) or a user that is
+// not a service account is InvalidArgument, an unauthenticated token
+// FailedPrecondition, and the token proves the identity of its service
+// account. Each review is recorded with the account and the pod the token
+// is bound to (Reviews).
+//
 // An accepted request gets a leaf valid from now minus 20 s (Linkerd's clock
 // skew allowance) for the configured lifetime (24 h by default), signed by an
 // intermediate issuer, answered as DER leaf plus DER intermediates (the trust

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	authnv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	authnv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
 	"github.com/meshagent/meshagent/localca"
@@ -99,6 +103,35 @@ type Config struct {
 	NotReady bool
 	// Plaintext serves without TLS.
 	Plaintext bool
+	// TokenReviews, when set, authenticates tokens that are not in the
+	// token table as Linkerd's identity service does: a TokenReview with
+	// audience identity.l5d.io against this API server, whose answer must
+	// be an authenticated service account
+	// (system:serviceaccount:<ns>:<sa>); the token then proves the identity
+	// of that account under ControlPlaneNamespace and TrustDomain. Every
+	// review is recorded (Reviews).
+	TokenReviews authnv1client.TokenReviewInterface
+	// ControlPlaneNamespace and TrustDomain name the identities reviewed
+	// tokens prove. Defaults DefaultControlPlaneNamespace and
+	// DefaultTrustDomain.
+	ControlPlaneNamespace, TrustDomain string
+}
+
+// Audience is the audience the identity service asks TokenReview for.
+const Audience = "identity.l5d.io"
+
+// Review is one TokenReview the server made and what it concluded.
+type Review struct {
+	// Identity is the identity requested with the token.
+	Identity string
+	// Authenticated is the API server's answer.
+	Authenticated bool
+	// Username is the reviewed user (system:serviceaccount:<ns>:<sa>).
+	Username string
+	// PodName and PodUID are the pod the token is bound to, if any.
+	PodName, PodUID string
+	// Err is the review's failure or the API server's error text.
+	Err string
 }
 
 // Request is what one Certify call carried, and how it was answered.
@@ -131,6 +164,7 @@ type Server struct {
 	delay    time.Duration
 	lifetime time.Duration
 	requests []Request
+	reviews  []Review
 	foreign  *localca.CA
 }
 
@@ -163,6 +197,12 @@ func newServer(cfg Config) (*Server, error) {
 	}
 	if cfg.Lifetime <= 0 {
 		cfg.Lifetime = DefaultLifetime
+	}
+	if cfg.ControlPlaneNamespace == "" {
+		cfg.ControlPlaneNamespace = DefaultControlPlaneNamespace
+	}
+	if cfg.TrustDomain == "" {
+		cfg.TrustDomain = DefaultTrustDomain
 	}
 	ca := cfg.CA
 	if ca == nil {
@@ -423,6 +463,13 @@ func (h *handler) certify(ctx context.Context, req *identitypb.CertifyRequest, s
 	if err := checkCSR(csr, req.GetIdentity()); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "linkerdca: %v", err)
 	}
+	if !snap.known && !snap.rejected && h.s.cfg.TokenReviews != nil {
+		id, err := h.s.review(ctx, string(req.GetToken()), req.GetIdentity())
+		if err != nil {
+			return nil, err
+		}
+		snap.tokenID, snap.known = id, true
+	}
 	switch {
 	case snap.rejected:
 		return nil, status.Error(codes.FailedPrecondition, "linkerdca: authentication token could not be authenticated")
@@ -436,6 +483,50 @@ func (h *handler) certify(ctx context.Context, req *identitypb.CertifyRequest, s
 		return nil, status.Errorf(codes.Internal, "linkerdca: %v", err)
 	}
 	return resp, nil
+}
+
+// review authenticates tok by TokenReview and returns the identity it
+// proves; the error is the status Linkerd answers.
+func (s *Server) review(ctx context.Context, tok, requested string) (string, error) {
+	r, err := s.cfg.TokenReviews.Create(ctx, &authnv1.TokenReview{
+		Spec: authnv1.TokenReviewSpec{Token: tok, Audiences: []string{Audience}},
+	}, metav1.CreateOptions{})
+	rec := Review{Identity: requested}
+	defer func() {
+		s.mu.Lock()
+		s.reviews = append(s.reviews, rec)
+		s.mu.Unlock()
+	}()
+	if err != nil {
+		rec.Err = err.Error()
+		return "", status.Errorf(codes.Internal, "linkerdca: token review: %v", err)
+	}
+	st := r.Status
+	rec.Authenticated, rec.Username, rec.Err = st.Authenticated, st.User.Username, st.Error
+	if v := st.User.Extra["authentication.kubernetes.io/pod-name"]; len(v) > 0 {
+		rec.PodName = v[0]
+	}
+	if v := st.User.Extra["authentication.kubernetes.io/pod-uid"]; len(v) > 0 {
+		rec.PodUID = v[0]
+	}
+	if st.Error != "" {
+		return "", status.Errorf(codes.InvalidArgument, "linkerdca: invalid token: %s", st.Error)
+	}
+	if !st.Authenticated {
+		return "", status.Error(codes.FailedPrecondition, "linkerdca: authentication token could not be authenticated")
+	}
+	parts := strings.Split(st.User.Username, ":")
+	if len(parts) != 4 || parts[0] != "system" || parts[1] != "serviceaccount" {
+		return "", status.Errorf(codes.InvalidArgument, "linkerdca: invalid token: not a service account's: %s", st.User.Username)
+	}
+	return pki.LinkerdIdentity(s.cfg.TrustDomain, parts[2], parts[3], s.cfg.ControlPlaneNamespace).DNSName, nil
+}
+
+// Reviews returns the TokenReviews made, in order.
+func (s *Server) Reviews() []Review {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Review(nil), s.reviews...)
 }
 
 // record keeps what arrived and takes the state the request is answered with.

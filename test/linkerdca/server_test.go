@@ -8,8 +8,11 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,9 +24,41 @@ import (
 
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
 	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// The API server of the TokenReview tests is started by the first test that
+// needs it.
+var (
+	kubeOnce sync.Once
+	kube     *kubeenv.Env
+	kubeErr  error
+)
+
+func kubeEnv(t *testing.T) *kubeenv.Env {
+	t.Helper()
+	kubeOnce.Do(func() { kube, kubeErr = kubeenv.Start(context.Background(), kubeenv.Options{}) })
+	if kubeErr != nil {
+		t.Fatalf("starting the test API server: %v", kubeErr)
+	}
+	return kube
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if kube != nil {
+		if err := kube.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the test API server:", err)
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 const token = "token-of-web"
 

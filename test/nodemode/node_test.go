@@ -1,0 +1,210 @@
+package nodemode
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/meshagent/meshagent/status"
+	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/istioca"
+)
+
+// agentSA is the node agent's service account name, in its own namespace.
+const agentSA = "meshagent"
+
+// node is one node of a test: its name, the agent's namespace and pod, the
+// CA that trusts the agent's service account, and the running agent.
+type node struct {
+	t      *testing.T
+	name   string
+	sys    string // the agent's namespace
+	ca     *istioca.Server
+	agent  *agentproc.Proc
+	status string // http://127.0.0.1:<port>
+}
+
+// uniq is a name no other test uses.
+func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()) }
+
+// startNode runs the built agent in node mode for node name, authenticated
+// to the test CA by a token of its own service account bound to its own pod
+// (as the kubelet projects it), the service account listed among the CA's
+// trusted node accounts. The agent reads pods with an admin kubeconfig.
+func startNode(t *testing.T, name string, env ...string) *node {
+	t.Helper()
+	ctx := context.Background()
+	n := &node{t: t, name: name, sys: uniq("sys")}
+	if _, err := kube.CreateNamespace(ctx, n.sys); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.CreateServiceAccount(ctx, n.sys, agentSA); err != nil {
+		t.Fatal(err)
+	}
+	agentPod, err := kube.CreatePod(ctx, n.sys, "meshagent-"+name, agentSA, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.ca = istioca.Start(t, istioca.Config{Kube: kube.Client(),
+		TrustedNodeAccounts: []istioca.ServiceAccount{{Namespace: n.sys, Name: agentSA}}})
+	token, err := kube.Token(ctx, n.sys, agentSA, []string{istioca.DefaultAudience}, agentPod, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := agentproc.TempDir(t)
+	// The socket directory is reached by callers of other uids (a host
+	// directory on a node).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(dir, "istio-token"), []byte(token))
+	write(t, filepath.Join(dir, "root-cert.pem"), n.ca.RootPEM())
+	if err := kube.Kubeconfig(filepath.Join(dir, "kubeconfig"), kube.AdminToken()); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	n.status = "http://127.0.0.1:" + strconv.Itoa(port)
+	n.agent = agentproc.Start(t, dir, append([]string{
+		"MESHAGENT_MODE=node",
+		"NODE_NAME=" + name,
+		"KUBECONFIG=" + filepath.Join(dir, "kubeconfig"),
+		"CA_ADDR=" + n.ca.Addr(),
+		"ISTIOD_SAN=" + istioca.DefaultServerName,
+		"CA_ROOT_CA=" + filepath.Join(dir, "root-cert.pem"),
+		"MESHAGENT_TOKEN_PATH=" + filepath.Join(dir, "istio-token"),
+		"POD_NAMESPACE=" + n.sys,
+		"SERVICE_ACCOUNT=" + agentSA,
+		"POD_NAME=" + agentPod.Name,
+		"STATUS_PORT=" + strconv.Itoa(port),
+		"MESHAGENT_STATUS_HOST=127.0.0.1",
+		"MESHAGENT_LOG_LEVEL=debug",
+	}, env...)...)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, body := n.get("/healthz/ready")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) || n.agent.ExitCode() >= 0 {
+			t.Fatalf("agent not ready: %d %s", code, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return n
+}
+
+// ownIdentity is the agent's own SPIFFE ID.
+func (n *node) ownIdentity() string { return "spiffe://cluster.local/ns/" + n.sys + "/sa/" + agentSA }
+
+func (n *node) get(path string) (int, string) {
+	resp, err := http.Get(n.status + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// certs returns /debug/certs: the pods of each identity held ("default").
+func (n *node) certs() map[string][]string {
+	n.t.Helper()
+	code, body := n.get("/debug/certs")
+	if code != http.StatusOK {
+		n.t.Fatalf("/debug/certs: %d %s", code, body)
+	}
+	var list []status.CertInfo
+	if err := json.Unmarshal([]byte(body), &list); err != nil {
+		n.t.Fatalf("/debug/certs: %v\n%s", err, body)
+	}
+	out := map[string][]string{}
+	for _, c := range list {
+		if c.ResourceName == "default" {
+			out[c.Identity] = c.Pods
+		}
+	}
+	return out
+}
+
+// metric returns the value of the series (name and labels as in the
+// exposition), or -1 when absent.
+func (n *node) metric(series string) float64 {
+	n.t.Helper()
+	_, body := n.get("/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				n.t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	return -1
+}
+
+// pod creates a pod of service account sa (made if missing) in ns on node.
+func pod(t *testing.T, ns, name, sa, nodeName string) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := kube.Client().CoreV1().ServiceAccounts(ns).Get(ctx, sa, metav1.GetOptions{}); err != nil {
+		if _, err := kube.CreateServiceAccount(ctx, ns, sa); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := kube.CreatePod(ctx, ns, name, sa, nodeName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func namespace(t *testing.T, prefix string) string {
+	t.Helper()
+	ns := uniq(prefix)
+	if _, err := kube.CreateNamespace(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+func write(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// eventually polls cond until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
