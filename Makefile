@@ -36,7 +36,7 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 ## bench: the figures of docs/performance.md against the real binary, then the Go benchmarks once
-bench: build
+bench: build tools
 	$(GO) run ./cmd/meshbench -agent $(abspath $(BIN))
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./xdsproxy ./sds ./secretmanager
 

@@ -14,5 +14,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(inotifyHogEnv) == "1" {
 		os.Exit(hogInotify())
 	}
+	if socket := os.Getenv(svidClientEnv); socket != "" {
+		os.Exit(svidClient(socket))
+	}
 	goleak.VerifyTestMain(m)
 }

@@ -100,6 +100,10 @@ func New(cfg Config) (*Server, error) {
 	return &Server{cfg: cfg, log: cfg.Logger.Named("uds"), metrics: m}, nil
 }
 
+// connReadBuffer is each connection's read buffer: an SDS request or a
+// Workload API call fits in it, a larger message is read in several goes.
+const connReadBuffer = 4 << 10
+
 // Run listens on the socket and serves until ctx ends (then it returns nil)
 // or serving fails. A stale socket file is removed first; a live one makes
 // Run fail with ErrSocketInUse. The socket is removed when Run returns.
@@ -114,6 +118,12 @@ func (s *Server) Run(ctx context.Context) error {
 	gs := grpc.NewServer(
 		grpc.Creds(peerCreds{log: s.log}),
 		grpc.MaxRecvMsgSize(s.cfg.MaxRecvBytes),
+		// One connection per pod in node mode: gRPC's 32 KiB read buffer
+		// per connection was most of the agent's heap with 1,000 pods. The
+		// messages here are a few KiB; the write buffer is shared and let go
+		// between writes.
+		grpc.ReadBufferSize(connReadBuffer),
+		grpc.SharedWriteBuffer(true),
 		grpc.ForceServerCodecV2(newCodec()),
 		grpc.ChainUnaryInterceptor(s.unaryAdmit),
 		grpc.ChainStreamInterceptor(s.streamAdmit),

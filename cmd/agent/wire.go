@@ -192,6 +192,12 @@ func (a *agent) caSource() (certSource, error) {
 	if err != nil {
 		return certSource{}, err
 	}
+	// Connect now, off this goroutine: the handshakes with the CA then run
+	// while the servers start and the key is made, not after them on the way
+	// to the first CSR, and making the connection does not delay the servers.
+	if p, ok := client.(caclient.Preconnecter); ok {
+		go p.Preconnect()
+	}
 	mc := a.managerConfig(id, roots, "ca")
 	mc.CA = client
 	mc.Initial = a.outputCertsInitial(id)

@@ -47,6 +47,8 @@ type agentConfig struct {
 	LogLevel string
 	// StatusPort is STATUS_PORT; zero lets the agent pick a free port.
 	StatusPort int
+	// Env is added to the environment, after the settings above.
+	Env []string
 }
 
 // prepareAgentDir lays out dir as the agent's working directory: the token
@@ -96,6 +98,7 @@ func agentEnv(dir string, cfg agentConfig) []string {
 	if cfg.LogLevel != "" {
 		env = append(env, "MESHAGENT_LOG_LEVEL="+cfg.LogLevel)
 	}
+	env = append(env, cfg.Env...)
 	for _, k := range []string{"PATH", "HOME", "GODEBUG"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)

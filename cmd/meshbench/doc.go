@@ -17,6 +17,13 @@
 // the environment set here. Memory and CPU are read from /proc (VmRSS, VmHWM,
 // per-thread schedstat, utime+stime), so the command runs on Linux only.
 //
+// The node group (-only node, -node-pods) runs the agent in node mode against
+// a real API server (test/kubeenv, built by `make tools`) and the test CA's
+// node authorizer, with one process per pod in that pod's cgroup: the
+// podclient program (./podclient, built into the run's directory) connects
+// to the agent's socket from the pod and hands the connection to meshbench,
+// which runs the pod's SDS stream on it. Creating cgroups needs root.
+//
 // meshbench owns the agent processes it starts: every one is stopped when its
 // measurement ends, all are killed when the command returns or is
 // interrupted, and each is started with a parent-death signal so none

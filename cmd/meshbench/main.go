@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -40,10 +41,17 @@ type options struct {
 	xdsBytes      int
 	xdsRuns       int
 	xdsTimeout    time.Duration
+
+	nodePods      []int
+	nodePodsPerSA int
+	nodeNewPods   int
+	nodeBudget    int
+	nodeSecretTTL time.Duration
+	nodeLiveProcs int
 }
 
 // groups are the measurement groups -only can select.
-var groups = []string{"cold", "steady", "xds", "rotation", "workloadapi"}
+var groups = []string{"cold", "steady", "xds", "rotation", "workloadapi", "node"}
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
@@ -71,6 +79,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.xdsBytes, "xds-bytes", 100_000_000, "payload bytes of the ADS response whose peak RSS is measured against its 1.2x target")
 	fs.IntVar(&o.xdsRuns, "xds-runs", 11, "ADS reads each way and size, after one warm-up each way")
 	fs.DurationVar(&o.xdsTimeout, "xds-timeout", 60*time.Second, "longest wait for one large ADS response")
+	nodePods := fs.String("node-pods", "100,1000", "node mode: comma-separated pod counts, each measured with its own agent (e.g. 100,1000,5000)")
+	fs.IntVar(&o.nodePodsPerSA, "node-pods-per-sa", 10, "node mode: pods per service account (100 pods: 10 identities)")
+	fs.IntVar(&o.nodeNewPods, "node-new-pods", 100, "node mode: new pods timed to their first certificate, for each of cached and new identities")
+	fs.IntVar(&o.nodeBudget, "node-csr-budget", 8, "node mode: MESHAGENT_CA_MAX_CONCURRENT_CSRS of the agent")
+	fs.DurationVar(&o.nodeSecretTTL, "node-secret-ttl", 0, "node mode: SECRET_TTL, whose half-life renewal is the rotation measured; 0 means 30s plus 30ms per pod, time for the streams to open first")
+	fs.IntVar(&o.nodeLiveProcs, "node-live-procs", 1000, "node mode: pod processes kept running; past this many, a process ends once its stream has its first certificate (its connection and stream stay open)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -82,6 +96,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	// name nothing there.
 	if abs, err := filepath.Abs(o.agent); err == nil {
 		o.agent = abs
+	}
+	for _, f := range strings.Split(*nodePods, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return o, fmt.Errorf("-node-pods: %q is not a positive count", f)
+		}
+		o.nodePods = append(o.nodePods, n)
 	}
 	o.only = map[string]bool{}
 	for _, g := range strings.Split(*only, ",") {
@@ -99,6 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		o.only[g] = true
 	}
 	switch {
+	case o.nodePodsPerSA < 1, o.nodeNewPods < 1, o.nodeBudget < 1, o.nodeLiveProcs < 0:
+		return o, errors.New("-node-pods-per-sa, -node-new-pods and -node-csr-budget must be positive")
 	case o.coldRuns < 1, o.steadyRuns < 1, o.conns < 1, o.perConn < 1, o.rotations < 1, o.xdsRuns < 1, o.cpuWindows < 0:
 		return o, errors.New("run, window and stream counts must be positive")
 	case o.secretTTL < 2*time.Second:
@@ -244,6 +270,10 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 			rep.Report(Figure{Name: "rotation_first_to_last_stream_ms", Unit: "ms", Samples: rot.spread})
 			rep.Report(Figure{Name: "rotation_agent_cpu_ms", Unit: "ms", Samples: rot.cpu})
 		}
+	}
+
+	if opts.only["node"] {
+		runNode(ctx, b, opts, rep)
 	}
 
 	logf("done in %v", time.Since(started).Round(time.Second))

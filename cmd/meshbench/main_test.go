@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -85,6 +86,13 @@ func TestParseFlags(t *testing.T) {
 			t.Errorf("group %s not selected by default", g)
 		}
 	}
+	if !slices.Equal(o.nodePods, []int{100, 1000}) || o.nodePodsPerSA != 10 || o.nodeBudget != 8 {
+		t.Errorf("node defaults: %+v", o)
+	}
+	o, err = parseFlags([]string{"-node-pods", "100, 1000,5000"}, io.Discard)
+	if err != nil || !slices.Equal(o.nodePods, []int{100, 1000, 5000}) {
+		t.Errorf("-node-pods 100, 1000,5000: %v %v", o.nodePods, err)
+	}
 	o, err = parseFlags([]string{"-only", "cold, xds", "-agent-args", "run --log-level warn", "-secret-ttl", "5s"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -97,11 +105,30 @@ func TestParseFlags(t *testing.T) {
 		{"-cold-runs", "0"},
 		{"-secret-ttl", "1s"},
 		{"-xds-bytes", "0"},
+		{"-node-pods", "100,lots"},
+		{"-node-pods", "0"},
+		{"-node-pods-per-sa", "0"},
 		{"extra"},
 	} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) accepted", bad)
 		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	s := []float64{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
+	for _, c := range []struct{ p, want float64 }{{50, 5}, {90, 9}, {99, 10}, {100, 10}, {1, 1}} {
+		if got := Percentile(s, c.p); got != c.want {
+			t.Errorf("Percentile(1..10, %v) = %v, want %v", c.p, got, c.want)
+		}
+	}
+	if !math.IsNaN(Percentile(nil, 99)) {
+		t.Error("Percentile of nothing is not NaN")
+	}
+	f := Figure{Name: "x_ms", Unit: "ms", Samples: s, P99: true, Target: "<= 20"}
+	if got, want := f.Line(), "BENCH x_ms 5.500 ms (min 1.000 max 10.00, n=10) p99 10.00 target <= 20"; got != want {
+		t.Errorf("Line() = %q, want %q", got, want)
 	}
 }
 

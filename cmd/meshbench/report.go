@@ -18,6 +18,9 @@ type Figure struct {
 	Samples []float64
 	// Target, when set, is printed after the figure, e.g. "<= 1.2".
 	Target string
+	// P99, when set, adds the 99th percentile of the samples to the line;
+	// the target is then the p99's.
+	P99 bool
 }
 
 // Summary is the median, minimum and maximum of a figure's samples.
@@ -42,6 +45,18 @@ func Summarize(samples []float64) Summary {
 	return Summary{Median: med, Min: s[0], Max: s[n-1], N: n}
 }
 
+// Percentile is the p-th percentile of samples by the nearest-rank rule:
+// the smallest sample at or above p percent of them. No samples give NaN.
+func Percentile(samples []float64, p float64) float64 {
+	if len(samples) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	rank := int(math.Ceil(p / 100 * float64(len(s))))
+	return s[min(max(rank, 1), len(s))-1]
+}
+
 // Line formats the figure as the one line `make bench` prints:
 //
 //	BENCH <name> <median> <unit> (min <x> max <y>, n=<runs>)[ target <target>]
@@ -49,6 +64,9 @@ func (f Figure) Line() string {
 	s := Summarize(f.Samples)
 	line := fmt.Sprintf("BENCH %s %s %s (min %s max %s, n=%d)",
 		f.Name, formatValue(s.Median), f.Unit, formatValue(s.Min), formatValue(s.Max), s.N)
+	if f.P99 {
+		line += " p99 " + formatValue(Percentile(f.Samples, 99))
+	}
 	if f.Target != "" {
 		line += " target " + f.Target
 	}

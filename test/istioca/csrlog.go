@@ -9,6 +9,11 @@ import (
 type CSRRecord struct {
 	// At is when it arrived (real time).
 	At time.Time
+	// Answered is when the answer (a certificate or an error) was
+	// returned; zero while the call is in flight.
+	Answered time.Time
+	// Issued says the answer was a certificate.
+	Issued bool
 	// Identity is the URI SAN the CSR asks for, "" when the CSR does not
 	// parse or asks for none, "(several)" when it asks for more than one.
 	Identity string
@@ -34,4 +39,22 @@ func csrIdentity(pemCSR string) string {
 		return csr.URIs[0].String()
 	}
 	return "(several)"
+}
+
+// MaxInFlight is the most CreateCertificate calls the CA has held at once,
+// from arrival to answer: what a client's bound on concurrent CSRs is
+// checked against.
+func (s *Server) MaxInFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maxInFlight
+}
+
+// answered marks the call of CSRRecord i answered.
+func (s *Server) answered(i int, issued bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inFlight--
+	s.csrs[i].Answered = time.Now()
+	s.csrs[i].Issued = issued
 }

@@ -120,24 +120,26 @@ type Server struct {
 	ca   *localca.CA
 	addr string
 
-	mu       sync.Mutex
-	srv      *grpc.Server
-	done     chan struct{} // closed when the current Serve returns
-	tokens   map[string]ServiceAccount
-	serving  tls.Certificate
-	mode     Mode
-	errCode  codes.Code
-	failN    int
-	failCode codes.Code
-	delay    time.Duration
-	requests int
-	csrs     []CSRRecord
-	lastMD   metadata.MD
-	lastReq  *pb.IstioCertificateRequest
-	seen     []string // every bearer token received, in order
-	reviews  []Review // every TokenReview made, in order
-	denials  []string // why impersonation requests were refused, in order
-	foreign  *localca.CA
+	mu          sync.Mutex
+	srv         *grpc.Server
+	done        chan struct{} // closed when the current Serve returns
+	tokens      map[string]ServiceAccount
+	serving     tls.Certificate
+	mode        Mode
+	errCode     codes.Code
+	failN       int
+	failCode    codes.Code
+	delay       time.Duration
+	requests    int
+	csrs        []CSRRecord
+	inFlight    int // CreateCertificate calls not yet answered
+	maxInFlight int // the most there ever were at once
+	lastMD      metadata.MD
+	lastReq     *pb.IstioCertificateRequest
+	seen        []string // every bearer token received, in order
+	reviews     []Review // every TokenReview made, in order
+	denials     []string // why impersonation requests were refused, in order
+	foreign     *localca.CA
 }
 
 // Start serves a new test CA over TLS and stops it when the test ends.
@@ -365,10 +367,12 @@ type snapshot struct {
 	hasTok  bool
 	sa      ServiceAccount
 	knownSA bool
+	index   int // of the request's CSRRecord
 }
 
-func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (resp *pb.IstioCertificateResponse, err error) {
 	snap := h.s.record(ctx, req)
+	defer func() { h.s.answered(snap.index, err == nil) }()
 	if snap.delay > 0 {
 		t := time.NewTimer(snap.delay)
 		select {
@@ -418,12 +422,14 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 	defer s.mu.Unlock()
 	s.requests++
 	s.csrs = append(s.csrs, CSRRecord{At: time.Now(), Identity: csrIdentity(req.GetCsr())})
+	s.inFlight++
+	s.maxInFlight = max(s.maxInFlight, s.inFlight)
 	s.lastMD = md.Copy()
 	if s.lastMD == nil {
 		s.lastMD = metadata.MD{}
 	}
 	s.lastReq = proto.Clone(req).(*pb.IstioCertificateRequest)
-	snap := snapshot{mode: s.mode, errCode: s.errCode, delay: s.delay}
+	snap := snapshot{mode: s.mode, errCode: s.errCode, delay: s.delay, index: len(s.csrs) - 1}
 	if s.failN > 0 {
 		s.failN--
 		snap.fail, snap.errCode = true, s.failCode

@@ -498,3 +498,63 @@ func TestModeString(t *testing.T) {
 		t.Errorf("mode names: %s, %s", ModeForeignChain, Mode(42))
 	}
 }
+
+func TestInFlightAndAnswers(t *testing.T) {
+	s := start(t, Config{TrustDomain: "example.org"})
+	c := client(t, s, nil)
+	s.SetDelay(time.Hour) // held until their callers give up
+	ctx, cancel := context.WithCancel(withToken(t, token))
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = c.CreateCertificate(ctx, &pb.IstioCertificateRequest{Csr: goodCSR(t, s, newKey(t))})
+		}()
+	}
+	for s.Requests() < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	if got := s.MaxInFlight(); got != 3 {
+		t.Errorf("MaxInFlight() = %d with 3 calls held, want 3", got)
+	}
+	for _, r := range s.CSRs() {
+		if !r.Answered.IsZero() {
+			t.Errorf("a held call is marked answered: %+v", r)
+		}
+	}
+	cancel()
+	wg.Wait()
+	// The server sees the cancellations a moment after the callers do.
+	for i := 0; ; i++ {
+		answered := 0
+		for _, r := range s.CSRs() {
+			if !r.Answered.IsZero() {
+				answered++
+			}
+		}
+		if answered == 3 {
+			break
+		}
+		if i == 5000 {
+			t.Fatalf("%d of 3 cancelled calls answered", answered)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.SetDelay(0)
+	if _, err := c.CreateCertificate(withToken(t, token), &pb.IstioCertificateRequest{Csr: goodCSR(t, s, newKey(t))}); err != nil {
+		t.Fatal(err)
+	}
+	csrs := s.CSRs()
+	if len(csrs) != 4 {
+		t.Fatalf("%d CSRs recorded, want 4", len(csrs))
+	}
+	for i, r := range csrs {
+		if r.Answered.IsZero() || r.Answered.Before(r.At) || r.Issued != (i == 3) {
+			t.Errorf("CSR %d = %+v, want answered after it arrived, issued only for the last", i, r)
+		}
+	}
+	if got := s.MaxInFlight(); got != 3 {
+		t.Errorf("MaxInFlight() = %d after the calls, want still 3", got)
+	}
+}
