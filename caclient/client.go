@@ -17,3 +17,12 @@ type Client interface {
 	// Close releases the connection. It is safe to call twice.
 	Close() error
 }
+
+// Preconnecter is a Client that can open its connection to the CA before
+// the first Sign, so the TCP and TLS handshakes overlap the caller's own
+// start-up instead of delaying the first certificate.
+type Preconnecter interface {
+	// Preconnect starts connecting in the background and returns at once.
+	// A failure is not reported here: the first Sign meets it and reports it.
+	Preconnect()
+}

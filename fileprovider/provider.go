@@ -140,7 +140,10 @@ func (p *Provider) Secret(ctx context.Context, name string) (*secretmanager.Secr
 // Watch signals changes of name and holds it (its files stay loaded and
 // watched) until the returned function is called by every watcher; the
 // last release drops the name's watches and memory. For a name that cannot
-// be served the channel is nil.
+// be served (its files cannot be loaded, or MaxResources names are held) the
+// channel is nil and the name is not held: the caller must refuse it even if
+// a later Secret loads it (a slot may have freed meanwhile), since nothing
+// would signal its changes.
 func (p *Provider) Watch(name string) (<-chan struct{}, func()) {
 	e, err := p.hold(name)
 	if err != nil {

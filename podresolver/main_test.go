@@ -1,34 +1,20 @@
 package podresolver
 
 import (
-	"context"
-	"fmt"
 	"io"
 	"net"
 	"os"
-	"sync"
 	"testing"
-
-	"go.uber.org/goleak"
 
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
-var (
-	kubeOnce sync.Once
-	kube     *kubeenv.Env
-	kubeErr  error
-)
+// kube is the package's API server, started by the first test that needs it.
+var kube = &kubeenv.Shared{}
 
-// kubeEnv returns the package's API server, started on first use (fuzz
-// workers and tests that need none never start it).
 func kubeEnv(t *testing.T) *kubeenv.Env {
 	t.Helper()
-	kubeOnce.Do(func() { kube, kubeErr = kubeenv.Start(context.Background(), kubeenv.Options{}) })
-	if kubeErr != nil {
-		t.Fatalf("starting the test API server: %v", kubeErr)
-	}
-	return kube
+	return kube.Env(t)
 }
 
 // childConnectEnv makes the test binary a child that connects to the Unix
@@ -45,18 +31,5 @@ func TestMain(m *testing.M) {
 		conn.Close()
 		os.Exit(0)
 	}
-	code := m.Run()
-	if kube != nil {
-		if err := kube.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stopping the test API server:", err)
-			code = 1
-		}
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(kube.Main(m))
 }

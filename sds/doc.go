@@ -43,6 +43,17 @@
 // more is refused with ResourceExhausted naming the limit, counted in
 // meshagent_sds_refused_total and logged). The RPC context carries the
 // caller (caller.FromContext) and is what the SecretSource is asked with.
+// File resources (file-cert:, file-root:) are held by the source while a
+// stream watches them, from a table of bounded size: so that no caller can
+// starve the others (SPEC 13), the streams of one caller (its pod when
+// resolved, else its identity, else its connecting uid and pid) hold at
+// most Config.MaxFileNamesPerCaller of them at once, counted here, where
+// the caller and its streams are known; one more ends the stream with
+// ResourceExhausted naming it and the limit, counted in
+// meshagent_sds_refused_total{reason="max_file_names_per_caller"}. A name
+// whose watch the source refused (a nil channel: unknown, a bad file, the
+// table full) ends the stream with InvalidArgument naming it, even if a
+// later Secret would serve it, so no name is served unwatched.
 //
 // Concurrency: a waiting stream holds one goroutine, its gRPC handler,
 // blocked reading the next request. Streams of callers with the same

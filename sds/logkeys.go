@@ -12,6 +12,7 @@ const (
 	keyTypeURL             = "type_url"
 	keyReason              = "reason"
 	keyMaxStreams          = "max_streams"
-	keyMaxStreamsPerCaller = "max_streams_per_caller"
+	keyMaxFiles            = "max_file_names_per_caller"
 	keyCaller              = "caller"
+	keyMaxStreamsPerCaller = "max_streams_per_caller"
 )

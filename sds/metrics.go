@@ -15,7 +15,10 @@ const (
 
 // Refusal reasons, the values of the "reason" label of refused.
 const (
-	refusedStreams          = "max_streams"
+	refusedStreams = "max_streams"
+	// refusedFileNames: a file resource over the caller's share
+	// (Config.MaxFileNamesPerCaller).
+	refusedFileNames        = "max_file_names_per_caller"
 	refusedStreamsPerCaller = "max_streams_per_caller"
 )
 
@@ -63,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_sds_refused_total",
-			Help: "SDS streams refused, by reason (max_streams, max_streams_per_caller).",
+			Help: "SDS streams and resources refused, by reason (max_streams, max_streams_per_caller, max_file_names_per_caller).",
 		}, []string{"reason"}),
 		unavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meshagent_sds_resources_unavailable_total",

@@ -1,34 +1,15 @@
 package sds
 
 import (
-	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/test/sdsclient"
 	"github.com/meshagent/meshagent/udsserver"
 )
-
-// podPerConnection resolves each new connection to a pod of its own, as
-// node mode's resolver does for processes of different pods; the agent's
-// own identity is meant (Identity empty).
-type podPerConnection struct {
-	mu   sync.Mutex
-	pods []string
-}
-
-func (r *podPerConnection) Resolve(_ context.Context, cred caller.Cred) (caller.Info, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	pod := "pod-" + string(rune('a'+len(r.pods)))
-	r.pods = append(r.pods, pod)
-	return caller.Info{Cred: cred, Pod: "ns/" + pod, PodUID: pod}, nil
-}
 
 // TestMaxStreamsPerCallerBoundsOnePod: a pod over its own bound is refused
 // naming it, while another pod still opens its streams within the global

@@ -31,6 +31,11 @@ const (
 	// DefaultMaxStreamsPerCaller bounds the StreamSecrets streams one
 	// resolved caller (a pod in node mode) holds at once.
 	DefaultMaxStreamsPerCaller = 64
+	// DefaultMaxFileNamesPerCaller bounds the file resources (file-cert:,
+	// file-root:) one caller's streams hold at once: a quarter of the
+	// names the file provider holds at once by default (64), so three
+	// other callers always find room.
+	DefaultMaxFileNamesPerCaller = 16
 )
 
 // SecretSource is what the server needs from the secret manager. ctx is the
@@ -47,7 +52,10 @@ type SecretSource interface {
 	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
 	// Watch signals, on a channel with a one-slot buffer, each time the secret
 	// under name is replaced; the function ends the subscription (a resource
-	// nobody watches may be released).
+	// nobody watches may be released). A nil channel means the source
+	// refused to watch name (unknown, no identity, a bad file, over a
+	// limit): the name is then refused on the stream, whatever Secret
+	// answers later, so no name is served that is not watched.
 	Watch(ctx context.Context, name string) (<-chan struct{}, func())
 }
 
@@ -69,6 +77,13 @@ type Config struct {
 	// socket server did not resolve (a sidecar's: one workload) are bounded
 	// by MaxStreams only. Default DefaultMaxStreamsPerCaller.
 	MaxStreamsPerCaller int
+	// MaxFileNamesPerCaller bounds the file resources (names under
+	// secretmanager.FileCertPrefix or FileRootPrefix) held at once by the
+	// streams of one caller (its pod when the caller was resolved to one,
+	// else its identity, else its connecting process: uid and pid); one
+	// more is refused with ResourceExhausted naming it and the limit.
+	// Default DefaultMaxFileNamesPerCaller.
+	MaxFileNamesPerCaller int
 	// Clock stamps VersionInfo. Default the real clock.
 	Clock clock.PassiveClock
 	// Logger receives the server's logs. Nil means no logs.
@@ -100,6 +115,9 @@ type Server struct {
 
 	watchMu sync.Mutex
 	watches map[watchKey]*sharedWatch
+	// fileNames counts, per caller (callerKey), the streams holding each
+	// file resource name; guarded by watchMu.
+	fileNames map[string]map[string]int
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -118,6 +136,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxStreamsPerCaller <= 0 {
 		cfg.MaxStreamsPerCaller = DefaultMaxStreamsPerCaller
+	}
+	if cfg.MaxFileNamesPerCaller <= 0 {
+		cfg.MaxFileNamesPerCaller = DefaultMaxFileNamesPerCaller
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}

@@ -105,6 +105,7 @@ type fixtureOpts struct {
 	ttl        time.Duration
 	holdManger bool          // start the manager only when startManager is called
 	config     func(*Config) // adjusts the server's Config
+	providers  map[string]secretmanager.Provider
 	socket     func(*udsserver.Config)
 }
 
@@ -134,6 +135,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	f.mgr, err = secretmanager.New(secretmanager.Config{
 		Identity: testID, CA: f.dev, Roots: roots, TTL: o.ttl,
 		Clock: f.clock, Rand: func() float64 { return 0.5 }, Logger: zap.New(core),
+		Providers: o.providers,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -753,7 +755,9 @@ func FuzzClassify(f *testing.F) {
 		str := &stream{srv: &Server{cfg: Config{Secrets: staticSource{}}}, ctx: context.Background()}
 		st := &str.st
 		if subscribed {
-			str.subscribe([]string{"default"}, []string{"default"})
+			if err := str.subscribe([]string{"default"}, []string{"default"}); err != nil {
+				t.Fatal(err)
+			}
 			st.nonce = "n1"
 		}
 		a := st.classify(req)

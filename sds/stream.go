@@ -49,6 +49,9 @@ type streamState struct {
 	nonce   string          // nonce of our latest response
 	sent    []sentVersion   // version of each name last sent on the stream
 	missing map[string]bool // names not available at the last look
+	// unwatched are the names whose watch the source refused: they are
+	// refused on the stream whatever Secret answers.
+	unwatched map[string]bool
 	// respond: a request changed the subscription; the next push answers
 	// it with every name available, changed or not.
 	respond bool
@@ -118,12 +121,29 @@ func sortedUnique(names []string) []string {
 
 // subscribe makes the stream follow names: it joins the shared watch of
 // each new name before its secret is read (so no change slips between read
-// and watch) and leaves those of names it no longer serves.
-func (st *stream) subscribe(requested, names []string) {
+// and watch) and leaves those of names it no longer serves. A name over
+// the caller's share of file resources fails the request: the names it
+// joined are left and the subscription is unchanged.
+func (st *stream) subscribe(requested, names []string) error {
 	state := &st.st
+	var joined []string
 	for _, n := range names {
-		if !slices.Contains(state.names, n) {
-			st.srv.join(st.ctx, watchKey{identity: st.identity, name: n}, st)
+		if slices.Contains(state.names, n) {
+			continue
+		}
+		refused, err := st.srv.join(st.ctx, watchKey{identity: st.identity, name: n}, st)
+		if err != nil {
+			for _, j := range joined {
+				st.srv.leave(watchKey{identity: st.identity, name: j}, st)
+			}
+			return err
+		}
+		joined = append(joined, n)
+		if refused {
+			if state.unwatched == nil {
+				state.unwatched = make(map[string]bool)
+			}
+			state.unwatched[n] = true
 		}
 	}
 	for _, n := range state.names {
@@ -131,11 +151,13 @@ func (st *stream) subscribe(requested, names []string) {
 			st.srv.leave(watchKey{identity: st.identity, name: n}, st)
 			state.sent = slices.DeleteFunc(state.sent, func(v sentVersion) bool { return v.name == n })
 			delete(state.missing, n)
+			delete(state.unwatched, n)
 		}
 	}
 	state.subscribed = true
 	state.requested = sortedUnique(requested)
 	state.names = names
+	return nil
 }
 
 // unwatchAll leaves every shared watch of the stream. Only the handler
@@ -225,6 +247,7 @@ type stream struct {
 	grpc     secretv3.SecretDiscoveryService_StreamSecretsServer
 	log      streamLog
 	identity string // the caller's, which decides what a name means
+	caller   string // callerKey of the stream's context
 
 	mu  sync.Mutex
 	st  streamState
@@ -253,6 +276,7 @@ func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsS
 		grpc:     gs,
 		log:      streamLog{base: s.log, id: s.streamIDs.Add(1)},
 		identity: identityOf(ctx),
+		caller:   callerKey(ctx),
 		st:       streamState{peek: doneContext{ctx}},
 	}
 	err = st.serve()
@@ -365,7 +389,9 @@ func (s *Server) handleRequest(str *stream, req *discoveryv3.DiscoveryRequest) e
 	if err != nil {
 		return err
 	}
-	str.subscribe(req.GetResourceNames(), names)
+	if err := str.subscribe(req.GetResourceNames(), names); err != nil {
+		return err
+	}
 	// A name that can never be served ends the stream now; the answer
 	// itself is sent by the push goroutine, whose stack the encoding and
 	// sending grow, not this one's, which the stream keeps while it waits.
@@ -404,18 +430,25 @@ func (s *Server) push(str *stream) error {
 // of the responses, logged and counted when it becomes unavailable, and
 // pushed as soon as its source signals it; the other names are served
 // meanwhile. A name that can never be served (unknown, or no identity for
-// the caller) fails the stream with InvalidArgument naming it.
+// the caller) fails the stream with InvalidArgument naming it, as does a
+// name whose watch the source refused, even if Secret would serve it now
+// (the refusal's reason, when Secret still gives it, or the source's log
+// says which limit or file was at fault): a name is never served unwatched.
 func (s *Server) available(st *streamState, names []string, log streamLog) ([]*secretmanager.Secret, error) {
 	out := make([]*secretmanager.Secret, len(names))
 	for i, name := range names {
 		sec, err := s.cfg.Secrets.Secret(st.peek, name)
+		if permanent(err) {
+			return nil, status.Errorf(codes.InvalidArgument, "resource %.200q cannot be served: %v", name, err)
+		}
+		if st.unwatched[name] {
+			return nil, status.Errorf(codes.InvalidArgument,
+				"resource %.200q cannot be served: its source refused to watch it (a bad file, or the limit of file resources held at once; the agent's log says which)", name)
+		}
 		if err == nil {
 			out[i] = sec
 			delete(st.missing, name)
 			continue
-		}
-		if permanent(err) {
-			return nil, status.Errorf(codes.InvalidArgument, "resource %.200q cannot be served: %v", name, err)
 		}
 		if !st.missing[name] {
 			if st.missing == nil {
@@ -480,26 +513,23 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 	return nil
 }
 
-// callerKey names the caller a stream is counted against for
+// streamCallerKey names the caller a stream is counted against for
 // MaxStreamsPerCaller: its pod, or its identity, when the socket server
-// resolved them (node mode); empty when the agent serves one workload.
-func callerKey(ctx context.Context) string {
+// resolved them (node mode); empty when the agent serves one workload, whose
+// processes are all that workload (unlike callerKey, no process fallback).
+func streamCallerKey(ctx context.Context) string {
 	info, _ := caller.FromContext(ctx)
-	switch {
-	case info.PodUID != "":
-		return "pod:" + info.PodUID
-	case info.Identity != "":
-		return "identity:" + info.Identity
-	default:
+	if info.PodUID == "" && info.Identity == "" {
 		return ""
 	}
+	return callerKey(ctx)
 }
 
 // admit takes a stream's place within MaxStreams and MaxStreamsPerCaller,
 // or refuses it with ResourceExhausted naming the limit; release gives the
 // place back.
 func (s *Server) admit(ctx context.Context) (release func(), err error) {
-	key := callerKey(ctx)
+	key := streamCallerKey(ctx)
 	msg := "SDS stream refused: too many streams"
 	s.openMu.Lock()
 	switch {

@@ -2,8 +2,15 @@ package sds
 
 import (
 	"context"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/caller"
+	"github.com/meshagent/meshagent/secretmanager"
 )
 
 // watchKey names one shared watch: a resource name as seen by callers of
@@ -23,22 +30,29 @@ type sharedWatch struct {
 	members map[*stream]struct{}
 	cancel  func()        // ends the source's subscription
 	stop    chan struct{} // closed when the last member leaves
+	refused bool          // the source refused to watch the name (nil channel)
 }
 
 // join adds st to the shared watch of key, subscribing to the source first
 // when it is the first member: a change published after join returns kicks
-// st. ctx is st's context (it carries the caller).
-func (s *Server) join(ctx context.Context, key watchKey, st *stream) {
+// st. ctx is st's context (it carries the caller). It reports whether the
+// source refused to watch the name, in which case the stream must refuse
+// it too. A file resource over the caller's share is refused before the
+// source is asked: the error is the stream's end.
+func (s *Server) join(ctx context.Context, key watchKey, st *stream) (refused bool, err error) {
 	s.watchMu.Lock()
 	defer s.watchMu.Unlock()
+	if err := s.holdFileNameLocked(st, key.name); err != nil {
+		return false, err
+	}
 	if w := s.watches[key]; w != nil {
 		w.members[st] = struct{}{}
-		return
+		return w.refused, nil
 	}
 	// The subscription outlives the stream that opened it: keep the
 	// caller, drop the stream's cancellation.
 	ch, cancel := s.cfg.Secrets.Watch(context.WithoutCancel(ctx), key.name)
-	w := &sharedWatch{members: map[*stream]struct{}{st: {}}, cancel: cancel, stop: make(chan struct{})}
+	w := &sharedWatch{members: map[*stream]struct{}{st: {}}, cancel: cancel, stop: make(chan struct{}), refused: ch == nil}
 	if s.watches == nil {
 		s.watches = make(map[watchKey]*sharedWatch)
 	}
@@ -46,12 +60,61 @@ func (s *Server) join(ctx context.Context, key watchKey, st *stream) {
 	if ch != nil {
 		go s.fanOut(w, ch)
 	}
+	return w.refused, nil
+}
+
+// isFileName reports whether name is a file resource, whose holds are
+// bounded per caller.
+func isFileName(name string) bool {
+	return strings.HasPrefix(name, secretmanager.FileCertPrefix) || strings.HasPrefix(name, secretmanager.FileRootPrefix)
+}
+
+// holdFileNameLocked counts one more stream of st's caller holding name
+// when it is a file resource, refusing a name the caller does not hold yet
+// once it holds MaxFileNamesPerCaller of them. s.watchMu is held.
+func (s *Server) holdFileNameLocked(st *stream, name string) error {
+	if !isFileName(name) {
+		return nil
+	}
+	held := s.fileNames[st.caller]
+	if held[name] == 0 && len(held) >= s.cfg.MaxFileNamesPerCaller {
+		s.metrics.refused.WithLabelValues(refusedFileNames).Inc()
+		st.log.Warn("file resource refused: the caller holds its share already",
+			zap.String(keyName, name), zap.String(keyCaller, st.caller), zap.Int(keyMaxFiles, s.cfg.MaxFileNamesPerCaller))
+		return status.Errorf(codes.ResourceExhausted,
+			"resource %.200q refused: a caller holds at most %d file resources at once (MaxFileNamesPerCaller)",
+			name, s.cfg.MaxFileNamesPerCaller)
+	}
+	if held == nil {
+		held = make(map[string]int)
+		if s.fileNames == nil {
+			s.fileNames = make(map[string]map[string]int)
+		}
+		s.fileNames[st.caller] = held
+	}
+	held[name]++
+	return nil
+}
+
+// releaseFileNameLocked undoes holdFileNameLocked. s.watchMu is held.
+func (s *Server) releaseFileNameLocked(st *stream, name string) {
+	held := s.fileNames[st.caller]
+	if !isFileName(name) || held[name] == 0 {
+		return
+	}
+	if held[name]--; held[name] == 0 {
+		delete(held, name)
+		if len(held) == 0 {
+			delete(s.fileNames, st.caller)
+		}
+	}
 }
 
 // leave removes st from the shared watch of key; the last member to leave
 // ends the source's subscription and the watch's goroutine.
 func (s *Server) leave(key watchKey, st *stream) {
 	s.watchMu.Lock()
+	s.releaseFileNameLocked(st, key.name)
 	w := s.watches[key]
 	if w == nil {
 		s.watchMu.Unlock()
@@ -84,6 +147,22 @@ func (s *Server) fanOut(w *sharedWatch, ch <-chan struct{}) {
 			s.watchMu.Unlock()
 		}
 	}
+}
+
+// callerKey names the caller of ctx for the per-caller bound on file
+// resources: its pod when it was resolved to one, else its identity, else
+// the process that connected (uid and pid); "" when ctx carries no caller.
+func callerKey(ctx context.Context) string {
+	info, ok := caller.FromContext(ctx)
+	switch {
+	case !ok:
+		return ""
+	case info.PodUID != "":
+		return "pod:" + info.PodUID
+	case info.Identity != "":
+		return "identity:" + info.Identity
+	}
+	return "uid:" + strconv.FormatUint(uint64(info.Cred.UID), 10) + " pid:" + strconv.FormatInt(int64(info.Cred.PID), 10)
 }
 
 // identityOf returns the caller identity ctx carries ("" for the agent's

@@ -65,7 +65,10 @@ type Provider interface {
 	// ErrUnknownResource.
 	Secret(ctx context.Context, name string) (*Secret, error)
 	// Watch signals changes of name on a channel with a one-slot buffer; the
-	// function ends the subscription.
+	// function ends the subscription. A nil channel refuses the name (it
+	// cannot be loaded, or over a limit); a later Secret may still load it
+	// once, so a consumer that watches must refuse the name itself (sds
+	// does) rather than serve what it cannot follow.
 	Watch(name string) (<-chan struct{}, func())
 }
 
@@ -906,8 +909,10 @@ func waitError(id pki.Identity, ctxErr, lastErr error) error {
 // a function that ends the subscription. The channel has a one-slot buffer
 // and signals merge: after a signal, call Secret for the newest version.
 // Watching "default" holds the identity: it is kept fresh, and dropped only
-// once nobody watches or waits for it. For a name nobody serves, or a caller
-// with no identity, the channel is nil (Secret says why).
+// once nobody watches or waits for it. For a name nobody serves, a caller
+// with no identity, or a provider's name it refused to hold, the channel is
+// nil (Secret says why, unless a provider's limit freed up meanwhile): the
+// name must then be refused, never served unwatched.
 func (m *Manager) Watch(ctx context.Context, name string) (<-chan struct{}, func()) {
 	switch name {
 	case WorkloadCertName:

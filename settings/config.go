@@ -149,11 +149,17 @@ type Config struct {
 	// CAMaxConcurrentCSRs bounds the CA requests in flight across identities
 	// (MESHAGENT_CA_MAX_CONCURRENT_CSRS).
 	CAMaxConcurrentCSRs int
+	// IdentityIdleGrace is how long an identity nobody holds is kept
+	// (MESHAGENT_IDENTITY_IDLE_GRACE).
+	IdentityIdleGrace time.Duration
 	// SDSMaxStreams bounds the SDS streams open at once (MESHAGENT_SDS_MAX_STREAMS).
 	SDSMaxStreams int
 	// SDSMaxStreamsPerPod bounds the SDS streams of one pod in node mode
 	// (MESHAGENT_SDS_MAX_STREAMS_PER_POD).
 	SDSMaxStreamsPerPod int
+	// SDSMaxFileResourcesPerCaller bounds the file resources one caller's
+	// SDS streams hold at once (MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER).
+	SDSMaxFileResourcesPerCaller int
 	// SDSMaxRecvBytes bounds one SDS request's size (MESHAGENT_SDS_MAX_RECV_BYTES).
 	SDSMaxRecvBytes int
 	// SDSAllowedUIDs are the only peer uids the SDS socket serves; empty

@@ -265,6 +265,11 @@ var Registry = []Setting{
 		Value: Int(func(c *Config) *int { return &c.SDSMaxStreamsPerPod }, 1, 1<<20),
 	},
 	{
+		Name: "MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER", Default: "16", Group: GroupMeshagent,
+		Doc:   "Most file-cert: and file-root: resources one caller's SDS streams hold at once (a caller is its pod in node mode, else its connecting process), out of the 64 the agent holds in all, so no caller starves the others; one more is refused with gRPC status RESOURCE_EXHAUSTED naming it. Raise it when one proxy needs more (64 or more lets one caller take them all).",
+		Value: Int(func(c *Config) *int { return &c.SDSMaxFileResourcesPerCaller }, 1, 1<<20),
+	},
+	{
 		Name: "MESHAGENT_SDS_MAX_RECV_BYTES", Flag: "sds-max-recv-bytes", Default: "65536", Group: GroupMeshagent,
 		Doc:   "Largest SDS request accepted, in bytes; a larger one is refused with gRPC status RESOURCE_EXHAUSTED.",
 		Value: Int(func(c *Config) *int { return &c.SDSMaxRecvBytes }, 1024, 16<<20),
@@ -273,6 +278,11 @@ var Registry = []Setting{
 		Name: "MESHAGENT_CA_MAX_CONCURRENT_CSRS", Default: "8", Group: GroupMeshagent,
 		Doc:   "Most certificate requests in flight to the CA at once, across all identities; further identities wait their turn (a caller waiting first, then first certificates, then renewals).",
 		Value: Int(func(c *Config) *int { return &c.CAMaxConcurrentCSRs }, 1, 1024),
+	},
+	{
+		Name: "MESHAGENT_IDENTITY_IDLE_GRACE", Default: "1m", Group: GroupMeshagent,
+		Doc:   "How long a workload identity nobody holds any more (no stream, no waiting caller, no pod on the node) keeps its certificate before it is dropped; a caller back within it is served at once. The agent's own identity is never dropped.",
+		Value: Duration(func(c *Config) *time.Duration { return &c.IdentityIdleGrace }, time.Second),
 	},
 	{
 		Name: "MESHAGENT_SDS_ALLOWED_UIDS", Flag: "sds-allowed-uids", Group: GroupMeshagent,

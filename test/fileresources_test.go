@@ -162,7 +162,8 @@ func TestFileResourcesShareOneInotifyInstance(t *testing.T) {
 		flWrite(t, paths[i], ca.RootPEM())
 		names = append(names, secretmanager.FileRootPrefix+paths[i])
 	}
-	p := agentproc.Start(t, dir, flEnv("FILE_MOUNTED_CERTS=true")...)
+	// One caller holds them all: lift its share to the whole table.
+	p := agentproc.Start(t, dir, flEnv("FILE_MOUNTED_CERTS=true", "MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER=64")...)
 	s := flStream(t, p.Socket(), names...)
 	flWaitCert(t, s, 15*time.Second, chain, secretmanager.WorkloadCertName)
 	if got := inotifyInstances(t, p.Pid()); got != 1 {
@@ -208,7 +209,9 @@ func TestFileRootDirectoryDeletedAndMadeAgain(t *testing.T) {
 // File resources are released when no stream holds them: 100 distinct
 // names asked for one after another are all served (the limit of 64 is on
 // names held at once); with 64 held, a 65th is refused, and served once
-// the stream holding the others ends.
+// the stream holding the others ends. The one caller here is not bounded
+// below the table (MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER=65); by
+// default it holds at most 16 (TestFileResourcesCallerShare).
 func TestFileResourceNamesReleased(t *testing.T) {
 	dir := agentproc.TempDir(t)
 	chain := frMountedCerts(t, dir)
@@ -220,7 +223,7 @@ func TestFileResourceNamesReleased(t *testing.T) {
 		flWrite(t, path, ca.RootPEM())
 		names[i] = secretmanager.FileRootPrefix + path
 	}
-	p := agentproc.Start(t, dir, flEnv("FILE_MOUNTED_CERTS=true")...)
+	p := agentproc.Start(t, dir, flEnv("FILE_MOUNTED_CERTS=true", "MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER=65")...)
 	s := flStream(t, p.Socket(), secretmanager.WorkloadCertName)
 	flWaitCert(t, s, 15*time.Second, chain, secretmanager.WorkloadCertName)
 
@@ -276,6 +279,50 @@ func TestFileResourceNamesReleased(t *testing.T) {
 			t.Fatalf("the 65th name after the 64 were released: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if code := p.ExitCode(); code != -1 {
+		t.Fatalf("the agent exited with %d", code)
+	}
+}
+
+// By default one caller holds at most 16 file resources at once: the 17th
+// is refused with ResourceExhausted naming it and the limit, and the agent
+// serves on.
+func TestFileResourcesCallerShare(t *testing.T) {
+	dir := agentproc.TempDir(t)
+	frMountedCerts(t, dir)
+	ca := flCA(t)
+	names := make([]string, 17)
+	for i := range names {
+		path := filepath.Join(dir, "roots", fmt.Sprintf("r%02d.pem", i))
+		flWrite(t, path, ca.RootPEM())
+		names[i] = secretmanager.FileRootPrefix + path
+	}
+	p := agentproc.Start(t, dir, flEnv("FILE_MOUNTED_CERTS=true")...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := sdsclient.Dial(ctx, p.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	held, err := c.Stream(ctx, sdsclient.StreamConfig{Names: names[:16]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if _, err := held.Next(ctx); err != nil {
+		t.Fatalf("16 file resources: %v", err)
+	}
+	over, err := c.Stream(ctx, sdsclient.StreamConfig{Names: names[16:]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer over.Close()
+	_, err = over.Next(ctx)
+	if st := status.Convert(over.Err()); st.Code() != codes.ResourceExhausted ||
+		!strings.Contains(st.Message(), names[16]) || !strings.Contains(st.Message(), "at most 16") {
+		t.Fatalf("the 17th file resource: %v (%v), want ResourceExhausted naming it and the limit", over.Err(), err)
 	}
 	if code := p.ExitCode(); code != -1 {
 		t.Fatalf("the agent exited with %d", code)

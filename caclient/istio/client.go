@@ -82,7 +82,10 @@ type Client struct {
 	closed bool
 }
 
-var _ caclient.Client = (*Client)(nil)
+var (
+	_ caclient.Client       = (*Client)(nil)
+	_ caclient.Preconnecter = (*Client)(nil)
+)
 
 // New checks cfg and returns a client. It does not connect: the connection is
 // made on the first Sign.
@@ -223,6 +226,14 @@ func (c *Client) attempt(ctx context.Context, req *pb.IstioCertificateRequest) (
 	}
 	c.metrics.requests.WithLabelValues(resultOK).Inc()
 	return chain, nil
+}
+
+// Preconnect starts the connection to the CA in the background, so the first
+// Sign finds the handshakes done or under way. A failure is left to Sign.
+func (c *Client) Preconnect() {
+	if conn, err := c.connection(); err == nil {
+		conn.Connect()
+	}
 }
 
 // connection returns the current connection, making one when there is none.

@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -33,38 +31,16 @@ import (
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
-var (
-	kubeOnce sync.Once
-	kube     *kubeenv.Env
-	kubeErr  error
-)
+// kube is the package's API server, started by the first test that needs it.
+var kube = &kubeenv.Shared{}
 
-// kubeEnv returns the package's API server, started on first use (tests
-// that need none never start it).
 func kubeEnv(t *testing.T) *kubeenv.Env {
 	t.Helper()
-	kubeOnce.Do(func() { kube, kubeErr = kubeenv.Start(context.Background(), kubeenv.Options{}) })
-	if kubeErr != nil {
-		t.Fatalf("starting the test API server: %v", kubeErr)
-	}
-	return kube
+	return kube.Env(t)
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if kube != nil {
-		if err := kube.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stopping the test API server:", err)
-			code = 1
-		}
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(kube.Main(m))
 }
 
 const (

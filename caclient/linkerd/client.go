@@ -90,7 +90,10 @@ type Client struct {
 	closed bool
 }
 
-var _ caclient.Client = (*Client)(nil)
+var (
+	_ caclient.Client       = (*Client)(nil)
+	_ caclient.Preconnecter = (*Client)(nil)
+)
 
 // New checks cfg and returns a client. It does not connect.
 func New(cfg Config) (*Client, error) {
@@ -241,6 +244,15 @@ func (c *Client) Close() error {
 		return fmt.Errorf("closing connection to %s: %w", c.transport.Addr, err)
 	}
 	return nil
+}
+
+// Preconnect starts the connection to the identity service in the
+// background, so the first Sign finds the handshakes done or under way. A
+// failure is left to Sign.
+func (c *Client) Preconnect() {
+	if conn, err := c.connection(); err == nil {
+		conn.Connect()
+	}
 }
 
 // connection returns the current connection, making one if there is none.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/meshagent/meshagent/settings"
 )
 
@@ -23,20 +20,7 @@ func TestMain(m *testing.M) {
 	if sock := os.Getenv(childFetchEnv); sock != "" {
 		os.Exit(childFetch(sock))
 	}
-	code := m.Run()
-	if kube != nil {
-		if err := kube.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stopping the test API server:", err)
-			code = 1
-		}
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(kube.Main(m))
 }
 
 // runCmd runs the CLI in-process in a fresh working directory.

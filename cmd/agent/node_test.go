@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,20 +25,12 @@ import (
 	"github.com/meshagent/meshagent/test/sdsclient"
 )
 
-var (
-	kubeOnce sync.Once
-	kube     *kubeenv.Env
-	kubeErr  error
-)
+// kube is the package's API server, started by the first test that needs it.
+var kube = &kubeenv.Shared{}
 
-// kubeEnv returns the package's API server, started on first use.
 func kubeEnv(t *testing.T) *kubeenv.Env {
 	t.Helper()
-	kubeOnce.Do(func() { kube, kubeErr = kubeenv.Start(context.Background(), kubeenv.Options{}) })
-	if kubeErr != nil {
-		t.Fatalf("starting the test API server: %v", kubeErr)
-	}
-	return kube
+	return kube.Env(t)
 }
 
 // childFetchEnv makes the test binary a child that waits for a line on

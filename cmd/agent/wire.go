@@ -70,6 +70,7 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 		GraceJitter: c.GraceJitter,
 		// Sidecar: one identity; the bound matters once callers carry their own.
 		MaxConcurrentCSRs: c.CAMaxConcurrentCSRs,
+		IdleGrace:         c.IdentityIdleGrace,
 		Source:            source,
 		Logger:            a.base,
 		Registerer:        a.reg,
@@ -190,6 +191,12 @@ func (a *agent) caSource() (certSource, error) {
 	client, err := a.caClient(roots)
 	if err != nil {
 		return certSource{}, err
+	}
+	// Connect now, off this goroutine: the handshakes with the CA then run
+	// while the servers start and the key is made, not after them on the way
+	// to the first CSR, and making the connection does not delay the servers.
+	if p, ok := client.(caclient.Preconnecter); ok {
+		go p.Preconnect()
 	}
 	mc := a.managerConfig(id, roots, "ca")
 	mc.CA = client
@@ -326,7 +333,11 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 	var cs []component
 	m := src.manager
 	if m != nil && !c.DisableEnvoy {
-		srv, err := sds.New(sds.Config{Secrets: m, MaxStreams: c.SDSMaxStreams, MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Logger: a.base, Registerer: a.reg})
+		srv, err := sds.New(sds.Config{
+			Secrets: m, MaxStreams: c.SDSMaxStreams, MaxStreamsPerCaller: c.SDSMaxStreamsPerPod,
+			MaxFileNamesPerCaller: c.SDSMaxFileResourcesPerCaller,
+			Logger:                a.base, Registerer: a.reg,
+		})
 		if err != nil {
 			return nil, err
 		}

@@ -1,46 +1,20 @@
 package istioca
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"sync"
 	"testing"
-
-	"go.uber.org/goleak"
 
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
-// The API server is started by the first test that needs it and shared by
-// the package's tests, each in a namespace of its own.
-var (
-	kubeOnce sync.Once
-	kube     *kubeenv.Env
-	kubeErr  error
-)
+// kube is the package's API server, started by the first test that needs it.
+var kube = &kubeenv.Shared{}
 
 func kubeEnv(t *testing.T) *kubeenv.Env {
 	t.Helper()
-	kubeOnce.Do(func() { kube, kubeErr = kubeenv.Start(context.Background(), kubeenv.Options{}) })
-	if kubeErr != nil {
-		t.Fatalf("starting the test API server: %v", kubeErr)
-	}
-	return kube
+	return kube.Env(t)
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if kube != nil {
-		if err := kube.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stopping the test API server:", err)
-		}
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutines left:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(kube.Main(m))
 }

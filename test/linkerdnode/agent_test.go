@@ -100,7 +100,7 @@ func grantNodeAgent(t *testing.T, ns, sa string) {
 	t.Helper()
 	ctx := context.Background()
 	name := "meshagent-node-" + ns
-	rbac := kube.Client().RbacV1()
+	rbac := kubeEnv(t).Client().RbacV1()
 	if _, err := rbac.ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Rules: []rbacv1.PolicyRule{

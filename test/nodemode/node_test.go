@@ -90,6 +90,9 @@ func startNode(t *testing.T, name string, env ...string) *node {
 		"STATUS_PORT=" + strconv.Itoa(port),
 		"MESHAGENT_STATUS_HOST=127.0.0.1",
 		"MESHAGENT_LOG_LEVEL=debug",
+		// An identity nobody holds is dropped after a second, not the
+		// default minute, so the tests that see one dropped do not wait.
+		"MESHAGENT_IDENTITY_IDLE_GRACE=1s",
 	}, env...)...)
 	deadline := time.Now().Add(60 * time.Second)
 	for {

@@ -177,7 +177,7 @@ func TestPodsOfOneNode(t *testing.T) {
 	if got := leaving.do("close"); got != "closed" {
 		t.Fatalf("close: %q", got)
 	}
-	eventually(t, 150*time.Second, "the deleted pod's identity is dropped after its stream closed", func() bool {
+	eventually(t, 30*time.Second, "the deleted pod's identity is dropped after its stream closed", func() bool {
 		_, held := n.certs()[goneID]
 		return !held
 	})
