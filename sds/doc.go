@@ -39,9 +39,11 @@
 // and "ROOTCA"), the two secrets this agent always holds, like SPIRE's
 // "everything" without exposing provider-backed names nobody asked for.
 //
-// Limits and peers: at most Config.MaxStreams streams are served at once (one
-// more is refused with ResourceExhausted naming the limit, counted in
-// meshagent_sds_refused_total and logged). The RPC context carries the
+// Limits and peers: at most Config.MaxStreams streams are served at once, and
+// at most Config.MaxStreamsPerCaller from one resolved caller (its pod, else
+// its identity; a caller the socket server did not resolve, a sidecar's, is
+// bounded by MaxStreams only); one more is refused with ResourceExhausted
+// naming the limit, counted in meshagent_sds_refused_total and logged. The RPC context carries the
 // caller (caller.FromContext) and is what the SecretSource is asked with.
 // File resources (file-cert:, file-root:) are held by the source while a
 // stream watches them, from a table of bounded size: so that no caller can

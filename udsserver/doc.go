@@ -32,6 +32,11 @@
 // A refused caller gets PermissionDenied naming the reason and is counted in
 // meshagent_socket_refused_total.
 //
+// Memory per connection (one per pod in node mode): gRPC's read buffer is a
+// small one taken from a pool only when the socket is readable (the pinned
+// connection reads through the raw socket, as gRPC does for a bare one), the
+// write buffer is shared, and clients are asked to keep no header table.
+//
 // Encoding: messages are protobuf, except that a service may Send a
 // WireMessage, a message already in wire form as pieces, which the socket's
 // codec sends without marshalling or copying (SDS sends each secret's
