@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -133,7 +132,7 @@ func TestRealPIDReuse(t *testing.T) {
 	if err := attacker.Wait(); err != nil {
 		t.Fatalf("attacker: %v", err)
 	}
-	victim := startWithPID(t, int(cred.PID))
+	victim := podproc.StartWithPID(t, int(cred.PID))
 	defer podproc.Kill(victim) // if Move fails
 	podproc.Move(t, victim.Process.Pid, podproc.Cgroupfs, uidVictim, cid)
 	t.Cleanup(func() { podproc.Kill(victim) })
@@ -165,26 +164,4 @@ func peerCred(t *testing.T, c *net.UnixConn) caller.Cred {
 		t.Fatalf("SO_PEERCRED: %v %v", err, uerr)
 	}
 	return caller.Cred{UID: u.Uid, GID: u.Gid, PID: u.Pid}
-}
-
-// startWithPID starts `sleep` with the given (free) pid, by setting the pid
-// namespace's last allocated pid just below it. Other processes of the
-// machine may take the pid first; it retries. The caller kills it.
-func startWithPID(t *testing.T, pid int) *exec.Cmd {
-	t.Helper()
-	for range 500 {
-		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0o644); err != nil {
-			t.Fatalf("setting ns_last_pid (run as root): %v", err)
-		}
-		cmd := exec.Command("sleep", "3600")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if cmd.Process.Pid == pid {
-			return cmd
-		}
-		podproc.Kill(cmd)
-	}
-	t.Fatalf("could not start a process with pid %d", pid)
-	return nil
 }

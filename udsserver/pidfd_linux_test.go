@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -218,7 +217,7 @@ func TestPIDReusedBeforeFirstRPC(t *testing.T) {
 	if err := attacker.Wait(); err != nil {
 		t.Fatalf("attacker: %v", err)
 	}
-	victim := startWithPID(t, pid)
+	victim := podproc.StartWithPID(t, pid)
 	defer podproc.Kill(victim) // if Move fails
 	podproc.Move(t, victim.Process.Pid, podproc.Cgroupfs, uidVictim, testCID)
 	t.Cleanup(func() { podproc.Kill(victim) })
@@ -234,26 +233,4 @@ func TestPIDReusedBeforeFirstRPC(t *testing.T) {
 	if err != nil || info.PodUID != uidVictim {
 		t.Fatalf("pid %d resolved by pid alone to %+v, %v; want the victim's pod (was the pid reused?)", pid, info, err)
 	}
-}
-
-// startWithPID starts `sleep` with the given (free) pid, by setting the pid
-// namespace's last allocated pid just below it. Other processes of the
-// machine may take the pid first; it retries. The caller kills it.
-func startWithPID(t *testing.T, pid int) *exec.Cmd {
-	t.Helper()
-	for range 500 {
-		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0o644); err != nil {
-			t.Fatalf("setting ns_last_pid (run as root): %v", err)
-		}
-		cmd := exec.Command("sleep", "3600")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if cmd.Process.Pid == pid {
-			return cmd
-		}
-		podproc.Kill(cmd)
-	}
-	t.Fatalf("could not start a process with pid %d", pid)
-	return nil
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -128,7 +126,7 @@ func TestPodsOfOneNode(t *testing.T) {
 		conn := clientOver(t, nc)
 		pid := attacker.cmd.Process.Pid
 		attacker.exit()
-		victim := startWithPID(t, pid)
+		victim := podproc.StartWithPID(t, pid)
 		defer podproc.Kill(victim) // if Move fails
 		podproc.Move(t, victim.Process.Pid, podproc.Cgroupfs, string(pay.UID), containerID)
 		t.Cleanup(func() { podproc.Kill(victim) })
@@ -277,26 +275,4 @@ func clientOver(t *testing.T, nc net.Conn) *grpc.ClientConn {
 		}
 	}
 	return cc
-}
-
-// startWithPID starts `sleep` with the given (free) pid, by setting the pid
-// namespace's last allocated pid just below it. Other processes of the
-// machine may take the pid first; it retries. The caller kills it.
-func startWithPID(t *testing.T, pid int) *exec.Cmd {
-	t.Helper()
-	for range 500 {
-		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0o644); err != nil {
-			t.Fatalf("setting ns_last_pid (run as root): %v", err)
-		}
-		cmd := exec.Command("sleep", "3600")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if cmd.Process.Pid == pid {
-			return cmd
-		}
-		podproc.Kill(cmd)
-	}
-	t.Fatalf("could not start a process with pid %d", pid)
-	return nil
 }

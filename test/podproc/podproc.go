@@ -171,3 +171,27 @@ func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
 }
+
+// StartWithPID starts `sleep` with the given (free) pid, by setting the pid
+// namespace's last allocated pid just below it, so that a test can hand a
+// pid that just exited to another process (PID reuse). Other processes of
+// the machine may take the pid first; it retries, boundedly. It needs root.
+// The caller kills the process (Kill).
+func StartWithPID(t testing.TB, pid int) *exec.Cmd {
+	t.Helper()
+	for range 500 {
+		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0o644); err != nil {
+			t.Fatalf("setting ns_last_pid (run as root): %v", err)
+		}
+		cmd := exec.Command("sleep", "3600")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if cmd.Process.Pid == pid {
+			return cmd
+		}
+		Kill(cmd)
+	}
+	t.Fatalf("could not start a process with pid %d", pid)
+	return nil
+}
