@@ -51,3 +51,16 @@ func FromContext(ctx context.Context) (Info, bool) {
 	info, ok := ctx.Value(ctxKey{}).(Info)
 	return info, ok
 }
+
+// Key names the workload the caller was resolved to, for per-caller limits:
+// "pod:<uid>" or "identity:<id>" in node mode; empty when nothing was
+// resolved (a sidecar or VM agent, whose every caller is its one workload).
+func (i Info) Key() string {
+	switch {
+	case i.PodUID != "":
+		return "pod:" + i.PodUID
+	case i.Identity != "":
+		return "identity:" + i.Identity
+	}
+	return ""
+}

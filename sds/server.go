@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"k8s.io/utils/clock"
 
+	"github.com/meshagent/meshagent/internal/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -105,9 +106,7 @@ type Server struct {
 	stamp     atomic.Pointer[versionStamp]
 	streamIDs atomic.Uint64
 
-	openMu    sync.Mutex
-	open      int            // StreamSecrets streams being served
-	perCaller map[string]int // of open, those of each resolved caller
+	streams *streamlimit.Limit // StreamSecrets streams being served
 
 	// encoded holds each secret's resource, encoded once and shared by
 	// every response that carries it.
@@ -150,7 +149,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, log: cfg.Logger.Named("sds"), metrics: m, perCaller: make(map[string]int)}, nil
+	return &Server{cfg: cfg, log: cfg.Logger.Named("sds"), metrics: m,
+		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller}}, nil
 }
 
 // Register adds the SDS service to gs.

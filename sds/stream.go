@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/caller"
+	"github.com/meshagent/meshagent/internal/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -513,54 +514,22 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 	return nil
 }
 
-// streamCallerKey names the caller a stream is counted against for
-// MaxStreamsPerCaller: its pod, or its identity, when the socket server
-// resolved them (node mode); empty when the agent serves one workload, whose
-// processes are all that workload (unlike callerKey, no process fallback).
-func streamCallerKey(ctx context.Context) string {
-	info, _ := caller.FromContext(ctx)
-	if info.PodUID == "" && info.Identity == "" {
-		return ""
-	}
-	return callerKey(ctx)
-}
-
-// admit takes a stream's place within MaxStreams and MaxStreamsPerCaller,
-// or refuses it with ResourceExhausted naming the limit; release gives the
-// place back.
+// admit takes a stream's place within MaxStreams and, for a caller the
+// socket server resolved (node mode), MaxStreamsPerCaller, or refuses it
+// with ResourceExhausted naming the limit; release gives the place back.
 func (s *Server) admit(ctx context.Context) (release func(), err error) {
-	key := streamCallerKey(ctx)
-	msg := "SDS stream refused: too many streams"
-	s.openMu.Lock()
+	info, _ := caller.FromContext(ctx)
+	key := info.Key()
+	release, err = s.streams.Acquire(key)
 	switch {
-	case s.open >= s.cfg.MaxStreams:
+	case errors.Is(err, streamlimit.ErrTotal):
 		s.metrics.refused.WithLabelValues(refusedStreams).Inc()
 		err = status.Errorf(codes.ResourceExhausted, "too many SDS streams: at most %d (MaxStreams) are served at once", s.cfg.MaxStreams)
-	case key != "" && s.perCaller[key] >= s.cfg.MaxStreamsPerCaller:
+		s.log.Warn("SDS stream refused: too many streams", zap.String(keyCaller, key), zap.Int(keyMaxStreams, s.cfg.MaxStreams), zap.Error(err))
+	case errors.Is(err, streamlimit.ErrPerCaller):
 		s.metrics.refused.WithLabelValues(refusedStreamsPerCaller).Inc()
-		msg = "SDS stream refused: too many streams from this caller"
 		err = status.Errorf(codes.ResourceExhausted, "too many SDS streams from this caller: at most %d (MaxStreamsPerCaller) are served at once", s.cfg.MaxStreamsPerCaller)
-	default:
-		s.open++
-		if key != "" {
-			s.perCaller[key]++
-		}
+		s.log.Warn("SDS stream refused: too many streams from this caller", zap.String(keyCaller, key), zap.Int(keyMaxStreamsPerCaller, s.cfg.MaxStreamsPerCaller), zap.Error(err))
 	}
-	s.openMu.Unlock()
-	if err != nil {
-		s.log.Warn(msg, zap.String(keyCaller, key), zap.Int(keyMaxStreams, s.cfg.MaxStreams),
-			zap.Int(keyMaxStreamsPerCaller, s.cfg.MaxStreamsPerCaller), zap.Error(err))
-		return nil, err
-	}
-	return func() {
-		s.openMu.Lock()
-		defer s.openMu.Unlock()
-		s.open--
-		if key == "" {
-			return
-		}
-		if s.perCaller[key]--; s.perCaller[key] == 0 {
-			delete(s.perCaller, key)
-		}
-	}, nil
+	return release, err
 }

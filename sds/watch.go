@@ -154,13 +154,11 @@ func (s *Server) fanOut(w *sharedWatch, ch <-chan struct{}) {
 // the process that connected (uid and pid); "" when ctx carries no caller.
 func callerKey(ctx context.Context) string {
 	info, ok := caller.FromContext(ctx)
-	switch {
-	case !ok:
+	if !ok {
 		return ""
-	case info.PodUID != "":
-		return "pod:" + info.PodUID
-	case info.Identity != "":
-		return "identity:" + info.Identity
+	}
+	if k := info.Key(); k != "" {
+		return k
 	}
 	return "uid:" + strconv.FormatUint(uint64(info.Cred.UID), 10) + " pid:" + strconv.FormatInt(int64(info.Cred.PID), 10)
 }

@@ -3,7 +3,6 @@ package workloadapi
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/caller"
+	"github.com/meshagent/meshagent/internal/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -78,9 +78,7 @@ type Server struct {
 
 	streamIDs atomic.Uint64
 
-	mu        sync.Mutex
-	open      int            // streams being served
-	perCaller map[string]int // streams being served, by callerKey
+	streams *streamlimit.Limit // streams being served
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -101,7 +99,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, log: cfg.Logger.Named("workloadapi"), metrics: m, perCaller: map[string]int{}}, nil
+	return &Server{cfg: cfg, log: cfg.Logger.Named("workloadapi"), metrics: m,
+		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller}}, nil
 }
 
 // Register adds the SpiffeWorkloadAPI service to gs.
@@ -224,23 +223,6 @@ func (s *Server) checkHeader(ctx context.Context, method string) error {
 	return status.Error(codes.InvalidArgument, "security header missing from request: the Workload API needs the gRPC metadata workload.spiffe.io: true")
 }
 
-// callerKey names the caller a stream is counted against for
-// MaxStreamsPerCaller: its pod, or its identity, when the socket server
-// resolved them (node mode). Empty when the agent serves one workload (a
-// sidecar or a VM): every caller is that workload, and only MaxStreams
-// applies.
-func callerKey(ctx context.Context) string {
-	info, _ := caller.FromContext(ctx)
-	switch {
-	case info.PodUID != "":
-		return "pod:" + info.PodUID
-	case info.Identity != "":
-		return "identity:" + info.Identity
-	default:
-		return ""
-	}
-}
-
 func callerField(ctx context.Context) zap.Field {
 	info, ok := caller.FromContext(ctx)
 	if !ok {
@@ -252,23 +234,16 @@ func callerField(ctx context.Context) zap.Field {
 // acquire takes a stream's place within the limits, or refuses the stream
 // with ResourceExhausted naming the limit. The function gives it back.
 func (s *Server) acquire(ctx context.Context, method string) (func(), error) {
-	key := callerKey(ctx)
-	s.mu.Lock()
-	var err error
+	info, _ := caller.FromContext(ctx)
+	release, err := s.streams.Acquire(info.Key())
 	switch {
-	case s.open >= s.cfg.MaxStreams:
+	case errors.Is(err, streamlimit.ErrTotal):
 		s.metrics.refused.WithLabelValues(refusedMaxStreams).Inc()
 		err = status.Errorf(codes.ResourceExhausted, "too many Workload API streams: at most %d are served at once", s.cfg.MaxStreams)
-	case key != "" && s.perCaller[key] >= s.cfg.MaxStreamsPerCaller:
+	case errors.Is(err, streamlimit.ErrPerCaller):
 		s.metrics.refused.WithLabelValues(refusedMaxPerCaller).Inc()
 		err = status.Errorf(codes.ResourceExhausted, "too many Workload API streams from this caller: at most %d are served at once", s.cfg.MaxStreamsPerCaller)
-	default:
-		s.open++
-		if key != "" {
-			s.perCaller[key]++
-		}
 	}
-	s.mu.Unlock()
 	if err != nil {
 		s.log.Warn("workload API stream refused", zap.String(keyMethod, method), callerField(ctx), zap.Error(err))
 		return nil, err
@@ -276,15 +251,7 @@ func (s *Server) acquire(ctx context.Context, method string) (func(), error) {
 	s.metrics.streams.WithLabelValues(method).Inc()
 	return func() {
 		s.metrics.streams.WithLabelValues(method).Dec()
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.open--
-		if key == "" {
-			return
-		}
-		if s.perCaller[key]--; s.perCaller[key] == 0 {
-			delete(s.perCaller, key)
-		}
+		release()
 	}, nil
 }
 
