@@ -1,8 +1,7 @@
 package certfile
 
 import (
-	"errors"
-
+	"github.com/meshagent/meshagent/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -29,19 +28,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-// register registers c, or returns the collector already registered under
-// the same name, so that many sources can share one registry.
+// register registers c, or keeps the collector already registered under the
+// same name, so that many sources can share one registry. A conflicting
+// definition under the same name counts privately rather than fail; the
+// conflict is a programming error that the metrics tests catch.
 func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		// A conflicting definition under the same name: count privately
-		// rather than fail; the conflict is a programming error that the
-		// metrics tests catch.
-	}
+	c, _ = promreg.Register(reg, c)
 	return c
 }

@@ -1,8 +1,7 @@
 package filewatch
 
 import (
-	"errors"
-
+	"github.com/meshagent/meshagent/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -29,16 +28,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-// register registers c, or returns the collector already registered under
-// the same name, so that many watchers can share one registry.
+// register registers c, or keeps the collector already registered under the
+// same name, so that many watchers can share one registry; a conflicting
+// definition counts privately.
 func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-	}
+	c, _ = promreg.Register(reg, c)
 	return c
 }

@@ -1,10 +1,10 @@
 package istio
 
 import (
-	"errors"
 	"strings"
 	"unicode"
 
+	"github.com/meshagent/meshagent/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 )
@@ -65,17 +65,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // register registers c, or returns the collector already registered under the
 // same description (a client made again, e.g. after a configuration change).
 func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, err
+	return promreg.Register(reg, c)
 }
 
 // codeLabel turns a gRPC code into a metric label: DeadlineExceeded becomes

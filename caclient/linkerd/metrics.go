@@ -1,9 +1,9 @@
 package linkerd
 
 import (
-	"errors"
 	"fmt"
 
+	"github.com/meshagent/meshagent/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -64,15 +64,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // register adds c to reg, or returns the collector already registered under
 // the same description (a client rebuilt against the same registry).
 func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
+	c, err := promreg.Register(reg, c)
+	if err != nil {
+		return c, fmt.Errorf("registering metrics: %w", err)
 	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("registering metrics: %w", err)
+	return c, nil
 }
