@@ -1,10 +1,10 @@
 package peerpidfd
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"syscall"
@@ -60,15 +60,47 @@ func FromConn(conn syscall.Conn) (int, error) {
 // PID returns the pid a pidfd names, from /proc/self/fdinfo: -1 once the
 // process has exited and been reaped.
 func PID(fd int) (int, error) {
-	data, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	data, err := readFdinfo(fd)
 	if err != nil {
 		return 0, err
 	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("Pid:")); ok {
+	for len(data) > 0 {
+		var line []byte
+		line, data, _ = bytes.Cut(data, []byte{'\n'})
+		if v, ok := bytes.CutPrefix(line, []byte("Pid:")); ok {
 			return strconv.Atoi(string(bytes.TrimSpace(v)))
 		}
 	}
 	return 0, errors.New("fd is not a pidfd")
+}
+
+// maxFdinfo bounds what is read of an fdinfo file; a pidfd's is about 100
+// bytes.
+const maxFdinfo = 4096
+
+// readFdinfo reads /proc/self/fdinfo/<fd> into a buffer sized for a
+// pidfd's, so that a caller's resolution allocates little.
+func readFdinfo(fd int) ([]byte, error) {
+	f, err := os.Open("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, 0, 256)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := f.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if len(buf) > maxFdinfo {
+			return nil, fmt.Errorf("fdinfo of fd %d is larger than %d bytes", fd, maxFdinfo)
+		}
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }

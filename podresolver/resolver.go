@@ -184,6 +184,10 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 // maxCgroupFile bounds what is read of /proc/<pid>/cgroup.
 const maxCgroupFile = 64 << 10
 
+// procBuffer holds a cgroup v2 file (one line) and two stat files without
+// growing; cgroup v1's dozen lines grow it once.
+const procBuffer = 1 << 10
+
 // readCgroup reads /proc/<pid>/cgroup so that the content is known to be
 // that of the process the pid named when the lookup started (see doc.go).
 func (r *Resolver) readCgroup(ctx context.Context, pid int32) ([]byte, error) {
@@ -193,18 +197,21 @@ func (r *Resolver) readCgroup(ctx context.Context, pid int32) ([]byte, error) {
 	}
 	defer pin.release()
 	dir := filepath.Join(r.cfg.ProcRoot, strconv.Itoa(int(pid)))
-	before, err := startTime(dir)
+	// One buffer for the three files: the cgroup file stays at its start,
+	// the stat files are read after it.
+	buf := make([]byte, 0, procBuffer)
+	before, err := startTime(dir, buf)
 	if err != nil {
 		return nil, procError(pid, err)
 	}
-	data, err := readLimited(filepath.Join(dir, "cgroup"), maxCgroupFile)
+	data, err := appendFile(buf, filepath.Join(dir, "cgroup"), maxCgroupFile)
 	if err != nil {
 		return nil, procError(pid, err)
 	}
 	if r.afterCgroupRead != nil {
 		r.afterCgroupRead()
 	}
-	after, err := startTime(dir)
+	after, err := startTime(dir, data)
 	if err != nil {
 		return nil, procError(pid, err)
 	}
