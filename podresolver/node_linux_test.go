@@ -28,6 +28,16 @@ func (s signalWait) Wait(ctx context.Context, uid string) (podindex.Pod, error) 
 	return s.Index.Wait(ctx, uid)
 }
 
+// noWait fails the test if a lookup waited for its pod.
+func noWait(t *testing.T, pods signalWait) {
+	t.Helper()
+	select {
+	case uid := <-pods.waiting:
+		t.Errorf("the lookup waited for pod %s, which the index had", uid)
+	default:
+	}
+}
+
 func runIndex(t *testing.T, idx *podindex.Index) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -111,9 +121,10 @@ func TestNodeCallers(t *testing.T) {
 		t.Fatalf("cart resolved to %+v, want %+v", res.info, want)
 	}
 
-	// The other pod, over the systemd-shaped cgroup, gets its own identity.
+	// The other pod, over the systemd-shaped cgroup, gets its own identity,
+	// without waiting: the index knows it now.
 	info, err := r.Resolve(ctx, caller.Cred{UID: 1000, PID: int32(payProc.Process.Pid)})
-	<-pods.waiting
+	noWait(t, pods)
 	if err != nil || info.Identity != "spiffe://cluster.local/ns/"+ns+"/sa/payments" || info.PodUID != string(pay.UID) {
 		t.Fatalf("payments resolved to %+v, %v", info, err)
 	}
@@ -128,13 +139,18 @@ func TestNodeCallers(t *testing.T) {
 		name   string
 		pid    int
 		reason string
+		waits  bool // the pod is not in the index: the lookup waits PodWait
 	}{
-		{"pod of another node", farProc.Process.Pid, ReasonPodUnknown},
-		{"cgroup of no pod", strayProc.Process.Pid, ReasonPodUnknown},
-		{"failed pod", doneProc.Process.Pid, ReasonPodTerminated},
+		{"pod of another node", farProc.Process.Pid, ReasonPodUnknown, true},
+		{"cgroup of no pod", strayProc.Process.Pid, ReasonPodUnknown, true},
+		{"failed pod", doneProc.Process.Pid, ReasonPodTerminated, false},
 	} {
 		_, err := r.Resolve(ctx, caller.Cred{UID: 1000, PID: int32(tt.pid)})
-		<-pods.waiting
+		if tt.waits {
+			<-pods.waiting
+		} else {
+			noWait(t, pods)
+		}
 		wantRefusal(t, err, tt.reason)
 		for _, other := range []string{string(cart.UID), string(pay.UID), "cart-0", "pay-0"} {
 			if strings.Contains(err.Error(), other) {

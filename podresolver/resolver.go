@@ -54,9 +54,10 @@ func refuse(reason, format string, args ...any) *Refusal {
 	return &Refusal{Reason: reason, msg: "caller refused: " + fmt.Sprintf(format, args...)}
 }
 
-// Pods finds a pod of the node by UID, waiting for it until ctx ends.
-// *podindex.Index implements it.
+// Pods finds a pod of the node by UID: Get at once, Wait until it appears
+// or ctx ends. *podindex.Index implements it.
 type Pods interface {
+	Get(uid string) (podindex.Pod, bool)
 	Wait(ctx context.Context, uid string) (podindex.Pod, error)
 }
 
@@ -162,9 +163,7 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 	if err != nil {
 		return caller.Info{}, "", refuse(ReasonCgroup, "process %d: %v", cred.PID, err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, r.cfg.PodWait)
-	defer cancel()
-	pod, err := r.cfg.Pods.Wait(wctx, where.UID)
+	pod, err := r.pod(ctx, where.UID)
 	if err != nil && ctx.Err() != nil {
 		return caller.Info{}, "", refuse(ReasonCanceled, "gave up waiting for pod %s of process %d: %v", where.UID, cred.PID, ctx.Err())
 	}
@@ -179,6 +178,20 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 		identity = r.cfg.IdentityOf(pod.Namespace, pod.ServiceAccount)
 	}
 	return caller.Info{Cred: cred, Identity: identity, Pod: pod.String(), PodUID: pod.UID}, kindPod, nil
+}
+
+// pod returns the pod with uid, waiting up to PodWait for the informer to
+// see it. A known pod (the usual case) is answered without a timer: a
+// context derived from the stream's would leave a child map on the
+// stream's context and a stopped timer in the runtime's timer heap, both
+// kept for the connection's life.
+func (r *Resolver) pod(ctx context.Context, uid string) (podindex.Pod, error) {
+	if p, ok := r.cfg.Pods.Get(uid); ok {
+		return p, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.PodWait)
+	defer cancel()
+	return r.cfg.Pods.Wait(wctx, uid)
 }
 
 // maxCgroupFile bounds what is read of /proc/<pid>/cgroup.

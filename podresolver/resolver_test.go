@@ -32,6 +32,11 @@ var td = spiffeid.RequireTrustDomainFromString("cluster.local")
 // fake /proc; the tests against the real API server use podindex.
 type podMap map[string]podindex.Pod
 
+func (m podMap) Get(uid string) (podindex.Pod, bool) {
+	p, ok := m[uid]
+	return p, ok
+}
+
 func (m podMap) Wait(ctx context.Context, uid string) (podindex.Pod, error) {
 	if p, ok := m[uid]; ok {
 		return p, nil

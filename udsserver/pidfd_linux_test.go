@@ -120,6 +120,11 @@ func TestPIDFDHeldPerConnection(t *testing.T) {
 // mapPods is a pod list by UID for podresolver.
 type mapPods map[string]podindex.Pod
 
+func (m mapPods) Get(uid string) (podindex.Pod, bool) {
+	p, ok := m[uid]
+	return p, ok
+}
+
 func (m mapPods) Wait(_ context.Context, uid string) (podindex.Pod, error) {
 	p, ok := m[uid]
 	if !ok {
