@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/meshagent/meshagent/test/agentproc"
 )
 
 // options are the command's flags.
@@ -187,14 +188,20 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 	started := time.Now()
 
 	if opts.only["cold"] {
-		for _, kt := range []struct{ name, key string }{{"cold_start_ms", "ec-p256"}, {"cold_start_rsa2048_ms", "rsa-2048"}} {
+		for _, kt := range []struct{ name, cpuName, key string }{
+			{"cold_start_ms", "cold_start_agent_cpu_ms", "ec-p256"},
+			{"cold_start_rsa2048_ms", "", "rsa-2048"},
+		} {
 			logf("%d cold starts with %s keys", opts.coldRuns, kt.key)
-			f, err := b.coldStarts(ctx, kt.name, kt.key)
+			wall, cpu, err := b.coldStarts(ctx, kt.name, kt.cpuName, kt.key)
 			if err != nil {
 				rep.Fail(kt.name, err)
 				continue
 			}
-			rep.Report(f)
+			rep.Report(wall)
+			if kt.cpuName != "" {
+				rep.Report(cpu)
+			}
 		}
 	}
 
@@ -336,7 +343,7 @@ func ensureAgent(ctx context.Context, opts options, stderr io.Writer) error {
 		return nil
 	}
 	fmt.Fprintf(stderr, "meshbench: building %s\n", opts.agent)
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", opts.agent, "./cmd/agent")
+	cmd := agentproc.BuildCommand(ctx, opts.agent)
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("building %s: %w", opts.agent, err)
