@@ -31,6 +31,7 @@ func (b *bench) newAgent(keyType string, ttl time.Duration, profiled bool) (*age
 		return nil, fmt.Errorf("creating agent directory: %w", err)
 	}
 	cfg := b.fx.agentConfig(b.opts.agent, b.opts.agentArgs, keyType, ttl)
+	cfg.LogLevel = b.opts.logLevel
 	if profiled && b.opts.pprofDir != "" {
 		port, err := freePort()
 		if err != nil {

@@ -24,6 +24,7 @@ type options struct {
 	build        bool
 	only         map[string]bool
 	keep         bool
+	logLevel     string
 	pprofDir     string
 	timeout      time.Duration
 	startTimeout time.Duration
@@ -63,6 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.build, "build", false, "rebuild the agent binary even when it exists")
 	only := fs.String("only", strings.Join(groups, ","), "comma-separated measurement groups to run: "+strings.Join(groups, ", "))
 	fs.BoolVar(&o.keep, "keep", false, "keep the agents' working directories and logs")
+	fs.StringVar(&o.logLevel, "agent-log-level", "", "MESHAGENT_LOG_LEVEL of the agents (with -keep, debug puts each start-up step's time in their logs)")
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "save heap and goroutine profiles of the steady and Workload API agents (idle and with the streams) and a CPU profile of the rotations here, from the agent's /debug/pprof")
 	fs.DurationVar(&o.timeout, "timeout", 290*time.Second, "give up on everything after this long")
 	fs.DurationVar(&o.startTimeout, "start-timeout", 15*time.Second, "longest wait for an agent's first secret")
