@@ -139,7 +139,9 @@ func claimTimes(tok string) (iat, exp time.Time) {
 // SPIFFE ID want, as istiod's node authorizer does: the caller's service
 // account is trusted, its pod still exists with the UID in its token, and a
 // pod of the wanted service account that has not failed runs on the
-// caller's node. The error is the reason, for Denials.
+// caller's node. The pods come from the pod cache; what it lacks is asked
+// of the API server once (see callerPod and podOnNode). The error is the
+// reason, for Denials.
 func (s *Server) authorizeImpersonation(ctx context.Context, c caller, want string) (pki.Identity, error) {
 	id := pki.Identity{SPIFFEID: want}
 	if err := id.Validate(); err != nil {
@@ -159,29 +161,74 @@ func (s *Server) authorizeImpersonation(ctx context.Context, c caller, want stri
 	if r.PodName == "" || r.PodUID == "" {
 		return pki.Identity{}, errors.New("caller's token is not bound to a pod")
 	}
-	pod, err := s.cfg.Kube.CoreV1().Pods(r.ServiceAccount.Namespace).Get(ctx, r.PodName, metav1.GetOptions{})
+	pod, err := s.callerPod(ctx, r.ServiceAccount.Namespace, r.PodName, r.PodUID)
 	if err != nil {
-		return pki.Identity{}, fmt.Errorf("caller's pod %s/%s: %w", r.ServiceAccount.Namespace, r.PodName, err)
-	}
-	if string(pod.UID) != r.PodUID {
-		return pki.Identity{}, fmt.Errorf("caller's pod %s/%s has UID %s, the token names %s", pod.Namespace, pod.Name, pod.UID, r.PodUID)
+		return pki.Identity{}, err
 	}
 	node := pod.Spec.NodeName
 	if node == "" {
 		return pki.Identity{}, fmt.Errorf("caller's pod %s/%s is not on a node", pod.Namespace, pod.Name)
 	}
+	if err := s.podOnNode(ctx, node, ns, sa); err != nil {
+		return pki.Identity{}, err
+	}
+	return id, nil
+}
+
+// callerPod returns the caller's pod ns/name when it has the UID its token
+// is bound to: from the pod cache, else (not there yet, or an older pod of
+// the same name) by one Get.
+func (s *Server) callerPod(ctx context.Context, ns, name, uid string) (*corev1.Pod, error) {
+	if p := s.pods.pod(ns, name); p != nil && string(p.UID) == uid {
+		return p, nil
+	}
+	s.countPodRead()
+	pod, err := s.cfg.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("caller's pod %s/%s: %w", ns, name, err)
+	}
+	if string(pod.UID) != uid {
+		return nil, fmt.Errorf("caller's pod %s/%s has UID %s, the token names %s", pod.Namespace, pod.Name, pod.UID, uid)
+	}
+	return pod, nil
+}
+
+// podOnNode returns nil when a pod of ns/sa that has not failed runs on
+// node: from the pod cache, else by one List of the namespace's pods on the
+// node.
+func (s *Server) podOnNode(ctx context.Context, node, ns, sa string) error {
+	if s.pods.onNode(node, ns, sa) {
+		return nil
+	}
+	s.countPodRead()
 	pods, err := s.cfg.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
 	})
 	if err != nil {
-		return pki.Identity{}, fmt.Errorf("listing pods of %s on node %s: %w", ns, node, err)
+		return fmt.Errorf("listing pods of %s on node %s: %w", ns, node, err)
 	}
 	for _, p := range pods.Items {
 		if p.Spec.ServiceAccountName == sa && p.Status.Phase != corev1.PodFailed {
-			return id, nil
+			return nil
 		}
 	}
-	return pki.Identity{}, fmt.Errorf("no pod of %s/%s runs on node %s", ns, sa, node)
+	return fmt.Errorf("no pod of %s/%s runs on node %s", ns, sa, node)
+}
+
+func (s *Server) countPodRead() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.podReads++
+}
+
+// PodReads is how many times the node authorizer asked the API server for
+// a pod its cache did not hold (a Get of a caller's pod or a List of a
+// namespace's pods on a node); every other impersonation was answered from
+// the cache.
+func (s *Server) PodReads() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.podReads
 }
 
 // parseSPIFFE splits spiffe://<td>/ns/<ns>/sa/<sa>.

@@ -103,8 +103,9 @@ type Config struct {
 	// bearer tokens authenticate then.
 	Plaintext bool
 	// Kube, when set, authenticates a bearer token that is not in Tokens by
-	// a TokenReview against this API server, as istiod does. It also
-	// serves the pod look-ups of impersonation.
+	// a TokenReview against this API server, as istiod does. Start also
+	// runs an informer on its pods for the node authorizer, and waits for
+	// its first list.
 	Kube kubernetes.Interface
 	// Audiences the TokenReview asks for. Default [DefaultAudience].
 	Audiences []string
@@ -139,15 +140,28 @@ type Server struct {
 	seen        []string // every bearer token received, in order
 	reviews     []Review // every TokenReview made, in order
 	denials     []string // why impersonation requests were refused, in order
+	podReads    int      // API server reads by the node authorizer (cache misses)
 	foreign     *localca.CA
+
+	pods *podCache // with Config.Kube; set by Start before serving
 }
 
-// Start serves a new test CA over TLS and stops it when the test ends.
+// Start serves a new test CA over TLS and stops it when the test ends. With
+// Config.Kube it first starts the pod informer and waits until it has
+// listed every pod (at most 30 s; the test fails then).
 func Start(t testing.TB, cfg Config) *Server {
 	t.Helper()
 	s, err := newServer(cfg)
 	if err != nil {
 		t.Fatalf("istioca: %v", err)
+	}
+	if cfg.Kube != nil {
+		pods, err := startPodCache(cfg.Kube)
+		if err != nil {
+			t.Fatalf("istioca: %v", err)
+		}
+		s.pods = pods
+		t.Cleanup(pods.stop)
 	}
 	lis, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
