@@ -390,7 +390,7 @@ func (s *scaleRun) identityOf(i int) string {
 // and timed from its creation (see firstCert).
 func (s *scaleRun) newPods(ctx context.Context, rep *Reporter, name func(string) string) error {
 	opts := s.nb.b.opts
-	reads := s.ca.PodReads()
+	misses, reads := s.ca.PodCacheMisses(), s.ca.PodReads()
 	for _, kind := range []struct {
 		label, target string
 		sa            func(i int) string
@@ -426,9 +426,10 @@ func (s *scaleRun) newPods(ctx context.Context, rep *Reporter, name func(string)
 	}
 	// What the CA itself took per new identity (TokenReview, the node
 	// authorizer's look-ups in its pod cache, signing): part of
-	// first_cert_csr. A pod the CA's informer had not seen yet costs an
-	// API server read there.
-	s.nb.b.log("node mode: the CA's node authorizer read pods from the API server %d times for %d new identities (its informer had not seen the pod yet)", s.ca.PodReads()-reads, opts.nodeNewPods)
+	// first_cert_csr. A pod the CA's informer had not seen yet costs a
+	// wait for it there, and an API server read if it does not come.
+	s.nb.b.log("node mode: for %d new identities the CA's node authorizer missed its pod cache %d times, and read the API server %d times after waiting for its informer",
+		opts.nodeNewPods, s.ca.PodCacheMisses()-misses, s.ca.PodReads()-reads)
 	var ca []float64
 	for _, c := range s.ca.CSRs() {
 		if c.Issued && strings.Contains(c.Identity, "/sa/new-") {

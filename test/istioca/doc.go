@@ -28,11 +28,12 @@
 // refused once the informer has seen it, and allowed until then, as by
 // istiod. A pod created just before its first CSR may not be cached yet:
 // istiod refuses then, and the node agent retries after its backoff until
-// the informer has caught up; the test CA instead asks the API server once
-// (a Get of the caller's pod, a List of the namespace's pods on the node)
-// and answers what that retry would get, so a test that creates a pod and
-// asks at once does not depend on the informer's timing. PodReads counts
-// those reads.
+// the informer has caught up. The test CA instead waits for its informer,
+// up to Config.PodCacheWait, and if the pod is still missing asks the API
+// server once (a Get of the caller's pod, a List of the namespace's pods on
+// the node): it answers what the agent's retry would get, without the
+// backoff, and a test that creates a pod and asks at once does not depend
+// on the informer's timing. PodCacheMisses and PodReads count both.
 //
 // Tests steer it at run time: Stop and Restart on the same address, answer
 // badly on purpose (SetMode), fail with a chosen code (SetError, FailNext),

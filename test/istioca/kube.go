@@ -176,13 +176,18 @@ func (s *Server) authorizeImpersonation(ctx context.Context, c caller, want stri
 }
 
 // callerPod returns the caller's pod ns/name when it has the UID its token
-// is bound to: from the pod cache, else (not there yet, or an older pod of
-// the same name) by one Get.
+// is bound to: from the pod cache, waiting for it there up to
+// Config.PodCacheWait if it is not there yet (or an older pod of the same
+// name is), else by one Get.
 func (s *Server) callerPod(ctx context.Context, ns, name, uid string) (*corev1.Pod, error) {
-	if p := s.pods.pod(ns, name); p != nil && string(p.UID) == uid {
+	var p *corev1.Pod
+	cached := func() bool {
+		p = s.pods.pod(ns, name)
+		return p != nil && string(p.UID) == uid
+	}
+	if s.fromCache(ctx, cached) {
 		return p, nil
 	}
-	s.countPodRead()
 	pod, err := s.cfg.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("caller's pod %s/%s: %w", ns, name, err)
@@ -194,13 +199,13 @@ func (s *Server) callerPod(ctx context.Context, ns, name, uid string) (*corev1.P
 }
 
 // podOnNode returns nil when a pod of ns/sa that has not failed runs on
-// node: from the pod cache, else by one List of the namespace's pods on the
+// node: from the pod cache, waiting for one there up to
+// Config.PodCacheWait, else by one List of the namespace's pods on the
 // node.
 func (s *Server) podOnNode(ctx context.Context, node, ns, sa string) error {
-	if s.pods.onNode(node, ns, sa) {
+	if s.fromCache(ctx, func() bool { return s.pods.onNode(node, ns, sa) }) {
 		return nil
 	}
-	s.countPodRead()
 	pods, err := s.cfg.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
 	})
@@ -215,16 +220,37 @@ func (s *Server) podOnNode(ctx context.Context, node, ns, sa string) error {
 	return fmt.Errorf("no pod of %s/%s runs on node %s", ns, sa, node)
 }
 
-func (s *Server) countPodRead() {
+// fromCache reports whether cached holds now or, after a miss, within
+// Config.PodCacheWait as the pod informer catches up. A false answer is
+// counted as an API server read, which the caller then makes.
+func (s *Server) fromCache(ctx context.Context, cached func() bool) bool {
+	if cached() {
+		return true
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.podMisses++
+	s.mu.Unlock()
+	if s.pods.await(ctx, s.cfg.PodCacheWait, cached) {
+		return true
+	}
+	s.mu.Lock()
 	s.podReads++
+	s.mu.Unlock()
+	return false
 }
 
-// PodReads is how many times the node authorizer asked the API server for
-// a pod its cache did not hold (a Get of a caller's pod or a List of a
-// namespace's pods on a node); every other impersonation was answered from
-// the cache.
+// PodCacheMisses is how many of the node authorizer's look-ups (a caller's
+// pod, a pod of an account on a node) its pod cache could not answer at
+// once.
+func (s *Server) PodCacheMisses() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.podMisses
+}
+
+// PodReads is how many of those misses the informer did not fill within
+// Config.PodCacheWait, so that the node authorizer asked the API server (a
+// Get of the caller's pod or a List of a namespace's pods on a node).
 func (s *Server) PodReads() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

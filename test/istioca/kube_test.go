@@ -280,12 +280,12 @@ func TestImpersonationFromPodCache(t *testing.T) {
 	t.Run("pod added: allowed from the cache", func(t *testing.T) {
 		c.pod(t, c.app, "web-0", "web", "node-a")
 		waitFor(t, "the informer sees web-0", cached(c.app, "web-0"))
-		reads := s.PodReads()
+		misses := s.PodCacheMisses()
 		if err := ask(t, agentTok, web); err != nil {
 			t.Fatalf("refused: %v (denials %v)", err, s.Denials())
 		}
-		if got := s.PodReads() - reads; got != 0 {
-			t.Errorf("%d API server reads, want none: the cache holds both pods", got)
+		if got := s.PodCacheMisses() - misses; got != 0 {
+			t.Errorf("%d cache misses, want none: the cache holds both pods", got)
 		}
 	})
 
@@ -309,7 +309,8 @@ func TestImpersonationFromPodCache(t *testing.T) {
 		if d := s.Denials()[before:]; len(d) != 1 || !strings.Contains(d[0], "no pod of "+c.app+"/web runs on node node-a") {
 			t.Errorf("denials %v", d)
 		}
-		// The miss is confirmed by one List, which finds the failed pod only.
+		// The miss is confirmed, after the wait, by one List, which finds
+		// the failed pod only.
 		if got := s.PodReads() - reads; got != 1 {
 			t.Errorf("%d API server reads, want 1", got)
 		}
@@ -334,6 +335,27 @@ func TestImpersonationFromPodCache(t *testing.T) {
 		}
 	})
 
+	t.Run("pod created while its CSR waits for the informer", func(t *testing.T) {
+		// A CA that waits long: the pod is created only once the CSR is
+		// known to wait for it.
+		w := start(t, Config{Kube: c.env.Client(), TrustedNodeAccounts: []ServiceAccount{c.agentSA}, PodCacheWait: time.Minute})
+		late := w.Identity(ServiceAccount{Namespace: c.app, Name: "late"})
+		cc, ctx, req := client(t, w, nil), withToken(t, agentTok), &pb.IstioCertificateRequest{Csr: csrFor(t, late), Metadata: impersonating(t, late)}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := cc.CreateCertificate(ctx, req)
+			errc <- err
+		}()
+		waitFor(t, "the CSR misses the cache", func() bool { return w.PodCacheMisses() == 1 })
+		c.pod(t, c.app, "late-0", "late", "node-a")
+		if err := <-errc; err != nil {
+			t.Fatalf("refused: %v (denials %v)", err, w.Denials())
+		}
+		if misses, reads := w.PodCacheMisses(), w.PodReads(); misses != 1 || reads != 0 {
+			t.Errorf("%d misses, %d API server reads; want 1 and none: the informer brought the pod", misses, reads)
+		}
+	})
+
 	t.Run("pods the informer has not seen: one read each", func(t *testing.T) {
 		// With the informer stopped, new pods never reach the cache: what
 		// a CSR finds when it arrives before the watch event.
@@ -344,12 +366,12 @@ func TestImpersonationFromPodCache(t *testing.T) {
 		if cached(c.sys, "ztunnel-c")() || cached(c.app, "api-c")() {
 			t.Fatal("a stopped informer cached a new pod")
 		}
-		reads := s.PodReads()
+		misses, reads := s.PodCacheMisses(), s.PodReads()
 		if err := ask(t, tok, s.Identity(ServiceAccount{Namespace: c.app, Name: "api"})); err != nil {
 			t.Fatalf("refused: %v (denials %v)", err, s.Denials())
 		}
-		if got := s.PodReads() - reads; got != 2 {
-			t.Errorf("%d API server reads, want 2 (a Get of the caller's pod, a List of the node's pods)", got)
+		if m, r := s.PodCacheMisses()-misses, s.PodReads()-reads; m != 2 || r != 2 {
+			t.Errorf("%d misses, %d API server reads; want 2 of each (a Get of the caller's pod, a List of the node's pods)", m, r)
 		}
 		// Still the same rules: nothing of the account runs on node-c.
 		before := len(s.Denials())

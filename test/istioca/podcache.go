@@ -24,15 +24,16 @@ const indexOnNode = "node-serviceaccount"
 
 // podCache is the node authorizer's view of the cluster's pods, as istiod's:
 // an informer on every pod, by namespace/name and by node and service
-// account. The informer's store is safe for concurrent use; the other fields
-// are set once by startPodCache.
+// account. The informer's store is safe for concurrent use; informer,
+// cancel and done are set once by startPodCache; mu guards the rest.
 type podCache struct {
 	informer cache.SharedIndexInformer
 	cancel   context.CancelFunc
 	done     chan struct{} // closed when the informer has stopped
 
 	mu      sync.Mutex
-	lastErr error // the informer's last list or watch failure, for the sync timeout
+	lastErr error         // the informer's last list or watch failure, for the sync timeout
+	changed chan struct{} // closed and replaced after every pod event reached the store
 }
 
 // startPodCache runs a pod informer on kube and waits for its first list.
@@ -52,7 +53,15 @@ func startPodCache(kube kubernetes.Interface) (*podCache, error) {
 	if err := inf.SetTransform(stripPod); err != nil {
 		return nil, fmt.Errorf("setting the pod transform: %w", err)
 	}
-	c := &podCache{informer: inf, done: make(chan struct{})}
+	c := &podCache{informer: inf, done: make(chan struct{}), changed: make(chan struct{})}
+	// Handlers run after the event is in the store and its indexes.
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.notify() },
+		UpdateFunc: func(any, any) { c.notify() },
+		DeleteFunc: func(any) { c.notify() },
+	}); err != nil {
+		return nil, fmt.Errorf("adding the pod event handler: %w", err)
+	}
 	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		c.mu.Lock()
 		c.lastErr = err
@@ -82,6 +91,35 @@ func startPodCache(kube kubernetes.Interface) (*podCache, error) {
 func (c *podCache) stop() {
 	c.cancel()
 	<-c.done
+}
+
+func (c *podCache) notify() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// await waits until found holds, checking after every pod event, for at
+// most d or until ctx ends; it reports whether found held.
+func (c *podCache) await(ctx context.Context, d time.Duration, found func() bool) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		changed := c.changed
+		c.mu.Unlock()
+		if found() {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // pod is the cached pod ns/name, or nil.

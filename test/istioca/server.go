@@ -34,6 +34,11 @@ import (
 // name istiod presents inside a cluster.
 const DefaultServerName = "istiod.istio-system.svc"
 
+// DefaultPodCacheWait is Config.PodCacheWait's default: far longer than
+// the pod informer usually lags the API server, short enough that a
+// refusal is not slow.
+const DefaultPodCacheWait = 200 * time.Millisecond
+
 // DefaultTTL is the validity given when a request asks for none.
 const DefaultTTL = 24 * time.Hour
 
@@ -107,6 +112,10 @@ type Config struct {
 	// runs an informer on its pods for the node authorizer, and waits for
 	// its first list.
 	Kube kubernetes.Interface
+	// PodCacheWait is how long the node authorizer waits for its pod
+	// informer to show a pod it lacks before asking the API server. Default
+	// DefaultPodCacheWait.
+	PodCacheWait time.Duration
 	// Audiences the TokenReview asks for. Default [DefaultAudience].
 	Audiences []string
 	// TrustedNodeAccounts may ask for another identity with
@@ -140,7 +149,8 @@ type Server struct {
 	seen        []string // every bearer token received, in order
 	reviews     []Review // every TokenReview made, in order
 	denials     []string // why impersonation requests were refused, in order
-	podReads    int      // API server reads by the node authorizer (cache misses)
+	podMisses   int      // node authorizer look-ups its pod cache lacked at first
+	podReads    int      // of those, the ones read from the API server
 	foreign     *localca.CA
 
 	pods *podCache // with Config.Kube; set by Start before serving
@@ -185,6 +195,9 @@ func newServer(cfg Config) (*Server, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.PodCacheWait <= 0 {
+		cfg.PodCacheWait = DefaultPodCacheWait
 	}
 	ca := cfg.CA
 	if ca == nil {
