@@ -139,9 +139,9 @@ func claimTimes(tok string) (iat, exp time.Time) {
 // SPIFFE ID want, as istiod's node authorizer does: the caller's service
 // account is trusted, its pod still exists with the UID in its token, and a
 // pod of the wanted service account that has not failed runs on the
-// caller's node. The pods come from the pod cache; what it lacks is asked
-// of the API server once (see callerPod and podOnNode). The error is the
-// reason, for Denials.
+// caller's node. The pods come from the pod cache; what it lacks after
+// Config.PodCacheWait is asked of the API server once (see callerPod and
+// podOnNode). The error is the reason, for Denials.
 func (s *Server) authorizeImpersonation(ctx context.Context, c caller, want string) (pki.Identity, error) {
 	id := pki.Identity{SPIFFEID: want}
 	if err := id.Validate(); err != nil {
