@@ -295,11 +295,12 @@ func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsS
 // serve reads and answers requests until the stream ends.
 func (st *stream) serve() error {
 	for {
-		req, recvErr := st.grpc.Recv()
+		var in wireRequest
+		recvErr := st.grpc.RecvMsg(&in)
 		st.mu.Lock()
 		err := st.err
 		if err == nil && recvErr == nil {
-			err = st.srv.handleRequest(st, req)
+			err = st.srv.handleRequest(st, in.req)
 		}
 		st.mu.Unlock()
 		switch {

@@ -15,7 +15,15 @@ type WireMessage interface {
 	WirePieces() [][]byte
 }
 
-// codec is gRPC's protobuf codec, except that a WireMessage is sent as is.
+// WireDecoder is a message a service receives into that reads its own
+// protobuf wire form (RecvMsg with it), instead of protobuf's reflective
+// decoding. DecodeWire must not keep b, which gRPC reuses once it returns.
+type WireDecoder interface {
+	DecodeWire(b []byte) error
+}
+
+// codec is gRPC's protobuf codec, except that a WireMessage is sent as is
+// and a WireDecoder decodes itself.
 type codec struct{ proto encoding.CodecV2 }
 
 func newCodec() codec { return codec{proto: encoding.GetCodecV2(proto.Name)} }
@@ -37,6 +45,17 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	return out, nil
 }
 
-func (c codec) Unmarshal(data mem.BufferSlice, v any) error { return c.proto.Unmarshal(data, v) }
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	d, ok := v.(WireDecoder)
+	if !ok {
+		return c.proto.Unmarshal(data, v)
+	}
+	if len(data) == 1 {
+		return d.DecodeWire(data[0].ReadOnlyData())
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	return d.DecodeWire(buf.ReadOnlyData())
+}
 
 func (c codec) Name() string { return proto.Name }

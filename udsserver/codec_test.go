@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -46,5 +47,30 @@ func TestCodecSendsWirePiecesAsTheyAre(t *testing.T) {
 	}
 	if !bytes.Equal(plain.Materialize(), want) {
 		t.Fatal("a protobuf message is not marshalled as protobuf")
+	}
+}
+
+type wireBytes struct{ got []byte }
+
+func (w *wireBytes) DecodeWire(b []byte) error {
+	w.got = bytes.Clone(b)
+	return nil
+}
+
+// A WireDecoder gets the message's bytes whole, from one buffer or several.
+func TestCodecHandsAWireDecoderTheWholeMessage(t *testing.T) {
+	c := newCodec()
+	msg := []byte("one message received in pieces")
+	for _, data := range []mem.BufferSlice{
+		{mem.SliceBuffer(msg)},
+		{mem.SliceBuffer(msg[:5]), mem.SliceBuffer(msg[5:11]), mem.SliceBuffer(msg[11:])},
+	} {
+		var w wireBytes
+		if err := c.Unmarshal(data, &w); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(w.got, msg) {
+			t.Errorf("%d buffers decoded as %q, want %q", len(data), w.got, msg)
+		}
 	}
 }
