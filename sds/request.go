@@ -19,6 +19,10 @@ import (
 // decodes as protobuf does: the last of a repeated singular field wins,
 // fields of an unexpected wire type are skipped, and strings must be UTF-8.
 // Every ACK goes through here, so it is also the cheaper path per request.
+//
+// A stream decodes every request into the same wireRequest: its type URL and
+// resource names, unchanged in an ACK, reuse the previous request's strings
+// instead of allocating them again.
 type wireRequest struct {
 	req *discoveryv3.DiscoveryRequest
 }
@@ -41,7 +45,9 @@ const (
 var errMalformedRequest = errors.New("malformed DiscoveryRequest")
 
 func (w *wireRequest) DecodeWire(b []byte) error {
+	prev := w.req
 	req := &discoveryv3.DiscoveryRequest{}
+	var names [][]byte
 	err := decodeFields(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
 		if typ != protowire.BytesType {
 			return skipValue(num, typ, b)
@@ -55,12 +61,13 @@ func (w *wireRequest) DecodeWire(b []byte) error {
 		case reqVersionInfo:
 			req.VersionInfo, err = utf8String(v, "version_info")
 		case reqResourceNames:
-			var name string
-			if name, err = utf8String(v, "resource_names"); err == nil {
-				req.ResourceNames = append(req.ResourceNames, name)
-			}
+			names = append(names, v)
 		case reqTypeURL:
-			req.TypeUrl, err = utf8String(v, "type_url")
+			if prev != nil && string(v) == prev.TypeUrl {
+				req.TypeUrl = prev.TypeUrl
+			} else {
+				req.TypeUrl, err = utf8String(v, "type_url")
+			}
 		case reqResponseNonce:
 			req.ResponseNonce, err = utf8String(v, "response_nonce")
 		case reqErrorDetail:
@@ -74,8 +81,39 @@ func (w *wireRequest) DecodeWire(b []byte) error {
 	if err != nil {
 		return err
 	}
+	if req.ResourceNames, err = resourceNames(names, prev); err != nil {
+		return err
+	}
 	w.req = req
 	return nil
+}
+
+// resourceNames turns the names read into strings, or returns the previous
+// request's when they are the same.
+func resourceNames(names [][]byte, prev *discoveryv3.DiscoveryRequest) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	if prev != nil && len(prev.ResourceNames) == len(names) {
+		same := true
+		for i, n := range names {
+			if string(n) != prev.ResourceNames[i] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return prev.ResourceNames, nil
+		}
+	}
+	out := make([]string, len(names))
+	for i, n := range names {
+		var err error
+		if out[i], err = utf8String(n, "resource_names"); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // decodeStatus merges the code and message of a google.rpc.Status into st.

@@ -81,8 +81,14 @@ func FuzzWireRequest(f *testing.F) {
 		b, _ := proto.Marshal(r)
 		f.Add(b)
 	}
+	prev, _ := proto.Marshal(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: []string{"default", "ROOTCA"}})
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// After another request on the same stream, whose strings it may
+		// reuse.
 		var w wireRequest
+		if err := w.DecodeWire(prev); err != nil {
+			t.Fatal(err)
+		}
 		werr := w.DecodeWire(b)
 		var req discoveryv3.DiscoveryRequest
 		if proto.Unmarshal(b, &req) != nil {
@@ -95,4 +101,36 @@ func FuzzWireRequest(f *testing.F) {
 			t.Fatalf("decoded %v, want %v", w.req, want)
 		}
 	})
+}
+
+// An ACK's unchanged type URL and names reuse the previous request's
+// strings; changed names do not.
+func TestWireRequestReusesUnchangedStrings(t *testing.T) {
+	enc := func(r *discoveryv3.DiscoveryRequest) []byte {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	var w wireRequest
+	if err := w.DecodeWire(enc(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: []string{"default"}})); err != nil {
+		t.Fatal(err)
+	}
+	first := w.req
+	if err := w.DecodeWire(enc(&discoveryv3.DiscoveryRequest{VersionInfo: "v1", ResponseNonce: "n1", TypeUrl: resourcev3.SecretType, ResourceNames: []string{"default"}})); err != nil {
+		t.Fatal(err)
+	}
+	if &w.req.ResourceNames[0] != &first.ResourceNames[0] || w.req.VersionInfo != "v1" || w.req.ResponseNonce != "n1" {
+		t.Errorf("ACK decoded as %v; names not reused", w.req)
+	}
+	if err := w.DecodeWire(enc(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: []string{"ROOTCA"}})); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.req.ResourceNames) != 1 || w.req.ResourceNames[0] != "ROOTCA" || first.ResourceNames[0] != "default" {
+		t.Errorf("changed names decoded as %v (first request now %v)", w.req.ResourceNames, first.ResourceNames)
+	}
+	if err := w.DecodeWire(enc(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType})); err != nil || w.req.ResourceNames != nil {
+		t.Errorf("no names decoded as %v, %v", w.req.ResourceNames, err)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"weak"
 
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -72,8 +73,9 @@ type encodedCache struct {
 type encoded struct {
 	any *anypb.Any
 	// field is the resource as field 2 (resources) of a DiscoveryResponse:
-	// tag, length and the encoded Any.
-	field []byte
+	// tag, length and the encoded Any; a buffer made once, sent by every
+	// response that carries it.
+	field mem.Buffer
 }
 
 type encodedKey struct {
@@ -88,7 +90,7 @@ func (c *encodedCache) get(name string, sec *secretmanager.Secret) *anypb.Any {
 }
 
 // field returns the resource of sec under name as a DiscoveryResponse field.
-func (c *encodedCache) field(name string, sec *secretmanager.Secret) []byte {
+func (c *encodedCache) field(name string, sec *secretmanager.Secret) mem.Buffer {
 	return c.lookup(name, sec).field
 }
 
@@ -105,7 +107,7 @@ func (c *encodedCache) lookup(name string, sec *secretmanager.Secret) encoded {
 	var b []byte
 	b = appendField(b, anyTypeURL, []byte(a.TypeUrl))
 	b = appendField(b, anyValue, a.Value)
-	e := encoded{any: a, field: appendField(nil, fieldResources, b)}
+	e := encoded{any: a, field: mem.SliceBuffer(appendField(nil, fieldResources, b))}
 	if c.m == nil {
 		c.m = make(map[encodedKey]encoded)
 	}
@@ -142,25 +144,25 @@ const (
 )
 
 // typeURLField is field 4 (type_url) of every response sent here.
-var typeURLField = protowire.AppendString(protowire.AppendTag(nil, fieldTypeURL, protowire.BytesType), secretTypeURL)
+var typeURLField mem.Buffer = mem.SliceBuffer(protowire.AppendString(protowire.AppendTag(nil, fieldTypeURL, protowire.BytesType), secretTypeURL))
 
 // wireResponse is a DiscoveryResponse in wire form (udsserver.WireMessage):
 // its own version and nonce, then the shared encodings of its resources and
 // its type. Protobuf fields may come in any order.
 type wireResponse struct {
-	pieces [][]byte
+	buffers mem.BufferSlice
 }
 
-func (r *wireResponse) WirePieces() [][]byte { return r.pieces }
+func (r *wireResponse) WireBuffers() mem.BufferSlice { return r.buffers }
 
 // newWireResponse returns the response carrying the encoded resources.
-func newWireResponse(version, nonce string, resources [][]byte) *wireResponse {
+func newWireResponse(version, nonce string, resources []mem.Buffer) *wireResponse {
 	head := make([]byte, 0, len(version)+len(nonce)+6)
 	head = protowire.AppendString(protowire.AppendTag(head, fieldVersionInfo, protowire.BytesType), version)
 	head = protowire.AppendString(protowire.AppendTag(head, fieldNonce, protowire.BytesType), nonce)
-	pieces := make([][]byte, 0, len(resources)+2)
-	pieces = append(pieces, head)
-	pieces = append(pieces, resources...)
-	pieces = append(pieces, typeURLField)
-	return &wireResponse{pieces: pieces}
+	buffers := make(mem.BufferSlice, 0, len(resources)+2)
+	buffers = append(buffers, mem.SliceBuffer(head))
+	buffers = append(buffers, resources...)
+	buffers = append(buffers, typeURLField)
+	return &wireResponse{buffers: buffers}
 }

@@ -164,7 +164,7 @@ func TestSharedEncodingIsNotMutated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(field, b) {
+	if !bytes.Equal(field.ReadOnlyData(), b) {
 		t.Fatal("the shared wire form of the resource changed")
 	}
 }
@@ -228,7 +228,7 @@ func TestEncodingDroppedWithItsSecret(t *testing.T) {
 	var c encodedCache
 	func() {
 		sec := &secretmanager.Secret{Name: "ROOTCA", Roots: []byte("-----BEGIN CERTIFICATE-----\n"), Version: 1}
-		if len(c.field("ROOTCA", sec)) == 0 {
+		if c.field("ROOTCA", sec).Len() == 0 {
 			t.Fatal("no encoding")
 		}
 	}()

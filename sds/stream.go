@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/caller"
@@ -294,8 +295,8 @@ func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsS
 
 // serve reads and answers requests until the stream ends.
 func (st *stream) serve() error {
+	var in wireRequest
 	for {
-		var in wireRequest
 		recvErr := st.grpc.RecvMsg(&in)
 		st.mu.Lock()
 		err := st.err
@@ -487,7 +488,7 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 	if len(have) == 0 {
 		return nil
 	}
-	fields := make([][]byte, len(have))
+	fields := make([]mem.Buffer, len(have))
 	for i, sec := range have {
 		fields[i] = s.encoded.field(names[i], sec)
 	}

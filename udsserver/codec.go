@@ -7,12 +7,13 @@ import (
 )
 
 // WireMessage is a message a service hands to Send already in its protobuf
-// wire form, split in pieces (their concatenation is the message). The
-// socket's codec sends the pieces as they are, without marshalling or
-// copying them, so pieces shared by many messages (a secret sent on every
-// stream) are encoded once. The pieces must not be changed afterwards.
+// wire form, split in buffers (their concatenation is the message). The
+// socket's codec sends the buffers as they are, without marshalling or
+// copying them, so buffers shared by many messages (a secret sent on every
+// stream, as a mem.SliceBuffer made once) are encoded once. gRPC frees each
+// buffer once written: shared ones must not come from a pool.
 type WireMessage interface {
-	WirePieces() [][]byte
+	WireBuffers() mem.BufferSlice
 }
 
 // WireDecoder is a message a service receives into that reads its own
@@ -29,20 +30,10 @@ type codec struct{ proto encoding.CodecV2 }
 func newCodec() codec { return codec{proto: encoding.GetCodecV2(proto.Name)} }
 
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
-	w, ok := v.(WireMessage)
-	if !ok {
-		return c.proto.Marshal(v)
+	if w, ok := v.(WireMessage); ok {
+		return w.WireBuffers(), nil
 	}
-	pieces := w.WirePieces()
-	out := make(mem.BufferSlice, 0, len(pieces))
-	for _, p := range pieces {
-		if len(p) > 0 {
-			// A SliceBuffer is never returned to a pool: the shared bytes
-			// stay with their owner.
-			out = append(out, mem.SliceBuffer(p))
-		}
-	}
-	return out, nil
+	return c.proto.Marshal(v)
 }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {

@@ -11,7 +11,13 @@ import (
 
 type pieces [][]byte
 
-func (p pieces) WirePieces() [][]byte { return p }
+func (p pieces) WireBuffers() mem.BufferSlice {
+	out := make(mem.BufferSlice, len(p))
+	for i, b := range p {
+		out[i] = mem.SliceBuffer(b)
+	}
+	return out
+}
 
 // A WireMessage is sent as its pieces, in order, without a copy; anything
 // else is marshalled as protobuf, and both read back as protobuf.
@@ -22,7 +28,7 @@ func TestCodecSendsWirePiecesAsTheyAre(t *testing.T) {
 		t.Fatal(err)
 	}
 	shared := bytes.Clone(want)
-	out, err := c.Marshal(pieces{shared[:3], nil, shared[3:]})
+	out, err := c.Marshal(pieces{shared[:3], shared[3:]})
 	if err != nil {
 		t.Fatal(err)
 	}

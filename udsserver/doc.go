@@ -38,7 +38,7 @@
 // write buffer is shared, and clients are asked to keep no header table.
 //
 // Encoding: messages are protobuf, except that a service may Send a
-// WireMessage, a message already in wire form as pieces, which the socket's
+// WireMessage, a message already in wire form as buffers, which the socket's
 // codec sends without marshalling or copying (SDS sends each secret's
 // encoding, shared by every stream, this way), and a service may RecvMsg
 // into a WireDecoder, which reads its own wire form (SDS reads requests and
