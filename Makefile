@@ -11,9 +11,9 @@ FUZZ_PKGS ?= ./...
 
 .PHONY: build run test tools vet fmt-check bench soak docs fuzz proto clean
 
-## build: compile the agent into bin/meshagent
+## build: compile the agent into bin/meshagent (static; flags as in test/agentproc.BuildCommand)
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/agent
+	CGO_ENABLED=0 $(GO) build -tags grpcnotrace -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/agent
 
 ## run: start the agent in dev mode (in-memory CA) in ./.run, status on $(STATUS_PORT)
 run: build

@@ -14,6 +14,9 @@
 // file-cert:..., file-root:...). DeltaSecrets is not implemented, as in
 // pilot-agent and SPIRE.
 //
+// Requests are read from the wire by wireRequest (request.go), which skips
+// the node and keeps the fields the rules below need.
+//
 // Stream rules (SPEC 9): a request whose resource names differ (as a set)
 // from the stream's current ones is answered with every named secret
 // available, even when it carries error_detail (a NACK that changes the

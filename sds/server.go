@@ -181,7 +181,7 @@ func (s *Server) fetch(ctx context.Context, req *discoveryv3.DiscoveryRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return s.response(names, secrets)
+	return s.response(names, secrets), nil
 }
 
 // names returns the names a request stands for: its own, deduplicated in
@@ -237,21 +237,17 @@ func (s *Server) resolve(ctx context.Context, names []string) ([]*secretmanager.
 	return out, nil
 }
 
-func (s *Server) response(names []string, secrets []*secretmanager.Secret) (*discoveryv3.DiscoveryResponse, error) {
+func (s *Server) response(names []string, secrets []*secretmanager.Secret) *discoveryv3.DiscoveryResponse {
 	resources := make([]*anypb.Any, len(names))
 	for i, name := range names {
-		a, err := s.encoded.get(name, secrets[i])
-		if err != nil {
-			return nil, status.Error(codes.Internal, err.Error())
-		}
-		resources[i] = a
+		resources[i] = s.encoded.get(name, secrets[i])
 	}
 	return &discoveryv3.DiscoveryResponse{
 		VersionInfo: s.nextVersion(),
 		Resources:   resources,
 		TypeUrl:     secretTypeURL,
 		Nonce:       rand.Text(),
-	}, nil
+	}
 }
 
 // nextVersion is a timestamp and a counter, as pilot-agent sends. The

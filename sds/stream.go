@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/caller"
@@ -294,12 +295,13 @@ func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsS
 
 // serve reads and answers requests until the stream ends.
 func (st *stream) serve() error {
+	var in wireRequest
 	for {
-		req, recvErr := st.grpc.Recv()
+		recvErr := st.grpc.RecvMsg(&in)
 		st.mu.Lock()
 		err := st.err
 		if err == nil && recvErr == nil {
-			err = st.srv.handleRequest(st, req)
+			err = st.srv.handleRequest(st, in.req)
 		}
 		st.mu.Unlock()
 		switch {
@@ -486,13 +488,9 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 	if len(have) == 0 {
 		return nil
 	}
-	fields := make([][]byte, len(have))
+	fields := make([]mem.Buffer, len(have))
 	for i, sec := range have {
-		f, err := s.encoded.field(names[i], sec)
-		if err != nil {
-			return status.Error(codes.Internal, err.Error())
-		}
-		fields[i] = f
+		fields[i] = s.encoded.field(names[i], sec)
 	}
 	version, nonce := s.nextVersion(), rand.Text()
 	if err := str.grpc.SendMsg(newWireResponse(version, nonce, fields)); err != nil {

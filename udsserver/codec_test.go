@@ -4,13 +4,20 @@ import (
 	"bytes"
 	"testing"
 
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 type pieces [][]byte
 
-func (p pieces) WirePieces() [][]byte { return p }
+func (p pieces) WireBuffers() mem.BufferSlice {
+	out := make(mem.BufferSlice, len(p))
+	for i, b := range p {
+		out[i] = mem.SliceBuffer(b)
+	}
+	return out
+}
 
 // A WireMessage is sent as its pieces, in order, without a copy; anything
 // else is marshalled as protobuf, and both read back as protobuf.
@@ -21,7 +28,7 @@ func TestCodecSendsWirePiecesAsTheyAre(t *testing.T) {
 		t.Fatal(err)
 	}
 	shared := bytes.Clone(want)
-	out, err := c.Marshal(pieces{shared[:3], nil, shared[3:]})
+	out, err := c.Marshal(pieces{shared[:3], shared[3:]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,5 +53,30 @@ func TestCodecSendsWirePiecesAsTheyAre(t *testing.T) {
 	}
 	if !bytes.Equal(plain.Materialize(), want) {
 		t.Fatal("a protobuf message is not marshalled as protobuf")
+	}
+}
+
+type wireBytes struct{ got []byte }
+
+func (w *wireBytes) DecodeWire(b []byte) error {
+	w.got = bytes.Clone(b)
+	return nil
+}
+
+// A WireDecoder gets the message's bytes whole, from one buffer or several.
+func TestCodecHandsAWireDecoderTheWholeMessage(t *testing.T) {
+	c := newCodec()
+	msg := []byte("one message received in pieces")
+	for _, data := range []mem.BufferSlice{
+		{mem.SliceBuffer(msg)},
+		{mem.SliceBuffer(msg[:5]), mem.SliceBuffer(msg[5:11]), mem.SliceBuffer(msg[11:])},
+	} {
+		var w wireBytes
+		if err := c.Unmarshal(data, &w); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(w.got, msg) {
+			t.Errorf("%d buffers decoded as %q, want %q", len(data), w.got, msg)
+		}
 	}
 }

@@ -38,9 +38,11 @@
 // write buffer is shared, and clients are asked to keep no header table.
 //
 // Encoding: messages are protobuf, except that a service may Send a
-// WireMessage, a message already in wire form as pieces, which the socket's
+// WireMessage, a message already in wire form as buffers, which the socket's
 // codec sends without marshalling or copying (SDS sends each secret's
-// encoding, shared by every stream, this way).
+// encoding, shared by every stream, this way), and a service may RecvMsg
+// into a WireDecoder, which reads its own wire form (SDS reads requests and
+// ACKs this way, skipping the node it never uses).
 //
 // Concurrency: New starts nothing; Run starts gRPC's serving goroutines and
 // stops them before it returns. A connection's resolution is guarded by a

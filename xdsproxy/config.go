@@ -57,6 +57,15 @@ type Config struct {
 	// DialOptions are appended after the proxy's own.
 	Upstream caclient.TransportConfig
 
+	// ConnectAfter, when set, holds back the connection made at start until
+	// it is closed: the agent closes it once it holds its first workload
+	// certificate, so at start-up the handshakes with the CA (on the way to
+	// the first certificate, which Envoy needs) do not share the CPU with
+	// the control plane's, and an upstream that asks for the workload
+	// certificate finds it. A client stream opened earlier connects at once.
+	// Nil: connect when Run starts.
+	ConnectAfter <-chan struct{}
+
 	// MaxMessageSize bounds one message in either direction.
 	// Default DefaultMaxMessageSize.
 	MaxMessageSize int

@@ -173,9 +173,24 @@ func (p *Proxy) Run(ctx context.Context) error {
 		_ = os.Remove(path)
 		return fmt.Errorf("xds proxy: upstream %s: %w", p.upstream.Addr, err)
 	}
-	// Connect now, so the first client's stream finds the TLS handshake
-	// done; the connection is shared by every stream and outlives them.
-	conn.Connect()
+	// Connect now (or once ConnectAfter is closed), so the first client's
+	// stream finds the TLS handshake done; the connection is shared by every
+	// stream and outlives them.
+	wctx, stopWaiting := context.WithCancel(ctx)
+	waited := make(chan struct{})
+	if p.cfg.ConnectAfter == nil {
+		conn.Connect()
+		close(waited)
+	} else {
+		go func() {
+			defer close(waited)
+			select {
+			case <-p.cfg.ConnectAfter:
+				conn.Connect()
+			case <-wctx.Done():
+			}
+		}()
+	}
 	p.conn = conn
 	srv := grpc.NewServer(
 		grpc.ForceServerCodecV2(rawCodec{}),
@@ -218,6 +233,8 @@ func (p *Proxy) Run(ctx context.Context) error {
 	case serveErr = <-served:
 	}
 	srv.Stop() // closes the listener and every stream; waits for the handlers
+	stopWaiting()
+	<-waited
 	_ = conn.Close()
 	if serveErr == nil {
 		serveErr = <-served

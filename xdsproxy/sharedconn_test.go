@@ -210,3 +210,36 @@ func TestStalledClientDoesNotHoldUpOthersOnTheSharedConnection(t *testing.T) {
 		t.Fatalf("%d upstream connections, want 1", d)
 	}
 }
+
+// With ConnectAfter the connection made at start waits for it, but a client
+// stream opened before it connects at once.
+func TestConnectAfterHoldsBackTheStartConnection(t *testing.T) {
+	var tcp tcpCounter
+	after := make(chan struct{})
+	newRig(t, rigOptions{tweak: func(cfg *Config) {
+		cfg.Upstream.DialOptions = append(cfg.Upstream.DialOptions, tcp.dialOption())
+		cfg.ConnectAfter = after
+	}})
+	// The socket is served (newRig waited for it); give a wrongly eager
+	// connection the time to show before checking there is none.
+	time.Sleep(100 * time.Millisecond)
+	if n := tcp.dials.Load(); n != 0 {
+		t.Fatalf("%d upstream connections before ConnectAfter closed, want 0", n)
+	}
+	close(after)
+	waitFor(t, 5*time.Second, "the upstream connection once ConnectAfter closed", func() bool { return tcp.dials.Load() == 1 })
+
+	// Another proxy whose ConnectAfter never closes still serves a client.
+	var tcp2 tcpCounter
+	r2 := newRig(t, rigOptions{tweak: func(cfg *Config) {
+		cfg.Upstream.DialOptions = append(cfg.Upstream.DialOptions, tcp2.dialOption())
+		cfg.ConnectAfter = make(chan struct{})
+	}})
+	setClusters(t, r2.up, "v0", "c0")
+	c := newSotwClient(t, dialSocket(t, r2.socket))
+	c.send(&discovery.DiscoveryRequest{Node: testNode(), TypeUrl: resource.ClusterType})
+	c.untilVersion(resource.ClusterType, "v0", 5*time.Second)
+	if n := tcp2.dials.Load(); n != 1 {
+		t.Fatalf("%d upstream connections for the client's stream, want 1", n)
+	}
+}

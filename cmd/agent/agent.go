@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/sockprobe"
 	"github.com/meshagent/meshagent/logging"
+	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/settings"
 	"github.com/meshagent/meshagent/status"
 )
@@ -45,6 +47,18 @@ type agent struct {
 	// service account with pods on the node (linkerdNodeTokens).
 	podTokens *credfetcher.PodTokens
 	nodePods  nodePods
+	// firstCert is closed when the manager first publishes a workload
+	// certificate of the agent's own identity (noteFirstCert).
+	firstCert     chan struct{}
+	firstCertOnce sync.Once
+}
+
+// noteFirstCert is the managers' OnPublish: it closes firstCert at the first
+// workload certificate.
+func (a *agent) noteFirstCert(s *secretmanager.Secret) {
+	if !s.IsRoot() {
+		a.firstCertOnce.Do(func() { close(a.firstCert) })
+	}
 }
 
 // errSourceUnavailable: a mode without a certificate source (a mode added to
@@ -74,7 +88,7 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 		removeStaleSocket(ctx, log, cfg.SDSSocket)
 	}
 
-	a := &agent{cfg: cfg, log: log, base: base, reg: newRegistry(mode), mode: mode}
+	a := &agent{cfg: cfg, log: log, base: base, reg: newRegistry(mode), mode: mode, firstCert: make(chan struct{})}
 	a.status = status.New(status.Config{Addr: cfg.StatusAddr(), Gatherer: a.reg, Logger: base, OnListen: h.statusListening})
 
 	components, err := a.buildComponents()

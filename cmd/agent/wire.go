@@ -74,6 +74,7 @@ func (a *agent) managerConfig(id pki.Identity, roots secretmanager.RootSource, s
 		Source:            source,
 		Logger:            a.base,
 		Registerer:        a.reg,
+		OnPublish:         a.noteFirstCert,
 	}
 	if mc.GraceJitter == 0 {
 		mc.GraceJitter = -1 // zero means none; the manager reads 0 as "default"
@@ -440,8 +441,12 @@ func (a *agent) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, e
 		return nil, nil, err
 	}
 	clientCert := workloadCertificate(nil)
+	// With a manager, the connection made at start waits for the first
+	// certificate: see xdsproxy.Config.ConnectAfter.
+	var connectAfter <-chan struct{}
 	if src.manager != nil {
 		clientCert = workloadCertificate(src.manager)
+		connectAfter = a.firstCert
 	}
 	xp, err := xdsproxy.New(xdsproxy.Config{
 		SocketPath: c.XDSSocket,
@@ -455,8 +460,9 @@ func (a *agent) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, e
 			Metadata:          md,
 			ClientCertificate: clientCert,
 		},
-		Logger:     a.base,
-		Registerer: a.reg,
+		ConnectAfter: connectAfter,
+		Logger:       a.base,
+		Registerer:   a.reg,
 	})
 	if err != nil {
 		return nil, nil, err

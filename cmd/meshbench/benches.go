@@ -31,6 +31,7 @@ func (b *bench) newAgent(keyType string, ttl time.Duration, profiled bool) (*age
 		return nil, fmt.Errorf("creating agent directory: %w", err)
 	}
 	cfg := b.fx.agentConfig(b.opts.agent, b.opts.agentArgs, keyType, ttl)
+	cfg.LogLevel = b.opts.logLevel
 	if profiled && b.opts.pprofDir != "" {
 		port, err := freePort()
 		if err != nil {
@@ -69,11 +70,12 @@ func untilExit(ctx context.Context, a *agentProc) (context.Context, context.Canc
 
 // coldStart starts one agent and measures the time from just before the
 // process starts to the first "default" secret on an SDS stream: the client
-// polls for the socket every millisecond, then streams.
-func (b *bench) coldStart(ctx context.Context, keyType string) (time.Duration, error) {
+// polls for the socket every millisecond, then streams. cpu is the agent's
+// CPU time (all its threads) when the secret has arrived.
+func (b *bench) coldStart(ctx context.Context, keyType string) (wall, cpu time.Duration, err error) {
 	a, err := b.newAgent(keyType, 0, false)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer a.Stop(2 * time.Second)
 	ctx, cancel := context.WithTimeout(ctx, b.opts.startTimeout)
@@ -82,27 +84,34 @@ func (b *bench) coldStart(ctx context.Context, keyType string) (time.Duration, e
 	defer stop()
 	conn, err := dialUnix(a.SDSSocket(), 4<<20)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer conn.Close()
 	at, err := firstSecret(ctx, conn)
 	if err != nil {
-		return 0, agentErr(a, fmt.Errorf("waiting for the first secret: %w", err))
+		return 0, 0, agentErr(a, fmt.Errorf("waiting for the first secret: %w", err))
 	}
-	return at.Sub(a.Started), nil
+	cpu, err = schedCPU(a.Pid())
+	if err != nil {
+		return 0, 0, err
+	}
+	return at.Sub(a.Started), cpu, nil
 }
 
-// coldStarts measures runs cold starts with keyType.
-func (b *bench) coldStarts(ctx context.Context, name, keyType string) (Figure, error) {
-	f := Figure{Name: name, Unit: "ms"}
+// coldStarts measures runs cold starts with keyType: the time to the first
+// secret in name, and the agent's CPU time by then in cpuName.
+func (b *bench) coldStarts(ctx context.Context, name, cpuName, keyType string) (wall, cpu Figure, err error) {
+	wall = Figure{Name: name, Unit: "ms"}
+	cpu = Figure{Name: cpuName, Unit: "ms"}
 	for i := range b.opts.coldRuns {
-		d, err := b.coldStart(ctx, keyType)
+		w, c, err := b.coldStart(ctx, keyType)
 		if err != nil {
-			return f, fmt.Errorf("run %d: %w", i+1, err)
+			return wall, cpu, fmt.Errorf("run %d: %w", i+1, err)
 		}
-		f.Samples = append(f.Samples, ms(d))
+		wall.Samples = append(wall.Samples, ms(w))
+		cpu.Samples = append(cpu.Samples, ms(c))
 	}
-	return f, nil
+	return wall, cpu, nil
 }
 
 // steadyResult holds the figures measured on one long-running agent.
@@ -221,6 +230,12 @@ func idleCPU(ctx context.Context, pid int, window time.Duration) (cpu, ticks tim
 // measurement.
 type xdsResult struct {
 	directMs, proxyMs, ratio []float64
+	// proxyCPUMs is the agent's CPU time during a proxied read. cpuRatio is
+	// the CPU time a proxied read costs (this process, which is both the
+	// control plane and the client, plus the agent) over the CPU time of
+	// the direct read of the same pair: when the direct read keeps every
+	// core busy, the time ratio cannot be below it.
+	proxyCPUMs, cpuRatio []float64
 	// peakOverIdleMB is the agent's peak RSS during a proxied read less its
 	// idle RSS; peakOverSize is the same over the response size.
 	peakOverIdleMB, peakOverSize []float64
@@ -287,17 +302,24 @@ func (b *bench) xdsForward(ctx context.Context, a *agentProc, size int, idleKB i
 		return res, err
 	}
 	defer pconn.Close()
-	direct := func() (time.Duration, error) { return b.fetchBig(ctx, dconn, size, &res) }
-	var proxyCPU time.Duration // the agent's CPU time in the last proxied read
+	// The CPU time of this process in the last direct and proxied read,
+	// and the agent's in the last proxied read.
+	var directCPU, proxiedCPU, proxyCPU time.Duration
+	direct := func() (time.Duration, error) {
+		d, cpu, err := b.fetchBig(ctx, dconn, size, &res)
+		directCPU = cpu
+		return d, err
+	}
 	proxied := func() (time.Duration, int64, error) {
 		if err := resetHWM(a.Pid()); err != nil {
 			b.log("%v; the peak covers the agent's whole life", err)
 		}
 		cpu0, cerr := schedCPU(a.Pid())
-		d, err := b.fetchBig(ctx, pconn, size, &res)
+		d, cpu, err := b.fetchBig(ctx, pconn, size, &res)
 		if err != nil {
 			return 0, 0, agentErr(a, fmt.Errorf("through the proxy: %w", err))
 		}
+		proxiedCPU = cpu
 		if cpu1, err := schedCPU(a.Pid()); err == nil && cerr == nil {
 			proxyCPU = cpu1 - cpu0
 		}
@@ -325,11 +347,15 @@ func (b *bench) xdsForward(ctx context.Context, a *agentProc, size int, idleKB i
 			return res, fmt.Errorf("run %d: %w", i+1, err)
 		}
 		over := float64(hwm-idleKB) * 1024
-		b.log("%d MB response: direct %v, through the proxy %v (proxy CPU %v), proxy peak RSS %.1f MB (%.1f MB over idle; %s)",
-			size/1_000_000, dd, pd, proxyCPU, float64(hwm)/1024, over/(1<<20), rssBreakdown(a.Pid()))
+		b.log("%d MB response: direct %v (CPU here %v), through the proxy %v (CPU here %v, proxy CPU %v), proxy peak RSS %.1f MB (%.1f MB over idle; %s)",
+			size/1_000_000, dd, directCPU, pd, proxiedCPU, proxyCPU, float64(hwm)/1024, over/(1<<20), rssBreakdown(a.Pid()))
 		res.directMs = append(res.directMs, ms(dd))
 		res.proxyMs = append(res.proxyMs, ms(pd))
 		res.ratio = append(res.ratio, float64(pd)/float64(dd))
+		res.proxyCPUMs = append(res.proxyCPUMs, ms(proxyCPU))
+		if directCPU > 0 && proxiedCPU > 0 {
+			res.cpuRatio = append(res.cpuRatio, float64(proxiedCPU+proxyCPU)/float64(directCPU))
+		}
 		res.peakOverIdleMB = append(res.peakOverIdleMB, over/(1<<20))
 		res.peakOverSize = append(res.peakOverSize, over/float64(res.size))
 	}
@@ -351,27 +377,34 @@ func (b *bench) xdsForward(ctx context.Context, a *agentProc, size int, idleKB i
 	return res, nil
 }
 
-// fetchBig reads the large response on conn once and checks its size.
-func (b *bench) fetchBig(ctx context.Context, conn *grpc.ClientConn, want int, res *xdsResult) (time.Duration, error) {
+// fetchBig reads the large response on conn once, checks its size and
+// returns the time the read took and the CPU time this process spent on it
+// (0 if schedstat cannot be read).
+func (b *bench) fetchBig(ctx context.Context, conn *grpc.ClientConn, want int, res *xdsResult) (time.Duration, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.opts.xdsTimeout)
 	defer cancel()
 	if err := waitReady(ctx, conn); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// This process is both the control plane and the client: every read
 	// starts from a collected heap and runs without collections here, so
 	// the timings differ only by the path the bytes take.
 	runtime.GC()
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	cpu0, cerr := schedCPU(os.Getpid())
 	size, d, err := fetchADS(ctx, conn, bigRequest())
 	if err != nil {
-		return 0, err
+		return 0, 0, err
+	}
+	var cpu time.Duration
+	if cpu1, err := schedCPU(os.Getpid()); err == nil && cerr == nil {
+		cpu = cpu1 - cpu0
 	}
 	if size < want {
-		return 0, fmt.Errorf("response of %d bytes, want at least %d", size, want)
+		return 0, 0, fmt.Errorf("response of %d bytes, want at least %d", size, want)
 	}
 	res.size = size
-	return d, nil
+	return d, cpu, nil
 }
 
 // rotationResult holds one sample per rotation of each rotation figure.

@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/meshagent/meshagent/test/agentproc"
 )
 
 // options are the command's flags.
@@ -23,6 +24,7 @@ type options struct {
 	build        bool
 	only         map[string]bool
 	keep         bool
+	logLevel     string
 	pprofDir     string
 	timeout      time.Duration
 	startTimeout time.Duration
@@ -62,6 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.build, "build", false, "rebuild the agent binary even when it exists")
 	only := fs.String("only", strings.Join(groups, ","), "comma-separated measurement groups to run: "+strings.Join(groups, ", "))
 	fs.BoolVar(&o.keep, "keep", false, "keep the agents' working directories and logs")
+	fs.StringVar(&o.logLevel, "agent-log-level", "", "MESHAGENT_LOG_LEVEL of the agents (with -keep, debug puts each start-up step's time in their logs)")
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "save heap and goroutine profiles of the steady and Workload API agents (idle and with the streams) and a CPU profile of the rotations here, from the agent's /debug/pprof")
 	fs.DurationVar(&o.timeout, "timeout", 290*time.Second, "give up on everything after this long")
 	fs.DurationVar(&o.startTimeout, "start-timeout", 15*time.Second, "longest wait for an agent's first secret")
@@ -187,14 +190,20 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 	started := time.Now()
 
 	if opts.only["cold"] {
-		for _, kt := range []struct{ name, key string }{{"cold_start_ms", "ec-p256"}, {"cold_start_rsa2048_ms", "rsa-2048"}} {
+		for _, kt := range []struct{ name, cpuName, key string }{
+			{"cold_start_ms", "cold_start_agent_cpu_ms", "ec-p256"},
+			{"cold_start_rsa2048_ms", "", "rsa-2048"},
+		} {
 			logf("%d cold starts with %s keys", opts.coldRuns, kt.key)
-			f, err := b.coldStarts(ctx, kt.name, kt.key)
+			wall, cpu, err := b.coldStarts(ctx, kt.name, kt.cpuName, kt.key)
 			if err != nil {
 				rep.Fail(kt.name, err)
 				continue
 			}
-			rep.Report(f)
+			rep.Report(wall)
+			if kt.cpuName != "" {
+				rep.Report(cpu)
+			}
 		}
 	}
 
@@ -286,9 +295,10 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 
 // runXDS measures the xDS proxy figures for the small and the large
 // response on one agent: the time through the proxy over the direct time,
-// and the proxy's peak RSS over its idle RSS, in MB and over the response
-// size. The targets: at most 1.2x the direct time for the small response,
-// at most 1.2x the response size over idle for the large one.
+// the CPU time of a proxied read over that of a direct one and the proxy's
+// own, and the proxy's peak RSS over its idle RSS, in MB and over the
+// response size. The targets: at most 1.2x the direct time for the small
+// response, at most 1.2x the response size over idle for the large one.
 func runXDS(ctx context.Context, b *bench, opts options, rep *Reporter) {
 	sizes := []struct {
 		bytes                  int
@@ -299,7 +309,7 @@ func runXDS(ctx context.Context, b *bench, opts options, rep *Reporter) {
 	}
 	names := func(bytes int) []string {
 		p := fmt.Sprintf("xds_forward_%dmb_", bytes/1_000_000)
-		return []string{p + "ratio", p + "peak_rss_over_idle_mb", p + "peak_rss_over_idle_x"}
+		return []string{p + "ratio", p + "cpu_ratio", p + "proxy_cpu_ms", p + "peak_rss_over_idle_mb", p + "peak_rss_over_idle_x"}
 	}
 	a, idle, release, err := b.xdsAgent(ctx)
 	if err != nil {
@@ -325,8 +335,10 @@ func runXDS(ctx context.Context, b *bench, opts options, rep *Reporter) {
 		b.log("xDS %d MB: direct read median %.1f ms, through the proxy %.1f ms (%d bytes)",
 			s.bytes/1_000_000, Summarize(res.directMs).Median, Summarize(res.proxyMs).Median, res.size)
 		rep.Report(Figure{Name: n[0], Unit: "x", Samples: res.ratio, Target: s.ratioTarget})
-		rep.Report(Figure{Name: n[1], Unit: "MB", Samples: res.peakOverIdleMB})
-		rep.Report(Figure{Name: n[2], Unit: "x", Samples: res.peakOverSize, Target: s.rssTarget})
+		rep.Report(Figure{Name: n[1], Unit: "x", Samples: res.cpuRatio})
+		rep.Report(Figure{Name: n[2], Unit: "ms", Samples: res.proxyCPUMs})
+		rep.Report(Figure{Name: n[3], Unit: "MB", Samples: res.peakOverIdleMB})
+		rep.Report(Figure{Name: n[4], Unit: "x", Samples: res.peakOverSize, Target: s.rssTarget})
 	}
 }
 
@@ -336,7 +348,7 @@ func ensureAgent(ctx context.Context, opts options, stderr io.Writer) error {
 		return nil
 	}
 	fmt.Fprintf(stderr, "meshbench: building %s\n", opts.agent)
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", opts.agent, "./cmd/agent")
+	cmd := agentproc.BuildCommand(ctx, opts.agent)
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("building %s: %w", opts.agent, err)

@@ -38,10 +38,12 @@ func TestRunAgainstAgent(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	want := []string{
-		"cold_start_ms", "cold_start_rsa2048_ms", "idle_rss_mb", "sds_streams_rss_kb_per_stream",
+		"cold_start_ms", "cold_start_agent_cpu_ms", "cold_start_rsa2048_ms", "idle_rss_mb", "sds_streams_rss_kb_per_stream",
 		"cpu_idle_ms_per_min",
-		"xds_forward_1mb_ratio", "xds_forward_1mb_peak_rss_over_idle_mb", "xds_forward_1mb_peak_rss_over_idle_x",
-		"xds_forward_4mb_ratio", "xds_forward_4mb_peak_rss_over_idle_mb", "xds_forward_4mb_peak_rss_over_idle_x",
+		"xds_forward_1mb_ratio", "xds_forward_1mb_cpu_ratio", "xds_forward_1mb_proxy_cpu_ms",
+		"xds_forward_1mb_peak_rss_over_idle_mb", "xds_forward_1mb_peak_rss_over_idle_x",
+		"xds_forward_4mb_ratio", "xds_forward_4mb_cpu_ratio", "xds_forward_4mb_proxy_cpu_ms",
+		"xds_forward_4mb_peak_rss_over_idle_mb", "xds_forward_4mb_peak_rss_over_idle_x",
 		"workloadapi_streams_rss_kb_per_stream", "rotation_fanout_ms", "rotation_first_to_last_stream_ms",
 	}
 	if len(lines) != len(want) {

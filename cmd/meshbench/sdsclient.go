@@ -3,18 +3,17 @@ package main
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"net"
 	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 )
 
 // defaultSecret is the SDS resource name of the workload certificate.
@@ -70,26 +69,12 @@ func secretRequest(names []string, ack *discovery.DiscoveryResponse) *discovery.
 // response: an FNV-1a hash of its inline bytes. It fails when the response
 // does not hold that secret with an inline certificate chain.
 func certKey(resp *discovery.DiscoveryResponse, name string) (uint64, error) {
-	if resp.GetTypeUrl() != resource.SecretType {
-		return 0, fmt.Errorf("response of type %q, want %q", resp.GetTypeUrl(), resource.SecretType)
+	b, err := proto.Marshal(resp)
+	if err != nil {
+		return 0, err
 	}
-	for _, a := range resp.GetResources() {
-		var s tlsv3.Secret
-		if err := a.UnmarshalTo(&s); err != nil {
-			return 0, fmt.Errorf("decoding secret: %w", err)
-		}
-		if s.GetName() != name {
-			continue
-		}
-		chain := s.GetTlsCertificate().GetCertificateChain().GetInlineBytes()
-		if len(chain) == 0 {
-			return 0, fmt.Errorf("secret %q has no inline certificate chain", name)
-		}
-		h := fnv.New64a()
-		h.Write(chain)
-		return h.Sum64(), nil
-	}
-	return 0, fmt.Errorf("response has no secret %q (%d resources)", name, len(resp.GetResources()))
+	r, err := scanSDSResponse(b, name)
+	return r.key, err
 }
 
 // firstSecret opens a StreamSecrets stream for "default" on conn and waits
@@ -129,7 +114,8 @@ type certArrivals struct {
 
 // streamSet holds many StreamSecrets streams for "default" over a few
 // connections, as many Envoy listeners would. Every stream ACKs each
-// response at once and records when each certificate reached it.
+// response at once and records when each certificate reached it. The
+// streams read and write messages in wire form (see sdswire.go).
 type streamSet struct {
 	total  int
 	conns  []*grpc.ClientConn
@@ -155,9 +141,9 @@ func openStreams(ctx context.Context, path string, conns, perConn int) (*streamS
 			return nil, err
 		}
 		s.conns = append(s.conns, conn)
-		client := secretv3.NewSecretDiscoveryServiceClient(conn)
 		for i := range perConn {
-			stream, err := client.StreamSecrets(ctx)
+			stream, err := conn.NewStream(ctx, &secretv3.SecretDiscoveryService_ServiceDesc.Streams[1],
+				secretv3.SecretDiscoveryService_StreamSecrets_FullMethodName, grpc.ForceCodecV2(wireCodec{}))
 			if err != nil {
 				s.Close()
 				return nil, fmt.Errorf("opening SDS stream %d: %w", c*perConn+i+1, err)
@@ -170,32 +156,34 @@ func openStreams(ctx context.Context, path string, conns, perConn int) (*streamS
 }
 
 // run serves one stream until it ends.
-func (s *streamSet) run(stream secretv3.SecretDiscoveryService_StreamSecretsClient) {
+func (s *streamSet) run(stream grpc.ClientStream) {
 	defer s.wg.Done()
-	if err := stream.Send(secretRequest([]string{defaultSecret}, nil)); err != nil {
+	req := &wireMessage{data: appendSDSRequest(nil, defaultSecret, "", "")}
+	if err := stream.SendMsg(req); err != nil {
 		s.fail(fmt.Errorf("sending SDS request: %w", err))
 		return
 	}
 	var last uint64
+	var resp wireMessage
 	for {
-		resp, err := stream.Recv()
-		if err != nil {
+		if err := stream.RecvMsg(&resp); err != nil {
 			s.fail(fmt.Errorf("receiving SDS response: %w", err))
 			return
 		}
 		at := time.Now()
-		key, err := certKey(resp, defaultSecret)
+		r, err := scanSDSResponse(resp.data, defaultSecret)
 		if err != nil {
 			s.fail(err)
 			return
 		}
-		if err := stream.Send(secretRequest([]string{defaultSecret}, resp)); err != nil {
+		req.data = appendSDSRequest(req.data[:0], defaultSecret, r.version, r.nonce)
+		if err := stream.SendMsg(req); err != nil {
 			s.fail(fmt.Errorf("sending SDS ACK: %w", err))
 			return
 		}
-		if key != last {
-			s.arrived(key, at)
-			last = key
+		if r.key != last {
+			s.arrived(r.key, at)
+			last = r.key
 		}
 	}
 }

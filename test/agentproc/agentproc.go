@@ -7,6 +7,7 @@ package agentproc
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -30,12 +31,34 @@ var Binary = sync.OnceValues(func() (string, error) {
 		return "", err
 	}
 	bin := filepath.Join(dir, "meshagent")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/meshagent/meshagent/cmd/agent").CombinedOutput()
+	out, err := BuildCommand(context.Background(), bin).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("go build: %v: %s", err, out)
 	}
 	return bin, nil
 })
+
+// BuildTags and BuildEnv are how the agent binary is built, here and by
+// `make build` (the Makefile repeats them; TestMakefileBuildsTheSameBinary
+// keeps the two the same):
+//   - grpcnotrace leaves out gRPC's golang.org/x/net/trace, which links
+//     html/template; its reflective method calls make the linker keep every
+//     exported method of every type in an interface, ~8 MB of code, most of
+//     it resident after start-up;
+//   - CGO_ENABLED=0 links the binary statically (Go's own DNS resolver and
+//     user database), so no dynamic loader or libc runs before main.
+const BuildTags = "grpcnotrace"
+
+// BuildEnv is the environment added to the go command's for a build.
+var BuildEnv = []string{"CGO_ENABLED=0"}
+
+// BuildCommand returns the go command that builds cmd/agent into out. Its
+// working directory is the caller's, which must be inside the module.
+func BuildCommand(ctx context.Context, out string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "go", "build", "-tags", BuildTags, "-o", out, "github.com/meshagent/meshagent/cmd/agent")
+	cmd.Env = append(os.Environ(), BuildEnv...)
+	return cmd
+}
 
 // TempDir returns a short new directory removed when the test ends, so Unix
 // socket paths under it fit a socket address.

@@ -19,6 +19,22 @@
 // account that has not failed runs on the caller pod's node. Anything else
 // is Unauthenticated with an opaque message; Denials keeps the reason.
 //
+// Like istiod, the node authorizer answers from a pod informer: with
+// Config.Kube, Start lists and watches every pod of the cluster (kept
+// stripped to name, UID, node, service account and phase, and indexed by
+// node and service account) and serves only once that first list is in, so
+// a CSR costs the API server one TokenReview and no pod look-up. The cache
+// lags the API server by a watch event. A pod deleted, or failed, is
+// refused once the informer has seen it, and allowed until then, as by
+// istiod. A pod created just before its first CSR may not be cached yet:
+// istiod refuses then, and the node agent retries after its backoff until
+// the informer has caught up. The test CA instead waits for its informer,
+// up to Config.PodCacheWait, and if the pod is still missing asks the API
+// server once (a Get of the caller's pod, a List of the namespace's pods on
+// the node): it answers what the agent's retry would get, without the
+// backoff, and a test that creates a pod and asks at once does not depend
+// on the informer's timing. PodCacheMisses and PodReads count both.
+//
 // Tests steer it at run time: Stop and Restart on the same address, answer
 // badly on purpose (SetMode), fail with a chosen code (SetError, FailNext),
 // answer slowly (SetDelay), or present an unexpected serving certificate
@@ -26,6 +42,7 @@
 // LastRequest, Tokens, Reviews, Denials) so a test can assert on the CA side.
 //
 // It owns no process-wide state. A Server is safe for concurrent use; all its
-// mutable state sits behind one mutex, and Start registers a cleanup that
-// stops it when the test ends.
+// mutable state sits behind one mutex (the pod informer's store has its
+// own), and Start registers a cleanup that stops the server and the
+// informer when the test ends.
 package istioca

@@ -139,7 +139,9 @@ func claimTimes(tok string) (iat, exp time.Time) {
 // SPIFFE ID want, as istiod's node authorizer does: the caller's service
 // account is trusted, its pod still exists with the UID in its token, and a
 // pod of the wanted service account that has not failed runs on the
-// caller's node. The error is the reason, for Denials.
+// caller's node. The pods come from the pod cache; what it lacks after
+// Config.PodCacheWait is asked of the API server once (see callerPod and
+// podOnNode). The error is the reason, for Denials.
 func (s *Server) authorizeImpersonation(ctx context.Context, c caller, want string) (pki.Identity, error) {
 	id := pki.Identity{SPIFFEID: want}
 	if err := id.Validate(); err != nil {
@@ -159,29 +161,100 @@ func (s *Server) authorizeImpersonation(ctx context.Context, c caller, want stri
 	if r.PodName == "" || r.PodUID == "" {
 		return pki.Identity{}, errors.New("caller's token is not bound to a pod")
 	}
-	pod, err := s.cfg.Kube.CoreV1().Pods(r.ServiceAccount.Namespace).Get(ctx, r.PodName, metav1.GetOptions{})
+	pod, err := s.callerPod(ctx, r.ServiceAccount.Namespace, r.PodName, r.PodUID)
 	if err != nil {
-		return pki.Identity{}, fmt.Errorf("caller's pod %s/%s: %w", r.ServiceAccount.Namespace, r.PodName, err)
-	}
-	if string(pod.UID) != r.PodUID {
-		return pki.Identity{}, fmt.Errorf("caller's pod %s/%s has UID %s, the token names %s", pod.Namespace, pod.Name, pod.UID, r.PodUID)
+		return pki.Identity{}, err
 	}
 	node := pod.Spec.NodeName
 	if node == "" {
 		return pki.Identity{}, fmt.Errorf("caller's pod %s/%s is not on a node", pod.Namespace, pod.Name)
 	}
+	if err := s.podOnNode(ctx, node, ns, sa); err != nil {
+		return pki.Identity{}, err
+	}
+	return id, nil
+}
+
+// callerPod returns the caller's pod ns/name when it has the UID its token
+// is bound to: from the pod cache, waiting for it there up to
+// Config.PodCacheWait if it is not there yet (or an older pod of the same
+// name is), else by one Get.
+func (s *Server) callerPod(ctx context.Context, ns, name, uid string) (*corev1.Pod, error) {
+	var p *corev1.Pod
+	cached := func() bool {
+		p = s.pods.pod(ns, name)
+		return p != nil && string(p.UID) == uid
+	}
+	if s.fromCache(ctx, cached) {
+		return p, nil
+	}
+	pod, err := s.cfg.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("caller's pod %s/%s: %w", ns, name, err)
+	}
+	if string(pod.UID) != uid {
+		return nil, fmt.Errorf("caller's pod %s/%s has UID %s, the token names %s", pod.Namespace, pod.Name, pod.UID, uid)
+	}
+	return pod, nil
+}
+
+// podOnNode returns nil when a pod of ns/sa that has not failed runs on
+// node: from the pod cache, waiting for one there up to
+// Config.PodCacheWait, else by one List of the namespace's pods on the
+// node.
+func (s *Server) podOnNode(ctx context.Context, node, ns, sa string) error {
+	if s.fromCache(ctx, func() bool { return s.pods.onNode(node, ns, sa) }) {
+		return nil
+	}
 	pods, err := s.cfg.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
 	})
 	if err != nil {
-		return pki.Identity{}, fmt.Errorf("listing pods of %s on node %s: %w", ns, node, err)
+		return fmt.Errorf("listing pods of %s on node %s: %w", ns, node, err)
 	}
 	for _, p := range pods.Items {
 		if p.Spec.ServiceAccountName == sa && p.Status.Phase != corev1.PodFailed {
-			return id, nil
+			return nil
 		}
 	}
-	return pki.Identity{}, fmt.Errorf("no pod of %s/%s runs on node %s", ns, sa, node)
+	return fmt.Errorf("no pod of %s/%s runs on node %s", ns, sa, node)
+}
+
+// fromCache reports whether cached holds now or, after a miss, within
+// Config.PodCacheWait as the pod informer catches up. A false answer is
+// counted as an API server read, which the caller then makes.
+func (s *Server) fromCache(ctx context.Context, cached func() bool) bool {
+	if cached() {
+		return true
+	}
+	s.mu.Lock()
+	s.podMisses++
+	s.mu.Unlock()
+	if s.pods.await(ctx, s.cfg.PodCacheWait, cached) {
+		return true
+	}
+	s.mu.Lock()
+	s.podReads++
+	s.mu.Unlock()
+	return false
+}
+
+// PodCacheMisses is how many of the node authorizer's look-ups (a caller's
+// pod, a pod of an account on a node) its pod cache could not answer at
+// once.
+func (s *Server) PodCacheMisses() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.podMisses
+}
+
+// PodReads is how many of those misses the informer did not fill within
+// Config.PodCacheWait, so that the node authorizer asked the API server (a
+// Get of the caller's pod or a List of a namespace's pods on a node).
+func (s *Server) PodReads() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.podReads
 }
 
 // parseSPIFFE splits spiffe://<td>/ns/<ns>/sa/<sa>.

@@ -252,3 +252,146 @@ func TestImpersonation(t *testing.T) {
 		}
 	})
 }
+
+// TestImpersonationFromPodCache: the node authorizer answers from its pod
+// informer, asking the API server only for what the informer has not seen.
+func TestImpersonationFromPodCache(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	s := start(t, Config{Kube: c.env.Client(), TrustedNodeAccounts: []ServiceAccount{c.agentSA}})
+	agentTok := c.token(t, c.sys, "ztunnel", []string{"istio-ca"}, c.agentPod)
+	web := s.Identity(ServiceAccount{Namespace: c.app, Name: "web"})
+	ask := func(t *testing.T, tok string, id pki.Identity) error {
+		t.Helper()
+		_, err := client(t, s, nil).CreateCertificate(withToken(t, tok), &pb.IstioCertificateRequest{
+			Csr: csrFor(t, id), Metadata: impersonating(t, id),
+		})
+		return err
+	}
+	cached := func(ns, name string) func() bool {
+		return func() bool { return s.pods.pod(ns, name) != nil }
+	}
+
+	// The agent's pod was in the informer's first list.
+	if s.pods.pod(c.sys, c.agentPod.Name) == nil {
+		t.Fatalf("the caller's pod %s/%s is not in the cache Start waited for", c.sys, c.agentPod.Name)
+	}
+
+	t.Run("pod added: allowed from the cache", func(t *testing.T) {
+		c.pod(t, c.app, "web-0", "web", "node-a")
+		waitFor(t, "the informer sees web-0", cached(c.app, "web-0"))
+		misses := s.PodCacheMisses()
+		if err := ask(t, agentTok, web); err != nil {
+			t.Fatalf("refused: %v (denials %v)", err, s.Denials())
+		}
+		if got := s.PodCacheMisses() - misses; got != 0 {
+			t.Errorf("%d cache misses, want none: the cache holds both pods", got)
+		}
+	})
+
+	t.Run("pod failed: refused once the informer sees it", func(t *testing.T) {
+		p, err := c.env.Client().CoreV1().Pods(c.app).Get(ctx, "web-0", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status.Phase = corev1.PodFailed
+		if _, err := c.env.Client().CoreV1().Pods(c.app).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the informer sees web-0 failed", func() bool {
+			p := s.pods.pod(c.app, "web-0")
+			return p != nil && p.Status.Phase == corev1.PodFailed
+		})
+		before, reads := len(s.Denials()), s.PodReads()
+		if err := ask(t, agentTok, web); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("answer %v, want Unauthenticated", err)
+		}
+		if d := s.Denials()[before:]; len(d) != 1 || !strings.Contains(d[0], "no pod of "+c.app+"/web runs on node node-a") {
+			t.Errorf("denials %v", d)
+		}
+		// The miss is confirmed, after the wait, by one List, which finds
+		// the failed pod only.
+		if got := s.PodReads() - reads; got != 1 {
+			t.Errorf("%d API server reads, want 1", got)
+		}
+	})
+
+	t.Run("pod deleted: refused once the informer sees it", func(t *testing.T) {
+		c.pod(t, c.app, "web-1", "web", "node-a")
+		waitFor(t, "the informer sees web-1", cached(c.app, "web-1"))
+		if err := ask(t, agentTok, web); err != nil {
+			t.Fatalf("refused while web-1 runs: %v (denials %v)", err, s.Denials())
+		}
+		if err := c.env.Client().CoreV1().Pods(c.app).Delete(ctx, "web-1", deleteNow); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the informer sees web-1 deleted", func() bool { return !cached(c.app, "web-1")() })
+		before := len(s.Denials())
+		if err := ask(t, agentTok, web); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("answer %v, want Unauthenticated", err)
+		}
+		if d := s.Denials()[before:]; len(d) != 1 || !strings.Contains(d[0], "no pod of "+c.app+"/web runs on node node-a") {
+			t.Errorf("denials %v", d)
+		}
+	})
+
+	t.Run("pod created while its CSR waits for the informer", func(t *testing.T) {
+		// A CA that waits long: the pod is created only once the CSR is
+		// known to wait for it.
+		w := start(t, Config{Kube: c.env.Client(), TrustedNodeAccounts: []ServiceAccount{c.agentSA}, PodCacheWait: time.Minute})
+		late := w.Identity(ServiceAccount{Namespace: c.app, Name: "late"})
+		cc, ctx, req := client(t, w, nil), withToken(t, agentTok), &pb.IstioCertificateRequest{Csr: csrFor(t, late), Metadata: impersonating(t, late)}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := cc.CreateCertificate(ctx, req)
+			errc <- err
+		}()
+		waitFor(t, "the CSR misses the cache", func() bool { return w.PodCacheMisses() == 1 })
+		c.pod(t, c.app, "late-0", "late", "node-a")
+		if err := <-errc; err != nil {
+			t.Fatalf("refused: %v (denials %v)", err, w.Denials())
+		}
+		if misses, reads := w.PodCacheMisses(), w.PodReads(); misses != 1 || reads != 0 {
+			t.Errorf("%d misses, %d API server reads; want 1 and none: the informer brought the pod", misses, reads)
+		}
+	})
+
+	t.Run("pods the informer has not seen: one read each", func(t *testing.T) {
+		// With the informer stopped, new pods never reach the cache: what
+		// a CSR finds when it arrives before the watch event.
+		s.pods.stop()
+		agentC := c.pod(t, c.sys, "ztunnel-c", "ztunnel", "node-c")
+		c.pod(t, c.app, "api-c", "api", "node-c")
+		tok := c.token(t, c.sys, "ztunnel", []string{"istio-ca"}, agentC)
+		if cached(c.sys, "ztunnel-c")() || cached(c.app, "api-c")() {
+			t.Fatal("a stopped informer cached a new pod")
+		}
+		misses, reads := s.PodCacheMisses(), s.PodReads()
+		if err := ask(t, tok, s.Identity(ServiceAccount{Namespace: c.app, Name: "api"})); err != nil {
+			t.Fatalf("refused: %v (denials %v)", err, s.Denials())
+		}
+		if m, r := s.PodCacheMisses()-misses, s.PodReads()-reads; m != 2 || r != 2 {
+			t.Errorf("%d misses, %d API server reads; want 2 of each (a Get of the caller's pod, a List of the node's pods)", m, r)
+		}
+		// Still the same rules: nothing of the account runs on node-c.
+		before := len(s.Denials())
+		if err := ask(t, tok, web); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("answer %v, want Unauthenticated", err)
+		}
+		if d := s.Denials()[before:]; len(d) != 1 || !strings.Contains(d[0], "no pod of "+c.app+"/web runs on node node-c") {
+			t.Errorf("denials %v", d)
+		}
+	})
+}
+
+// waitFor polls cond until it holds, failing the test after 30 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

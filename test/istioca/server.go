@@ -34,6 +34,11 @@ import (
 // name istiod presents inside a cluster.
 const DefaultServerName = "istiod.istio-system.svc"
 
+// DefaultPodCacheWait is Config.PodCacheWait's default: far longer than
+// the pod informer usually lags the API server, short enough that a
+// refusal is not slow.
+const DefaultPodCacheWait = 200 * time.Millisecond
+
 // DefaultTTL is the validity given when a request asks for none.
 const DefaultTTL = 24 * time.Hour
 
@@ -103,9 +108,14 @@ type Config struct {
 	// bearer tokens authenticate then.
 	Plaintext bool
 	// Kube, when set, authenticates a bearer token that is not in Tokens by
-	// a TokenReview against this API server, as istiod does. It also
-	// serves the pod look-ups of impersonation.
+	// a TokenReview against this API server, as istiod does. Start also
+	// runs an informer on its pods for the node authorizer, and waits for
+	// its first list.
 	Kube kubernetes.Interface
+	// PodCacheWait is how long the node authorizer waits for its pod
+	// informer to show a pod it lacks before asking the API server. Default
+	// DefaultPodCacheWait.
+	PodCacheWait time.Duration
 	// Audiences the TokenReview asks for. Default [DefaultAudience].
 	Audiences []string
 	// TrustedNodeAccounts may ask for another identity with
@@ -139,15 +149,29 @@ type Server struct {
 	seen        []string // every bearer token received, in order
 	reviews     []Review // every TokenReview made, in order
 	denials     []string // why impersonation requests were refused, in order
+	podMisses   int      // node authorizer look-ups its pod cache lacked at first
+	podReads    int      // of those, the ones read from the API server
 	foreign     *localca.CA
+
+	pods *podCache // with Config.Kube; set by Start before serving
 }
 
-// Start serves a new test CA over TLS and stops it when the test ends.
+// Start serves a new test CA over TLS and stops it when the test ends. With
+// Config.Kube it first starts the pod informer and waits until it has
+// listed every pod (at most 30 s; the test fails then).
 func Start(t testing.TB, cfg Config) *Server {
 	t.Helper()
 	s, err := newServer(cfg)
 	if err != nil {
 		t.Fatalf("istioca: %v", err)
+	}
+	if cfg.Kube != nil {
+		pods, err := startPodCache(cfg.Kube)
+		if err != nil {
+			t.Fatalf("istioca: %v", err)
+		}
+		s.pods = pods
+		t.Cleanup(pods.stop)
 	}
 	lis, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
@@ -171,6 +195,9 @@ func newServer(cfg Config) (*Server, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.PodCacheWait <= 0 {
+		cfg.PodCacheWait = DefaultPodCacheWait
 	}
 	ca := cfg.CA
 	if ca == nil {
