@@ -1,6 +1,7 @@
 package podresolver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -247,8 +248,31 @@ func TestParseStartTime(t *testing.T) {
 func FuzzParseStartTime(f *testing.F) {
 	f.Add([]byte(statLine(1, 99)))
 	f.Add([]byte("1 ()) ) 2 3"))
+	f.Add([]byte("1 (a b) S" + strings.Repeat(" 7", 19) + "\t42\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		_, _ = parseStartTime(data)
+		got, err := parseStartTime(data)
+		// The kernel writes ASCII; there the fields are bytes.Fields'.
+		if bytes.IndexFunc(data, func(r rune) bool { return r >= 0x80 }) >= 0 {
+			return
+		}
+		end := bytes.LastIndexByte(data, ')')
+		if end < 0 {
+			if err == nil {
+				t.Fatalf("parseStartTime(%q) = %d without a command name", data, got)
+			}
+			return
+		}
+		fields := bytes.Fields(data[end+1:])
+		if len(fields) < 20 {
+			if err == nil {
+				t.Fatalf("parseStartTime(%q) = %d with %d fields", data, got, len(fields))
+			}
+			return
+		}
+		want, werr := strconv.ParseUint(string(fields[19]), 10, 64)
+		if (err == nil) != (werr == nil) || got != want {
+			t.Fatalf("parseStartTime(%q) = %d, %v; field 22 is %q", data, got, err, fields[19])
+		}
 	})
 }
 
@@ -284,4 +308,24 @@ func FuzzParseNodeUIDs(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestAppendFile(t *testing.T) {
+	dir := t.TempDir()
+	big := strings.Repeat("1:name=systemd:/kubepods/besteffort/pod"+uidA+"/"+cid+"\n", 40) // larger than procBuffer
+	name := filepath.Join(dir, "cgroup")
+	if err := os.WriteFile(name, []byte(big), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	buf := append(make([]byte, 0, 8), "kept"...)
+	got, err := appendFile(buf, name, len(big))
+	if err != nil || string(got) != "kept"+big {
+		t.Fatalf("appendFile = %d bytes, %v; want the file after the buffer's content", len(got), err)
+	}
+	if _, err := appendFile(nil, name, len(big)-1); err == nil {
+		t.Fatal("a file one byte over the limit was read")
+	}
+	if _, err := appendFile(nil, filepath.Join(dir, "missing"), 10); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: %v", err)
+	}
 }
