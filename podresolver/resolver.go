@@ -197,8 +197,8 @@ func (r *Resolver) pod(ctx context.Context, uid string) (podindex.Pod, error) {
 // maxCgroupFile bounds what is read of /proc/<pid>/cgroup.
 const maxCgroupFile = 64 << 10
 
-// procBuffer holds a cgroup v2 file (one line) and two stat files without
-// growing; cgroup v1's dozen lines grow it once.
+// procBuffer holds a cgroup v2 file (one line) and a stat file after it
+// without growing; cgroup v1's dozen lines grow it once.
 const procBuffer = 1 << 10
 
 // readCgroup reads /proc/<pid>/cgroup so that the content is known to be
@@ -210,8 +210,9 @@ func (r *Resolver) readCgroup(ctx context.Context, pid int32) ([]byte, error) {
 	}
 	defer pin.release()
 	dir := filepath.Join(r.cfg.ProcRoot, strconv.Itoa(int(pid)))
-	// One buffer for the three files: the cgroup file stays at its start,
-	// the stat files are read after it.
+	// One buffer for the three files: the first stat file at its start
+	// (parsed, then overwritten), the cgroup file there, and the second
+	// stat file after the cgroup file.
 	buf := make([]byte, 0, procBuffer)
 	before, err := startTime(dir, buf)
 	if err != nil {
