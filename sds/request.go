@@ -1,13 +1,14 @@
 package sds
 
 import (
-	"errors"
 	"fmt"
 	"unicode/utf8"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/meshagent/meshagent/internal/wirefields"
 )
 
 // wireRequest receives a StreamSecrets request (a udsserver.WireDecoder). It
@@ -42,19 +43,13 @@ const (
 	statusMessage protowire.Number = 2
 )
 
-var errMalformedRequest = errors.New("malformed DiscoveryRequest")
-
 func (w *wireRequest) DecodeWire(b []byte) error {
 	prev := w.req
 	req := &discoveryv3.DiscoveryRequest{}
 	var names [][]byte
-	err := decodeFields(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+	err := wirefields.Walk(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
 		if typ != protowire.BytesType {
-			return skipValue(num, typ, b)
-		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return 0, errMalformedRequest
+			return nil
 		}
 		var err error
 		switch num {
@@ -76,13 +71,13 @@ func (w *wireRequest) DecodeWire(b []byte) error {
 			}
 			err = decodeStatus(v, req.ErrorDetail)
 		}
-		return n, err
+		return err
 	})
-	if err != nil {
-		return err
+	if err == nil {
+		req.ResourceNames, err = resourceNames(names, prev)
 	}
-	if req.ResourceNames, err = resourceNames(names, prev); err != nil {
-		return err
+	if err != nil {
+		return fmt.Errorf("decoding DiscoveryRequest: %w", err)
 	}
 	w.req = req
 	return nil
@@ -118,57 +113,23 @@ func resourceNames(names [][]byte, prev *discoveryv3.DiscoveryRequest) ([]string
 
 // decodeStatus merges the code and message of a google.rpc.Status into st.
 func decodeStatus(b []byte, st *rpcstatus.Status) error {
-	return decodeFields(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+	return wirefields.Walk(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
 		switch {
 		case num == statusCode && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return 0, errMalformedRequest
-			}
-			st.Code = int32(v)
-			return n, nil
+			code, _ := protowire.ConsumeVarint(v) // Walk checked it
+			st.Code = int32(code)
 		case num == statusMessage && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return 0, errMalformedRequest
-			}
 			var err error
 			st.Message, err = utf8String(v, "error_detail.message")
-			return n, err
-		}
-		return skipValue(num, typ, b)
-	})
-}
-
-// decodeFields calls field with each field's number, type and the bytes
-// from its value on; field returns how many bytes the value took.
-func decodeFields(b []byte, field func(protowire.Number, protowire.Type, []byte) (int, error)) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return errMalformedRequest
-		}
-		b = b[n:]
-		n, err := field(num, typ, b)
-		if err != nil {
 			return err
 		}
-		b = b[n:]
-	}
-	return nil
-}
-
-func skipValue(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
-	n := protowire.ConsumeFieldValue(num, typ, b)
-	if n < 0 {
-		return 0, errMalformedRequest
-	}
-	return n, nil
+		return nil
+	})
 }
 
 func utf8String(b []byte, field string) (string, error) {
 	if !utf8.Valid(b) {
-		return "", fmt.Errorf("%w: %s is not valid UTF-8", errMalformedRequest, field)
+		return "", fmt.Errorf("%s is not valid UTF-8", field)
 	}
 	return string(b), nil
 }

@@ -1,6 +1,10 @@
 package secretmanager
 
-import "time"
+import (
+	"time"
+
+	"github.com/meshagent/meshagent/internal/backoff"
+)
 
 // Policy is the rotation schedule of SPEC 8.
 type Policy struct {
@@ -52,8 +56,8 @@ func RenewAt(issued, notAfter time.Time, p Policy, u float64) time.Time {
 	if life <= 0 {
 		return issued.Add(floorAbsolute)
 	}
-	u = clamp01(u)
-	r := clamp01(p.GraceRatio + p.GraceJitter*(2*u-1))
+	u = backoff.Clamp01(u)
+	r := backoff.Clamp01(p.GraceRatio + p.GraceJitter*(2*u-1))
 	grace := time.Duration(r * float64(life))
 	delay := max(life-grace, RenewalFloor(life))
 	if p.MinDelay > 0 && delay < p.MinDelay {
@@ -63,15 +67,4 @@ func RenewAt(issued, notAfter time.Time, p Policy, u float64) time.Time {
 		delay = p.MaxDelay
 	}
 	return issued.Add(delay)
-}
-
-// clamp01 limits v to [0, 1]; NaN becomes 0.
-func clamp01(v float64) float64 {
-	if !(v > 0) {
-		return 0
-	}
-	if v > 1 {
-		return 1
-	}
-	return v
 }

@@ -1,11 +1,11 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"hash/fnv"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/meshagent/meshagent/internal/wirefields"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -49,8 +49,6 @@ type sdsResponse struct {
 	// certKey).
 	key uint64
 }
-
-var errMalformed = errors.New("malformed protobuf")
 
 // scanSDSResponse reads a DiscoveryResponse holding the TLS secret name: its
 // version, nonce and the key of its certificate chain. It fails where certKey
@@ -155,30 +153,12 @@ func secretChainKey(b []byte, name string) (key uint64, ok bool, err error) {
 // scanFields calls fn with each length-delimited field of the message b and
 // skips the others.
 func scanFields(b []byte, fn func(num protowire.Number, v []byte) error) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return errMalformed
-		}
-		b = b[n:]
+	return wirefields.Walk(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
 		if typ != protowire.BytesType {
-			n = protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return errMalformed
-			}
-			b = b[n:]
-			continue
+			return nil
 		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return errMalformed
-		}
-		b = b[n:]
-		if err := fn(num, v); err != nil {
-			return err
-		}
-	}
-	return nil
+		return fn(num, v)
+	})
 }
 
 // nodeWire is benchNode in wire form.

@@ -35,11 +35,12 @@ func (p Policy) Delay(attempt int, u float64) time.Duration {
 	}
 	d = min(d, limit)
 	half := d / 2
-	return half + time.Duration(clamp01(u)*float64(d-half))
+	return half + time.Duration(Clamp01(u)*float64(d-half))
 }
 
-// clamp01 limits v to [0, 1]; NaN becomes 0.
-func clamp01(v float64) float64 {
+// Clamp01 limits v to [0, 1]; NaN becomes 0. The backoff here and the
+// renewal jitter (secretmanager.RenewAt) read their random draws through it.
+func Clamp01(v float64) float64 {
 	if !(v > 0) {
 		return 0
 	}
