@@ -14,12 +14,11 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/settings"
+	"github.com/meshagent/meshagent/test/podproc"
 )
 
 func TestMain(m *testing.M) {
-	if sock := os.Getenv(childFetchEnv); sock != "" {
-		os.Exit(childFetch(sock))
-	}
+	podproc.RunFetchChild()
 	os.Exit(kube.Main(m))
 }
 

@@ -1,16 +1,10 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -22,7 +16,6 @@ import (
 	"github.com/meshagent/meshagent/status"
 	"github.com/meshagent/meshagent/test/kubeenv"
 	"github.com/meshagent/meshagent/test/podproc"
-	"github.com/meshagent/meshagent/test/sdsclient"
 )
 
 // kube is the package's API server, started by the first test that needs it.
@@ -33,82 +26,22 @@ func kubeEnv(t *testing.T) *kubeenv.Env {
 	return kube.Env(t)
 }
 
-// childFetchEnv makes the test binary a child that waits for a line on
-// stdin (the parent moves it into a pod's cgroup meanwhile), then fetches
-// "default" over SDS from the socket it names and prints the certificate's
-// URI SAN, or "error: ..." on failure.
-const childFetchEnv = "AGENT_TEST_SDS_FETCH"
-
-// childFetchNameEnv names another resource to fetch than "default".
-const childFetchNameEnv = "AGENT_TEST_SDS_NAME"
-
-func childFetch(sock string) int {
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := sdsclient.Dial(ctx, sock)
-	if err != nil {
-		fmt.Println("error:", err)
-		return 0
-	}
-	defer c.Close()
-	name := "default"
-	if n := os.Getenv(childFetchNameEnv); n != "" {
-		name = n
-	}
-	resp, err := c.Fetch(ctx, name)
-	if err != nil {
-		fmt.Println("error:", err)
-		return 0
-	}
-	chain, _, ok := resp.Cert(name)
-	if !ok {
-		fmt.Println("error: no certificate")
-		return 0
-	}
-	block, _ := pem.Decode(chain)
-	if block == nil {
-		fmt.Println("error: chain is not PEM")
-		return 0
-	}
-	cert, err := x509.ParseCertificate(block.Bytes)
-	if err != nil || len(cert.URIs) != 1 {
-		fmt.Println("error: bad certificate:", err)
-		return 0
-	}
-	fmt.Println(cert.URIs[0].String())
-	return 0
-}
-
-// fetchAsPod runs a child in the cgroup of pod uid that fetches "default"
-// from the agent's socket, and returns what it printed.
+// fetchAsPod fetches "default" (or name) from the agent's socket as a
+// process of pod uid, and returns the certificate's URI SAN or "error: ...".
 func fetchAsPod(t *testing.T, sock, uid string, shape podproc.Shape, name ...string) string {
 	t.Helper()
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childFetchEnv+"="+sock)
+	n := "default"
 	if len(name) > 0 {
-		child.Env = append(child.Env, childFetchNameEnv+"="+name[0])
+		n = name[0]
 	}
-	stdin, err := child.StdinPipe()
+	cert, err := podproc.FetchAsPod(t, sock, uid, shape, n)
 	if err != nil {
-		t.Fatal(err)
+		return "error: " + err.Error()
 	}
-	var out bytes.Buffer
-	child.Stdout = &out
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
+	if len(cert.URIs) != 1 {
+		return fmt.Sprintf("error: bad certificate: %d URI SANs", len(cert.URIs))
 	}
-	defer podproc.Kill(child) // if Move fails
-	podproc.Move(t, child.Process.Pid, shape, uid, "c0ffee")
-	if _, err := io.WriteString(stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := child.Wait(); err != nil {
-		t.Fatalf("child: %v; output %q", err, out.String())
-	}
-	return strings.TrimSpace(out.String())
+	return cert.URIs[0].String()
 }
 
 func TestNodeModeNeedsNodeName(t *testing.T) {

@@ -1,16 +1,10 @@
 package linkerdnode
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,75 +17,18 @@ import (
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/linkerdca"
 	"github.com/meshagent/meshagent/test/podproc"
-	"github.com/meshagent/meshagent/test/sdsclient"
 )
 
-// childFetchEnv makes the test binary a child that waits for a line on
-// stdin (the parent moves it into a pod's cgroup meanwhile), then fetches
-// "default" over SDS from the socket it names and prints the leaf's DNS
-// SANs, comma-separated, and its URI SAN count, or "error: ..." on failure.
-const childFetchEnv = "LINKERDNODE_TEST_SDS_FETCH"
-
-func childFetch(sock string) int {
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := sdsclient.Dial(ctx, sock)
-	if err != nil {
-		fmt.Println("error:", err)
-		return 0
-	}
-	defer c.Close()
-	resp, err := c.Fetch(ctx, "default")
-	if err != nil {
-		fmt.Println("error:", err)
-		return 0
-	}
-	chain, _, ok := resp.Cert("default")
-	if !ok {
-		fmt.Println("error: no certificate")
-		return 0
-	}
-	block, _ := pem.Decode(chain)
-	if block == nil {
-		fmt.Println("error: chain is not PEM")
-		return 0
-	}
-	cert, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		fmt.Println("error: bad certificate:", err)
-		return 0
-	}
-	fmt.Printf("%s uris=%d\n", strings.Join(cert.DNSNames, ","), len(cert.URIs))
-	return 0
-}
-
-// fetchAsPod runs a child in the cgroup of pod uid that fetches "default"
-// from the agent's socket, and returns what it printed.
+// fetchAsPod fetches "default" from the agent's socket as a process of pod
+// uid, and returns the leaf's DNS SANs, comma-separated, and its URI SAN
+// count, or "error: ...".
 func fetchAsPod(t *testing.T, sock, uid string) string {
 	t.Helper()
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childFetchEnv+"="+sock)
-	stdin, err := child.StdinPipe()
+	cert, err := podproc.FetchAsPod(t, sock, uid, podproc.Cgroupfs, "default")
 	if err != nil {
-		t.Fatal(err)
+		return "error: " + err.Error()
 	}
-	var out bytes.Buffer
-	child.Stdout = &out
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer podproc.Kill(child) // if Move fails
-	podproc.Move(t, child.Process.Pid, podproc.Cgroupfs, uid, "c0ffee")
-	if _, err := io.WriteString(stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := child.Wait(); err != nil {
-		t.Fatalf("child: %v; output %q", err, out.String())
-	}
-	return strings.TrimSpace(out.String())
+	return fmt.Sprintf("%s uris=%d", strings.Join(cert.DNSNames, ","), len(cert.URIs))
 }
 
 // grantNodeAgent gives ns/sa what the chart's node ClusterRole gives the

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/meshagent/meshagent/test/kubeenv"
+	"github.com/meshagent/meshagent/test/podproc"
 )
 
 // kube is the package's API server, started by the first test that needs it.
@@ -21,8 +22,6 @@ func kubeEnv(t *testing.T) *kubeenv.Env {
 }
 
 func TestMain(m *testing.M) {
-	if sock := os.Getenv(childFetchEnv); sock != "" {
-		os.Exit(childFetch(sock))
-	}
+	podproc.RunFetchChild()
 	os.Exit(kube.Main(m))
 }

@@ -1,6 +1,7 @@
 // Package podproc starts test processes inside cgroups shaped like a
 // kubelet's pod cgroups, so that /proc/<pid>/cgroup of a real process names
-// a pod, as on a node.
+// a pod, as on a node. FetchAsPod runs the test binary itself as such a
+// process, fetching a certificate over SDS (RunFetchChild in TestMain).
 //
 // It owns the cgroup directories it creates (the pod's and the container's;
 // the shared kubepods and QoS parents are left in place, since tests of other
