@@ -5,7 +5,8 @@
 // rule that a bearer token is only ever sent to a verified CA or over loopback.
 // A call the peer refuses with Unauthenticated is reported to a token fetcher
 // that keeps tokens (credfetcher.Invalidator), so the next call carries a new
-// one.
+// one. Conn is the connection a protocol client keeps to its CA: dialled on
+// first use or by Preconnect, dropped after a failed call, closed once.
 //
 // The protocols live in sub-packages: caclient/istio (IstioCertificateService)
 // and caclient/linkerd (Identity.Certify). Clients are safe for concurrent use;

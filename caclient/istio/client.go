@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -76,10 +74,7 @@ type Client struct {
 	cfg     Config
 	log     *zap.Logger
 	metrics *metrics
-
-	mu     sync.Mutex
-	conn   *grpc.ClientConn // nil until needed and after a failed attempt
-	closed bool
+	conn    *caclient.Conn
 }
 
 var (
@@ -114,6 +109,7 @@ func New(cfg Config) (*Client, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.Named("caclient.istio").With(zap.String(keyAddr, tc.Addr)),
 		metrics: m,
+		conn:    caclient.NewConn(tc, ErrClosed),
 	}, nil
 }
 
@@ -202,7 +198,7 @@ func contextEnded(ctx context.Context) error {
 
 // attempt makes one CreateCertificate call.
 func (c *Client) attempt(ctx context.Context, req *pb.IstioCertificateRequest) ([]*x509.Certificate, error) {
-	conn, err := c.connection()
+	conn, err := c.conn.Get()
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +211,8 @@ func (c *Client) attempt(ctx context.Context, req *pb.IstioCertificateRequest) (
 	resp, err := pb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, req)
 	c.metrics.latency.Observe(time.Since(start).Seconds())
 	if err != nil {
-		c.retire(conn)
+		// Dial afresh next time, as pilot-agent rebuilds its channel.
+		c.conn.Retire(conn)
 		c.metrics.requests.WithLabelValues(codeLabel(status.Code(err))).Inc()
 		return nil, fmt.Errorf("CreateCertificate: %w", err)
 	}
@@ -230,55 +227,10 @@ func (c *Client) attempt(ctx context.Context, req *pb.IstioCertificateRequest) (
 
 // Preconnect starts the connection to the CA in the background, so the first
 // Sign finds the handshakes done or under way. A failure is left to Sign.
-func (c *Client) Preconnect() {
-	if conn, err := c.connection(); err == nil {
-		conn.Connect()
-	}
-}
-
-// connection returns the current connection, making one when there is none.
-func (c *Client) connection() (*grpc.ClientConn, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, ErrClosed
-	}
-	if c.conn == nil {
-		conn, err := caclient.Dial(c.cfg.Transport)
-		if err != nil {
-			return nil, err
-		}
-		c.conn = conn
-	}
-	return c.conn, nil
-}
-
-// retire drops conn after a failed call so the next call dials afresh, as
-// pilot-agent rebuilds its channel. A call still running on conn elsewhere
-// ends with Canceled.
-func (c *Client) retire(conn *grpc.ClientConn) {
-	c.mu.Lock()
-	current := c.conn == conn
-	if current {
-		c.conn = nil
-	}
-	c.mu.Unlock()
-	if current {
-		_ = conn.Close()
-	}
-}
+func (c *Client) Preconnect() { c.conn.Preconnect() }
 
 // Close releases the connection. It is safe to call twice.
-func (c *Client) Close() error {
-	c.mu.Lock()
-	conn := c.conn
-	c.conn, c.closed = nil, true
-	c.mu.Unlock()
-	if conn != nil {
-		return conn.Close()
-	}
-	return nil
-}
+func (c *Client) Close() error { return c.conn.Close() }
 
 // ParseCertChain parses the cert_chain of an answer: PEM strings, leaf first.
 // A string may hold several certificates (some CAs answer the whole chain in

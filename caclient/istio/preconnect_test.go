@@ -14,9 +14,7 @@ import (
 // deadline share. It never sends an RPC.
 func waitReady(t *testing.T, c *Client) {
 	t.Helper()
-	c.mu.Lock()
-	conn := c.conn
-	c.mu.Unlock()
+	conn := c.conn.Current()
 	if conn == nil {
 		t.Fatal("no connection after Preconnect")
 	}
@@ -36,14 +34,14 @@ func TestPreconnectHandshakesBeforeTheFirstSign(t *testing.T) {
 	if n := e.ca.Requests(); n != 0 {
 		t.Fatalf("CA saw %d requests after Preconnect, want 0", n)
 	}
-	c := e.client.conn
+	c := e.client.conn.Current()
 
 	id := e.ca.Identity(appSA)
 	_, csr := newCSR(t, id)
 	if _, err := e.client.Sign(ctxT(t), csr, id, time.Hour); err != nil {
 		t.Fatalf("Sign after Preconnect: %v", err)
 	}
-	if e.client.conn != c {
+	if e.client.conn.Current() != c {
 		t.Fatal("Sign made a second connection instead of using the preconnected one")
 	}
 	if n := e.ca.Requests(); n != 1 {
@@ -68,7 +66,7 @@ func TestPreconnectAfterCloseDoesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.client.Preconnect()
-	if e.client.conn != nil {
+	if e.client.conn.Current() != nil {
 		t.Fatal("Preconnect after Close made a connection")
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -85,9 +84,7 @@ type Client struct {
 	log               *zap.Logger
 	metrics           *metrics
 
-	mu     sync.Mutex
-	conn   *grpc.ClientConn
-	closed bool
+	conn *caclient.Conn
 }
 
 var (
@@ -141,6 +138,7 @@ func New(cfg Config) (*Client, error) {
 			zap.String(keyAddr, cfg.Transport.Addr),
 			zap.String(keyServerName, cfg.Transport.ServerName)),
 		metrics: m,
+		conn:    caclient.NewConn(cfg.Transport, ErrClosed),
 	}, nil
 }
 
@@ -177,7 +175,7 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 		c.metrics.requests.WithLabelValues(outcomeTokenError).Inc()
 		return nil, fmt.Errorf("certifying %s: fetching token: %w", id, err)
 	}
-	conn, err := c.connection()
+	conn, err := c.conn.Get()
 	if err != nil {
 		if errors.Is(err, ErrClosed) {
 			c.metrics.requests.WithLabelValues(outcomeClosed).Inc()
@@ -195,7 +193,7 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 	resp, err := identitypb.NewIdentityClient(conn).Certify(callCtx, req, grpc.PerRPCCredentials(gate))
 	latency := time.Since(start)
 	if err != nil {
-		c.dropConnection(conn)
+		c.conn.Retire(conn)
 		if refusal := gate.refused(); refusal != nil {
 			c.metrics.requests.WithLabelValues(outcomeUnverifiedPeer).Inc()
 			log.Error("token withheld from unverified identity service", zap.Error(refusal))
@@ -232,15 +230,7 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 
 // Close drops the connection. It is safe to call twice.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closed = true
-	if c.conn == nil {
-		return nil
-	}
-	err := c.conn.Close()
-	c.conn = nil
-	if err != nil {
+	if err := c.conn.Close(); err != nil {
 		return fmt.Errorf("closing connection to %s: %w", c.transport.Addr, err)
 	}
 	return nil
@@ -249,41 +239,7 @@ func (c *Client) Close() error {
 // Preconnect starts the connection to the identity service in the
 // background, so the first Sign finds the handshakes done or under way. A
 // failure is left to Sign.
-func (c *Client) Preconnect() {
-	if conn, err := c.connection(); err == nil {
-		conn.Connect()
-	}
-}
-
-// connection returns the current connection, making one if there is none.
-func (c *Client) connection() (*grpc.ClientConn, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, ErrClosed
-	}
-	if c.conn == nil {
-		conn, err := caclient.Dial(c.transport)
-		if err != nil {
-			return nil, err
-		}
-		c.conn = conn
-	}
-	return c.conn, nil
-}
-
-// dropConnection closes conn if it is still the current connection, so the
-// next call dials afresh.
-func (c *Client) dropConnection(conn *grpc.ClientConn) {
-	c.mu.Lock()
-	if c.conn != conn {
-		c.mu.Unlock()
-		return
-	}
-	c.conn = nil
-	c.mu.Unlock()
-	_ = conn.Close()
-}
+func (c *Client) Preconnect() { c.conn.Preconnect() }
 
 // csrDER returns the DER form of a CSR given in DER or PEM.
 func csrDER(csr []byte) []byte {

@@ -1,0 +1,88 @@
+package caclient
+
+import (
+	"sync"
+
+	"google.golang.org/grpc"
+)
+
+// Conn is a CA client's connection to its CA: dialled (Dial) on first use,
+// or ahead of it by Preconnect; dropped after a failed call (Retire), so the
+// next call dials afresh, as pilot-agent rebuilds its channel; closed for
+// good by Close. It is safe for concurrent use; nothing waits on the network
+// while holding its lock.
+type Conn struct {
+	transport TransportConfig
+	errClosed error
+
+	mu     sync.Mutex
+	conn   *grpc.ClientConn // nil until needed and after a failed call
+	closed bool
+}
+
+// NewConn returns the connection to transport's CA, not yet dialled. Get
+// returns errClosed after Close.
+func NewConn(transport TransportConfig, errClosed error) *Conn {
+	return &Conn{transport: transport, errClosed: errClosed}
+}
+
+// Get returns the current connection, making one when there is none.
+func (c *Conn) Get() (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, c.errClosed
+	}
+	if c.conn == nil {
+		conn, err := Dial(c.transport)
+		if err != nil {
+			return nil, err
+		}
+		c.conn = conn
+	}
+	return c.conn, nil
+}
+
+// Current returns the connection as it is, nil when none is made: Get
+// without dialling.
+func (c *Conn) Current() *grpc.ClientConn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn
+}
+
+// Preconnect starts connecting in the background, so the first call finds
+// the handshakes done or under way. A failure is left to that call.
+func (c *Conn) Preconnect() {
+	if conn, err := c.Get(); err == nil {
+		conn.Connect()
+	}
+}
+
+// Retire drops conn after a failed call on it, if it is still the current
+// connection, so that the next Get dials afresh. A call still running on it
+// elsewhere ends with Canceled.
+func (c *Conn) Retire(conn *grpc.ClientConn) {
+	c.mu.Lock()
+	current := c.conn == conn
+	if current {
+		c.conn = nil
+	}
+	c.mu.Unlock()
+	if current {
+		_ = conn.Close()
+	}
+}
+
+// Close closes the connection; Get fails from then on. It is safe to call
+// twice.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	conn := c.conn
+	c.conn, c.closed = nil, true
+	c.mu.Unlock()
+	if conn != nil {
+		return conn.Close()
+	}
+	return nil
+}

@@ -1,0 +1,46 @@
+package caclient
+
+import (
+	"errors"
+	"testing"
+)
+
+// A connection is made once and reused, made again after a failed call
+// retired it (a stale retire changes nothing), and refused after Close.
+func TestConnLifecycle(t *testing.T) {
+	errClosed := errors.New("closed")
+	c := NewConn(TransportConfig{Addr: "127.0.0.1:1", Plaintext: true}, errClosed)
+	if c.Current() != nil {
+		t.Fatal("a connection before the first Get")
+	}
+	first, err := c.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := c.Get(); again != first {
+		t.Fatal("a second Get dialled again")
+	}
+	c.Retire(first)
+	second, err := c.Get()
+	if err != nil || second == first {
+		t.Fatalf("after Retire: %p (first %p), %v; want a new connection", second, first, err)
+	}
+	c.Retire(first) // stale: second stays
+	if again, _ := c.Get(); again != second {
+		t.Fatal("retiring an old connection dropped the current one")
+	}
+	c.Preconnect()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if c.Current() != nil {
+		t.Fatal("a connection after Close")
+	}
+	if _, err := c.Get(); !errors.Is(err, errClosed) {
+		t.Fatalf("Get after Close: %v, want errClosed", err)
+	}
+	c.Preconnect() // closed: nothing to do
+}
