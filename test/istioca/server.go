@@ -129,10 +129,9 @@ type Server struct {
 	cfg  Config
 	ca   *localca.CA
 	addr string
+	grpc *loopback.GRPC
 
 	mu          sync.Mutex
-	srv         *grpc.Server
-	done        chan struct{} // closed when the current Serve returns
 	tokens      map[string]ServiceAccount
 	serving     tls.Certificate
 	mode        Mode
@@ -178,7 +177,7 @@ func Start(t testing.TB, cfg Config) *Server {
 		t.Fatalf("istioca: listening on %s: %v", s.cfg.Addr, err)
 	}
 	s.addr = lis.Addr().String()
-	s.serve(lis)
+	s.grpc = loopback.ServeGRPC("istioca", lis, s.newGRPC)
 	t.Cleanup(s.Stop)
 	return s
 }
@@ -225,7 +224,8 @@ func newServer(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-func (s *Server) serve(lis net.Listener) {
+// newGRPC makes the gRPC server, at Start and at every Restart.
+func (s *Server) newGRPC() *grpc.Server {
 	tc := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -243,14 +243,7 @@ func (s *Server) serve(lis net.Listener) {
 	}
 	srv := grpc.NewServer(opts...)
 	pb.RegisterIstioCertificateServiceServer(srv, &handler{s: s})
-	done := make(chan struct{})
-	s.mu.Lock()
-	s.srv, s.done = srv, done
-	s.mu.Unlock()
-	go func() {
-		defer close(done)
-		_ = srv.Serve(lis)
-	}()
+	return srv
 }
 
 // Addr is the host:port the CA listens on; it stays the same across Restart.
@@ -273,27 +266,12 @@ func (s *Server) CA() *localca.CA { return s.ca }
 
 // Stop closes the listener and every connection; new connections are refused
 // until Restart. It is safe to call more than once.
-func (s *Server) Stop() {
-	s.mu.Lock()
-	srv, done := s.srv, s.done
-	s.srv, s.done = nil, nil
-	s.mu.Unlock()
-	if srv == nil {
-		return
-	}
-	srv.Stop()
-	<-done
-}
+func (s *Server) Stop() { s.grpc.Stop() }
 
 // Restart listens again on the same address. A running server is stopped first.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	s.Stop()
-	lis, err := loopback.ListenAgain(s.addr, 5*time.Second)
-	if err != nil {
-		t.Fatalf("istioca: %v", err)
-	}
-	s.serve(lis)
+	s.grpc.Restart(t)
 }
 
 // SetMode changes how accepted requests are answered.

@@ -1,6 +1,6 @@
-// Package loopback holds listener helpers shared by the protocol test servers
-// in test/: they serve on loopback addresses only and can be stopped and
-// started again on the same port.
+// Package loopback holds what the protocol test servers in test/ share:
+// they serve on loopback addresses only and can be stopped and started again
+// on the same port (ListenAgain; GRPC for a gRPC server).
 package loopback
 
 import (
