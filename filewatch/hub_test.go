@@ -246,14 +246,10 @@ func TestDirectoryDeletedAndMadeAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 		writeFile(t, p, fmt.Sprint("v", round))
-		waitForTimer(t, clk)
-		clk.Step(debounce)
-		expectSignal(t, w, 5*time.Second)
+		stepUntilSignal(t, w, clk, debounce, 5*time.Second)
 
 		// A later plain change in the new directory.
 		writeFile(t, p, fmt.Sprint("v", round, "b"))
-		waitForTimer(t, clk)
-		clk.Step(debounce)
-		expectSignal(t, w, 5*time.Second)
+		stepUntilSignal(t, w, clk, debounce, 5*time.Second)
 	}
 }

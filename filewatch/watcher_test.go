@@ -167,6 +167,29 @@ func expectSignal(t *testing.T, w *Watcher, within time.Duration) time.Duration 
 	}
 }
 
+// stepUntilSignal steps clk by debounce each time the watcher has a timer
+// armed until it signals a change, failing after within of real time. An
+// event the kernel delivers after a step re-arms the debounce timer (a
+// directory deleted and made again sends several), so one step may fire a
+// timer that is already replaced.
+func stepUntilSignal(t *testing.T, w *Watcher, clk *clocktesting.FakeClock, debounce, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		if clk.HasWaiters() {
+			clk.Step(debounce)
+		}
+		select {
+		case <-w.Changes():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no change signalled within %s", within)
+		}
+	}
+}
+
 // expectQuiet waits a bounded real time and fails if a signal arrives.
 func expectQuiet(t *testing.T, w *Watcher) {
 	t.Helper()
