@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/meshagent/meshagent/kubeclient"
+	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 

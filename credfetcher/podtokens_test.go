@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/meshagent/meshagent/kubeclient"
+	"github.com/meshagent/meshagent/internal/kubeclient"
 )
 
 // podList is a PodLister a test edits.

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/caclient/devca"
-	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
-	"github.com/meshagent/meshagent/udsserver"
 )
 
 // BenchmarkFirstSecret measures the time from starting the secret manager

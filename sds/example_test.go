@@ -5,9 +5,9 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
-	"github.com/meshagent/meshagent/udsserver"
 )
 
 // Serving a secret manager's secrets on pilot-agent's socket path, as

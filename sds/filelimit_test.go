@@ -13,11 +13,11 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/meshagent/meshagent/caller"
-	"github.com/meshagent/meshagent/fileprovider"
+	"github.com/meshagent/meshagent/internal/files/fileprovider"
+	"github.com/meshagent/meshagent/internal/uds/caller"
+	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
-	"github.com/meshagent/meshagent/udsserver"
 )
 
 // podPerConnection resolves each new connection to a pod of its own, as a

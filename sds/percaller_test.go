@@ -7,8 +7,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/test/sdsclient"
-	"github.com/meshagent/meshagent/udsserver"
 )
 
 // TestMaxStreamsPerCallerBoundsOnePod: a pod over its own bound is refused

@@ -32,11 +32,11 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/meshagent/meshagent/caclient/devca"
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
-	"github.com/meshagent/meshagent/udsserver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

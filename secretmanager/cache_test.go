@@ -19,10 +19,10 @@ import (
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
-	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/credfetcher"
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/test/istioca"
 )
 

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/caclient/devca"
-	"github.com/meshagent/meshagent/caller"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 

@@ -17,9 +17,9 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/caclient"
-	"github.com/meshagent/meshagent/caller"
 	"github.com/meshagent/meshagent/internal/backoff"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
 // Defaults of Config.

@@ -19,8 +19,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/meshagent/meshagent/caclient/devca"
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // Bundle is a parsed trust bundle. It is never modified after it is made; a

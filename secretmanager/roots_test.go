@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 func newCA(t testing.TB, cfg localca.Config) *localca.CA {

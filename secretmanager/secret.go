@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // Resource names served over SDS (SPEC 9).

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/filewatch"
+	"github.com/meshagent/meshagent/internal/files/filewatch"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
 )

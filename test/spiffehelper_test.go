@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 

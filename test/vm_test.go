@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/outputcerts"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/files/outputcerts"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istioca"

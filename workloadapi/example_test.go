@@ -5,8 +5,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
-	"github.com/meshagent/meshagent/udsserver"
 	"github.com/meshagent/meshagent/workloadapi"
 )
 

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshagent/meshagent/caller"
-	"github.com/meshagent/meshagent/internal/streamlimit"
+	"github.com/meshagent/meshagent/internal/uds/caller"
+	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 

@@ -21,9 +21,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshagent/meshagent/caller"
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/workloadapi"
 )

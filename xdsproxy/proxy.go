@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/meshagent/meshagent/caclient"
-	"github.com/meshagent/meshagent/internal/sockprobe"
+	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
 
 var (

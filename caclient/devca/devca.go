@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/caclient"
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // DefaultTTL is the lifetime given when a request asks for none.

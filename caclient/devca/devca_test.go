@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 var spiffeID = pki.SPIFFEIdentity("cluster.local", "ns1", "sa1")

@@ -16,7 +16,7 @@ import (
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/caclient"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // PlaintextPortNumber is the port on which pilot-agent talks to the control

@@ -10,7 +10,7 @@ import (
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/credfetcher"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // How the agent wires the Istio CA client from its settings (CA_ADDR,

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // sep splits fuzz input into the strings of a cert_chain.

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // validUntilTolerance is how far valid_until may be from the leaf's NotAfter

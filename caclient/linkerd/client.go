@@ -17,7 +17,7 @@ import (
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
 	"github.com/meshagent/meshagent/credfetcher"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // Defaults applied by New.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
-	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/internal/localca"
 )
 
 const testServerName = "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local"

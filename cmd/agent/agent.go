@@ -15,11 +15,11 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meshagent/meshagent/credfetcher"
-	"github.com/meshagent/meshagent/internal/sockprobe"
-	"github.com/meshagent/meshagent/logging"
+	"github.com/meshagent/meshagent/internal/logging"
+	"github.com/meshagent/meshagent/internal/settings"
+	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 	"github.com/meshagent/meshagent/secretmanager"
-	"github.com/meshagent/meshagent/settings"
-	"github.com/meshagent/meshagent/status"
 )
 
 // component is one long-running part of the agent.

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 

@@ -6,7 +6,7 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/meshagent/meshagent/settings"
+	"github.com/meshagent/meshagent/internal/settings"
 )
 
 // configReport is `meshagent config -o json`.

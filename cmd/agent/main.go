@@ -20,7 +20,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/meshagent/meshagent/settings"
+	"github.com/meshagent/meshagent/internal/settings"
 )
 
 // Exit codes.

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/settings"
+	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/test/podproc"
 )
 

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshagent/meshagent/internal/sockprobe"
-	"github.com/meshagent/meshagent/settings"
+	"github.com/meshagent/meshagent/internal/settings"
+	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
 
 // Mode is where workload certificates come from (SPEC 5).

@@ -10,7 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/meshagent/meshagent/settings"
+	"github.com/meshagent/meshagent/internal/settings"
 )
 
 // modeConfig resolves a configuration whose paths all live under dir.

@@ -8,13 +8,13 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.uber.org/zap"
 
-	"github.com/meshagent/meshagent/caller"
-	"github.com/meshagent/meshagent/kubeclient"
-	"github.com/meshagent/meshagent/pki"
-	"github.com/meshagent/meshagent/podindex"
-	"github.com/meshagent/meshagent/podresolver"
+	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/node/podindex"
+	"github.com/meshagent/meshagent/internal/node/podresolver"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/settings"
+	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/secretmanager"
-	"github.com/meshagent/meshagent/settings"
 )
 
 // nodeMode reports whether the agent serves every pod of its node (SPEC 15).

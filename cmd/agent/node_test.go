@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
-	"github.com/meshagent/meshagent/status"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/test/kubeenv"
 	"github.com/meshagent/meshagent/test/podproc"
 )

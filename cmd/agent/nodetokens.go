@@ -9,10 +9,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/meshagent/meshagent/credfetcher"
-	"github.com/meshagent/meshagent/kubeclient"
-	"github.com/meshagent/meshagent/pki"
-	"github.com/meshagent/meshagent/podindex"
-	"github.com/meshagent/meshagent/settings"
+	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/node/podindex"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/settings"
 )
 
 // nodePods lists a service account's pods on the node from the pod index,

@@ -8,8 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/meshagent/meshagent/credfetcher"
-	"github.com/meshagent/meshagent/kubeclient"
-	"github.com/meshagent/meshagent/settings"
+	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/settings"
 )
 
 // tokenFetcher returns the source of the bearer token sent to the CA and to

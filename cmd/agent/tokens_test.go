@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/internal/localca"
 )
 
 // A TokenRequest configuration that cannot work stops the agent at start-up

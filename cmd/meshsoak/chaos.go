@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/programtb"
 	"github.com/meshagent/meshagent/test/xdsserver"

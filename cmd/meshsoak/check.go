@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // held is what one SDS client last read for "default".

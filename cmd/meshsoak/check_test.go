@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // issue returns a PEM chain and key for a fresh key, valid from nb to na.

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/programtb"

@@ -25,8 +25,8 @@ import (
 	pb "istio.io/api/security/v1alpha1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/loopback"
 )
 

@@ -23,8 +23,8 @@ import (
 	authnv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
-	"github.com/meshagent/meshagent/localca"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/loopback"
 )
 

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
-	"github.com/meshagent/meshagent/pki"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 

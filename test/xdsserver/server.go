@@ -25,7 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/meshagent/meshagent/localca"
+	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/test/loopback"
 )
 

@@ -1,0 +1,383 @@
+package fileprovider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/meshagent/meshagent/internal/files/certfile"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/secretmanager"
+)
+
+// SystemRoots is the file-root: path that names the system trust bundle.
+const SystemRoots = certfile.SystemRoots
+
+// DefaultMaxResources bounds the number of names held at once.
+const DefaultMaxResources = 64
+
+// sourceName is the Source of every secret served here.
+const sourceName = "file"
+
+var (
+	// ErrStopped is returned for a new name after Run has returned.
+	ErrStopped = errors.New("file provider stopped")
+	// ErrRunning is returned by a second Run.
+	ErrRunning = errors.New("file provider is already running")
+	// ErrTooMany is wrapped by the refusal of a name while MaxResources
+	// names are held.
+	ErrTooMany = errors.New("too many file resources held")
+)
+
+// Config describes a Provider. Zero values get the defaults noted.
+type Config struct {
+	// Files configures the watched sources (debounce, poll interval, clock,
+	// metrics); its Logger defaults to Logger.
+	Files certfile.SourceConfig
+	// MaxResources bounds how many names are held (watched) at once; further
+	// names are refused until one is released. Default DefaultMaxResources.
+	MaxResources int
+	// Logger is narrowed with .Named("fileprovider"). Nil means zap.NewNop().
+	Logger *zap.Logger
+}
+
+// Provider serves file-cert: and file-root: resources.
+type Provider struct {
+	cfg     Config
+	log     *zap.Logger
+	version atomic.Uint64
+
+	mu      sync.Mutex
+	entries map[string]*entry // names with at least one watcher
+	ctx     context.Context   // set while Run is active
+	wg      sync.WaitGroup    // entry goroutines started by Run
+	running bool
+	stopped bool
+}
+
+// New returns a Provider. It starts nothing; see Run.
+func New(cfg Config) *Provider {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Files.Logger == nil {
+		cfg.Files.Logger = cfg.Logger
+	}
+	if cfg.MaxResources <= 0 {
+		cfg.MaxResources = DefaultMaxResources
+	}
+	return &Provider{cfg: cfg, log: cfg.Logger.Named("fileprovider"), entries: map[string]*entry{}}
+}
+
+// Run watches the files of every held name until ctx ends, then stops all
+// watchers and returns nil. Nothing a client asks for makes it fail: a name
+// whose files cannot be loaded is refused, and files whose directory cannot
+// be watched are re-read periodically. It may be called once; a second call
+// returns ErrRunning.
+func (p *Provider) Run(ctx context.Context) error {
+	p.mu.Lock()
+	if p.running || p.stopped {
+		p.mu.Unlock()
+		return ErrRunning
+	}
+	p.running, p.ctx = true, ctx
+	for _, e := range p.entries {
+		p.startLocked(e)
+	}
+	p.mu.Unlock()
+
+	<-ctx.Done()
+	p.mu.Lock()
+	p.running, p.stopped, p.ctx = false, true, nil
+	p.mu.Unlock()
+	p.wg.Wait()
+	return nil
+}
+
+// startLocked starts the watcher of e and the goroutine that signals its
+// watchers, under the active Run's context; releasing e stops them. p.mu is
+// held.
+func (p *Provider) startLocked(e *entry) {
+	ctx, cancel := context.WithCancel(p.ctx)
+	e.stop = cancel
+	// Take the value's change channel before the watcher can replace the
+	// value, so a change made while the goroutines start is still signalled.
+	_, _, changed := e.current()
+	p.wg.Go(func() { _ = e.run(ctx) }) // returns nil when ctx ends
+	p.wg.Go(func() { e.follow(ctx, changed) })
+}
+
+var _ secretmanager.Provider = (*Provider)(nil)
+
+// Secret returns the current secret for name, named exactly name. A name no
+// one watches is loaded for this call only and not kept; it is refused, like
+// a Watch of it, while MaxResources names are held.
+func (p *Provider) Secret(ctx context.Context, name string) (*secretmanager.Secret, error) {
+	p.mu.Lock()
+	e := p.entries[name]
+	var err error
+	if e == nil {
+		err = p.admitLocked()
+	}
+	p.mu.Unlock()
+	if err != nil {
+		return nil, refusal(name, err)
+	}
+	if e == nil {
+		var err error
+		if e, err = p.newEntry(name); err != nil {
+			return nil, refusal(name, err)
+		}
+	}
+	return e.secret(ctx)
+}
+
+// Watch signals changes of name and holds it (its files stay loaded and
+// watched) until the returned function is called by every watcher; the
+// last release drops the name's watches and memory. For a name that cannot
+// be served (its files cannot be loaded, or MaxResources names are held) the
+// channel is nil and the name is not held: the caller must refuse it even if
+// a later Secret loads it (a slot may have freed meanwhile), since nothing
+// would signal its changes.
+func (p *Provider) Watch(name string) (<-chan struct{}, func()) {
+	e, err := p.hold(name)
+	if err != nil {
+		p.log.Warn("file resource not served", zap.String(keyResource, name), zap.Error(err))
+		return nil, func() {}
+	}
+	ch, unsubscribe := e.watch()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			unsubscribe()
+			p.release(e)
+		})
+	}
+}
+
+// Held returns the number of names held now.
+func (p *Provider) Held() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.entries)
+}
+
+func refusal(name string, err error) error {
+	return fmt.Errorf("%w: %.200q: %w", secretmanager.ErrUnknownResource, name, err)
+}
+
+// hold returns the entry for name with one more reference, creating and
+// loading it first if no one holds it.
+func (p *Provider) hold(name string) (*entry, error) {
+	p.mu.Lock()
+	if e, ok := p.entries[name]; ok {
+		e.refs++
+		p.mu.Unlock()
+		return e, nil
+	}
+	err := p.admitLocked()
+	p.mu.Unlock()
+	if err != nil {
+		return nil, refusal(name, err)
+	}
+	e, err := p.newEntry(name) // file I/O: outside the lock
+	if err != nil {
+		return nil, refusal(name, err)
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old, ok := p.entries[name]; ok { // held concurrently meanwhile
+		old.refs++
+		return old, nil
+	}
+	if err := p.admitLocked(); err != nil {
+		return nil, refusal(name, err)
+	}
+	e.refs = 1
+	p.entries[name] = e
+	if p.running {
+		p.startLocked(e)
+	}
+	return e, nil
+}
+
+// admitLocked says whether one more name may be held. p.mu is held.
+func (p *Provider) admitLocked() error {
+	if p.stopped {
+		return ErrStopped
+	}
+	if len(p.entries) >= p.cfg.MaxResources {
+		return fmt.Errorf("%w: at most %d at once", ErrTooMany, p.cfg.MaxResources)
+	}
+	return nil
+}
+
+// release drops one reference to e; the last stops its watcher and forgets
+// it.
+func (p *Provider) release(e *entry) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e.refs--
+	if e.refs > 0 || p.entries[e.name] != e {
+		return
+	}
+	delete(p.entries, e.name)
+	if e.stop != nil {
+		e.stop()
+	}
+	p.log.Debug("file resource released", zap.String(keyResource, e.name))
+}
+
+// newEntry parses name, builds its source and loads it once.
+func (p *Provider) newEntry(name string) (*entry, error) {
+	e := &entry{name: name, version: &p.version, watchers: map[chan struct{}]struct{}{}}
+	switch {
+	case strings.HasPrefix(name, secretmanager.FileCertPrefix):
+		certPath, keyPath, err := splitPair(strings.TrimPrefix(name, secretmanager.FileCertPrefix))
+		if err != nil {
+			return nil, err
+		}
+		src, err := certfile.NewPairSource(p.cfg.Files, certPath, keyPath)
+		if err != nil {
+			return nil, err
+		}
+		e.bind(src, func(v any) *secretmanager.Secret {
+			pair := v.(*certfile.Pair)
+			s := &secretmanager.Secret{
+				Name: name, CertChain: pair.ChainPEM, PrivateKey: pair.KeyPEM,
+				Leaf: pair.Leaf(), NotAfter: pair.Leaf().NotAfter, Source: sourceName,
+			}
+			if id, err := pki.IdentityOf(pair.Leaf()); err == nil {
+				s.Identity = id
+			}
+			return s
+		})
+	case strings.HasPrefix(name, secretmanager.FileRootPrefix):
+		path := strings.TrimPrefix(name, secretmanager.FileRootPrefix)
+		if path == "" {
+			return nil, errors.New("empty root path")
+		}
+		src, err := certfile.NewRootSource(p.cfg.Files, path)
+		if err != nil {
+			return nil, err
+		}
+		e.bind(src, func(v any) *secretmanager.Secret {
+			b := v.(*certfile.Bundle)
+			return &secretmanager.Secret{Name: name, Roots: b.PEM, NotAfter: b.NotAfter(), Source: sourceName}
+		})
+	default:
+		return nil, errors.New("not a file resource")
+	}
+	if _, err := e.reload(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// splitPair splits "<cert>~<key>"; exactly one "~" and two non-empty paths.
+func splitPair(s string) (certPath, keyPath string, err error) {
+	if strings.Count(s, "~") != 1 {
+		return "", "", errors.New(`want "<cert-path>~<key-path>"`)
+	}
+	certPath, keyPath, _ = strings.Cut(s, "~")
+	if certPath == "" || keyPath == "" {
+		return "", "", errors.New(`want "<cert-path>~<key-path>" with both paths`)
+	}
+	return certPath, keyPath, nil
+}
+
+// entry is one name: its source and the secret made from its value.
+type entry struct {
+	name    string
+	version *atomic.Uint64
+	refs    int    // watchers holding it; guarded by Provider.mu
+	stop    func() // ends its goroutines once started; guarded by Provider.mu
+
+	// Bound to the source's value type by bind.
+	run     func(context.Context) error
+	reload  func() (bool, error)
+	current func() (v any, ok bool, changed <-chan struct{})
+	convert func(any) *secretmanager.Secret
+
+	mu       sync.Mutex
+	lastV    any
+	last     *secretmanager.Secret
+	watchers map[chan struct{}]struct{}
+}
+
+func (e *entry) bind(src interface {
+	Run(context.Context) error
+	Reload() (bool, error)
+}, convert func(any) *secretmanager.Secret) {
+	e.run, e.reload, e.convert = src.Run, src.Reload, convert
+	switch s := src.(type) {
+	case *certfile.Source[*certfile.Pair]:
+		e.current = func() (any, bool, <-chan struct{}) { return s.Current() }
+	case *certfile.Source[*certfile.Bundle]:
+		e.current = func() (any, bool, <-chan struct{}) { return s.Current() }
+	}
+}
+
+// secret returns the secret for the current value, waiting for a first
+// good value (bounded by ctx).
+func (e *entry) secret(ctx context.Context) (*secretmanager.Secret, error) {
+	for {
+		v, ok, changed := e.current()
+		if ok {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if e.last == nil || e.lastV != v {
+				s := e.convert(v)
+				s.Version = e.version.Add(1)
+				e.lastV, e.last = v, s
+			}
+			return e.last, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for %s: %w", e.name, ctx.Err())
+		}
+	}
+}
+
+func (e *entry) watch() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	e.mu.Lock()
+	e.watchers[ch] = struct{}{}
+	e.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			e.mu.Lock()
+			delete(e.watchers, ch)
+			e.mu.Unlock()
+		})
+	}
+}
+
+// follow signals the watchers after every change of the source's value.
+func (e *entry) follow(ctx context.Context, changed <-chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+		_, _, changed = e.current()
+		e.mu.Lock()
+		for ch := range e.watchers {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+		e.mu.Unlock()
+	}
+}

@@ -1,0 +1,242 @@
+package outputcerts
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/meshagent/meshagent/internal/files/atomicfile"
+	"github.com/meshagent/meshagent/internal/pki"
+)
+
+// File names in the output directory (pilot-agent's).
+const (
+	CertChainFile = "cert-chain.pem"
+	KeyFile       = "key.pem"
+	RootCertFile  = "root-cert.pem"
+)
+
+// File modes.
+const (
+	KeyMode  fs.FileMode = 0o600
+	CertMode fs.FileMode = 0o644
+)
+
+// Config configures a Writer.
+type Config struct {
+	// Dir is the output directory (OUTPUT_CERTS). A relative path is made
+	// absolute against the working directory when New is called. Required.
+	Dir string
+	// DirMode is the mode given to Dir if the writer has to create it:
+	// 0700 (the default) or 0750 (to let a group read the certificates; the
+	// key stays 0600). An existing directory keeps its mode.
+	DirMode fs.FileMode
+	// Logger is narrowed with .Named("outputcerts"). Nil means zap.NewNop().
+	Logger *zap.Logger
+	// Registerer receives meshagent_outputcerts_* metrics. Nil means they are
+	// not registered.
+	Registerer prometheus.Registerer
+}
+
+// Files is what to write. A nil field leaves that file as it is; CertChain
+// and Key go together.
+type Files struct {
+	// CertChain is the PEM chain, leaf first.
+	CertChain []byte
+	// Key is the PEM private key of the leaf.
+	Key []byte
+	// Root is the PEM trust bundle.
+	Root []byte
+}
+
+// Writer writes the output files.
+type Writer struct {
+	dir     string
+	dirMode fs.FileMode
+	log     *zap.Logger
+	writes  *prometheus.CounterVec
+	fails   prometheus.Counter
+	mu      sync.Mutex
+}
+
+// New checks cfg and returns a Writer. It touches nothing on disk; the
+// directory is created by the first Write.
+func New(cfg Config) (*Writer, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("outputcerts: no directory")
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("outputcerts: resolving %s: %w", cfg.Dir, err)
+	}
+	switch cfg.DirMode {
+	case 0:
+		cfg.DirMode = 0o700
+	case 0o700, 0o750:
+	default:
+		return nil, fmt.Errorf("outputcerts: directory mode %#o not allowed (0700 or 0750)", cfg.DirMode)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	w := &Writer{
+		dir:     dir,
+		dirMode: cfg.DirMode,
+		log:     cfg.Logger.Named("outputcerts").With(zap.String(keyDir, dir)),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_outputcerts_writes_total",
+			Help: "Files replaced in the OUTPUT_CERTS directory, by file.",
+		}, []string{"file"}),
+		fails: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshagent_outputcerts_write_failures_total",
+			Help: "Writes to the OUTPUT_CERTS directory that failed.",
+		}),
+	}
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{w.writes, w.fails} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("outputcerts: registering metrics: %w", err)
+			}
+		}
+	}
+	return w, nil
+}
+
+// Dir returns the absolute output directory.
+func (w *Writer) Dir() string { return w.dir }
+
+// Write replaces the files given in f whose content differs from what is on
+// disk: key first, then chain, then roots. The chain and key must parse and
+// match, and the roots must parse, or nothing is written. It returns the
+// names of the files it replaced.
+func (w *Writer) Write(f Files) ([]string, error) {
+	written, err := w.write(f)
+	if err != nil {
+		w.fails.Inc()
+		w.log.Error("writing output certificates failed", zap.Strings(keyFiles, written), zap.Error(err))
+		return written, err
+	}
+	if len(written) > 0 {
+		w.log.Info("output certificates written", zap.Strings(keyFiles, written))
+	}
+	return written, nil
+}
+
+func (w *Writer) write(f Files) ([]string, error) {
+	if err := validate(f); err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.ensureDir(); err != nil {
+		return nil, err
+	}
+	// Write and sync every changed file first, then rename them back to
+	// back, key first: the time in which a reader can see a new key with the
+	// old chain is that between two renames.
+	type pendingFile struct {
+		*atomicfile.Pending
+		name string
+	}
+	var (
+		pending   []pendingFile
+		committed int
+	)
+	defer func() {
+		for _, p := range pending[committed:] {
+			p.Abort()
+		}
+	}()
+	for _, file := range []struct {
+		name string
+		data []byte
+		mode fs.FileMode
+	}{
+		{KeyFile, f.Key, KeyMode},
+		{CertChainFile, f.CertChain, CertMode},
+		{RootCertFile, f.Root, CertMode},
+	} {
+		if file.data == nil {
+			continue
+		}
+		path := filepath.Join(w.dir, file.name)
+		same, err := atomicfile.Unchanged(path, file.data, file.mode)
+		if err != nil {
+			return nil, fmt.Errorf("outputcerts: %w", err)
+		}
+		if same {
+			continue
+		}
+		p, err := atomicfile.Prepare(path, file.data, file.mode)
+		if err != nil {
+			return nil, fmt.Errorf("outputcerts: %w", err)
+		}
+		pending = append(pending, pendingFile{p, file.name})
+	}
+	var written []string
+	for _, p := range pending {
+		committed++ // Commit removes the temporary file when it fails
+		if err := p.Commit(); err != nil {
+			return written, fmt.Errorf("outputcerts: %w", err)
+		}
+		written = append(written, p.name)
+		w.writes.WithLabelValues(p.name).Inc()
+	}
+	if len(written) > 0 {
+		atomicfile.SyncDir(w.dir)
+	}
+	return written, nil
+}
+
+func validate(f Files) error {
+	if (f.CertChain == nil) != (f.Key == nil) {
+		return errors.New("outputcerts: certificate chain and key must be written together")
+	}
+	if f.CertChain != nil {
+		chain, err := pki.ParseCertificates(f.CertChain)
+		if err != nil {
+			return fmt.Errorf("outputcerts: certificate chain: %w", err)
+		}
+		key, err := pki.ParseKeyPEM(f.Key)
+		if err != nil {
+			return fmt.Errorf("outputcerts: private key: %w", err)
+		}
+		if !pki.PublicKeysEqual(key.Public(), chain[0].PublicKey) {
+			return fmt.Errorf("outputcerts: %w", pki.ErrKeyMismatch)
+		}
+	}
+	if f.Root != nil {
+		if _, err := pki.ParseCertificates(f.Root); err != nil {
+			return fmt.Errorf("outputcerts: roots: %w", err)
+		}
+	}
+	return nil
+}
+
+func (w *Writer) ensureDir() error {
+	fi, err := os.Stat(w.dir)
+	if err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("outputcerts: %s is not a directory", w.dir)
+		}
+		return nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("outputcerts: %w", err)
+	}
+	if err := os.MkdirAll(w.dir, w.dirMode); err != nil {
+		return fmt.Errorf("outputcerts: creating directory: %w", err)
+	}
+	// MkdirAll's mode is subject to the umask; make it exact.
+	if err := os.Chmod(w.dir, w.dirMode); err != nil {
+		return fmt.Errorf("outputcerts: setting directory mode: %w", err)
+	}
+	w.log.Info("output directory created")
+	return nil
+}

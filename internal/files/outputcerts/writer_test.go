@@ -1,0 +1,366 @@
+package outputcerts
+
+import (
+	"crypto"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/meshagent/meshagent/internal/files/certfile"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var testID = pki.SPIFFEIdentity("cluster.local", "vm", "billing")
+
+type issued struct {
+	chain    []*x509.Certificate
+	key      crypto.Signer
+	chainPEM []byte
+	keyPEM   []byte
+}
+
+func newCA(t testing.TB) *localca.CA {
+	t.Helper()
+	ca, err := localca.New(localca.Config{Intermediate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+func issue(t testing.TB, ca *localca.CA, l localca.Leaf) issued {
+	t.Helper()
+	key, err := pki.GenerateKey(pki.ECP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.PublicKey = key.Public()
+	if l.Identity.IsZero() {
+		l.Identity = testID
+	}
+	chain, err := ca.Issue(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain = chain[:len(chain)-1]
+	keyPEM, err := pki.EncodeKeyPEM(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return issued{chain: chain, key: key, chainPEM: pki.EncodeCertificates(chain), keyPEM: keyPEM}
+}
+
+func (i issued) files(ca *localca.CA) Files {
+	return Files{CertChain: i.chainPEM, Key: i.keyPEM, Root: ca.RootPEM()}
+}
+
+func newWriter(t *testing.T, cfg Config) *Writer {
+	t.Helper()
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func mode(t *testing.T, p string) fs.FileMode {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
+
+func TestWriteModes(t *testing.T) {
+	ca := newCA(t)
+	a := issue(t, ca, localca.Leaf{TTL: time.Hour})
+	for _, tt := range []struct {
+		name    string
+		dirMode fs.FileMode
+		want    fs.FileMode
+	}{
+		{"default", 0, 0o700},
+		{"group readable", 0o750, 0o750},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "var", "lib", "meshagent")
+			w := newWriter(t, Config{Dir: dir, DirMode: tt.dirMode})
+			written, err := w.Write(a.files(ca))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{KeyFile, CertChainFile, RootCertFile}; !slices.Equal(written, want) {
+				t.Fatalf("written %v, want %v (key first)", written, want)
+			}
+			if got := mode(t, dir); got != tt.want {
+				t.Errorf("directory mode %#o, want %#o", got, tt.want)
+			}
+			for name, want := range map[string]fs.FileMode{KeyFile: 0o600, CertChainFile: 0o644, RootCertFile: 0o644} {
+				if got := mode(t, filepath.Join(dir, name)); got != want {
+					t.Errorf("%s mode %#o, want %#o", name, got, want)
+				}
+			}
+			entries, _ := os.ReadDir(dir)
+			if len(entries) != 3 {
+				t.Errorf("directory holds %d entries, want the 3 files", len(entries))
+			}
+		})
+	}
+
+	// An existing directory keeps its mode.
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newWriter(t, Config{Dir: dir}).Write(a.files(ca)); err != nil {
+		t.Fatal(err)
+	}
+	if got := mode(t, dir); got != 0o755 {
+		t.Fatalf("existing directory mode changed to %#o", got)
+	}
+}
+
+func TestWriteOnlyWhenChanged(t *testing.T) {
+	ca := newCA(t)
+	a := issue(t, ca, localca.Leaf{TTL: time.Hour})
+	dir := t.TempDir()
+	reg := prometheus.NewRegistry()
+	w := newWriter(t, Config{Dir: dir, Registerer: reg})
+	if _, err := w.Write(a.files(ca)); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	stamp := func() {
+		for _, n := range []string{KeyFile, CertChainFile, RootCertFile} {
+			if err := os.Chtimes(filepath.Join(dir, n), old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	unchanged := func(names ...string) {
+		t.Helper()
+		for _, n := range names {
+			fi, err := os.Stat(filepath.Join(dir, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !fi.ModTime().Equal(old) {
+				t.Errorf("%s was rewritten", n)
+			}
+		}
+	}
+	stamp()
+	written, err := w.Write(a.files(ca))
+	if err != nil || len(written) != 0 {
+		t.Fatalf("same content: written %v, %v", written, err)
+	}
+	unchanged(KeyFile, CertChainFile, RootCertFile)
+
+	// A root change rewrites only the root file.
+	other := newCA(t)
+	written, err = w.Write(Files{Root: append(ca.RootPEM(), other.RootPEM()...)})
+	if err != nil || !slices.Equal(written, []string{RootCertFile}) {
+		t.Fatalf("root change: written %v, %v", written, err)
+	}
+	unchanged(KeyFile, CertChainFile)
+
+	// A rotation rewrites key and chain.
+	stamp()
+	b := issue(t, ca, localca.Leaf{TTL: time.Hour})
+	written, err = w.Write(Files{CertChain: b.chainPEM, Key: b.keyPEM})
+	if err != nil || !slices.Equal(written, []string{KeyFile, CertChainFile}) {
+		t.Fatalf("rotation: written %v, %v", written, err)
+	}
+	unchanged(RootCertFile)
+
+	// Someone loosened the key's mode: fixed without rewriting it.
+	stamp()
+	if err := os.Chmod(filepath.Join(dir, KeyFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if written, err := w.Write(Files{CertChain: b.chainPEM, Key: b.keyPEM}); err != nil || len(written) != 0 {
+		t.Fatalf("mode fix: written %v, %v", written, err)
+	}
+	if got := mode(t, filepath.Join(dir, KeyFile)); got != 0o600 {
+		t.Fatalf("key mode %#o not corrected", got)
+	}
+	unchanged(KeyFile)
+
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes float64
+	for _, mf := range mfs {
+		if mf.GetName() == "meshagent_outputcerts_writes_total" {
+			for _, m := range mf.GetMetric() {
+				writes += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if writes != 6 {
+		t.Fatalf("writes counted %v, want 6", writes)
+	}
+}
+
+func TestWriteRejectsBadInput(t *testing.T) {
+	ca := newCA(t)
+	a, b := issue(t, ca, localca.Leaf{TTL: time.Hour}), issue(t, ca, localca.Leaf{TTL: time.Hour})
+	dir := t.TempDir()
+	w := newWriter(t, Config{Dir: dir})
+	if _, err := w.Write(a.files(ca)); err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range map[string]Files{
+		"mismatched pair": {CertChain: a.chainPEM, Key: b.keyPEM},
+		"chain only":      {CertChain: b.chainPEM},
+		"key only":        {Key: b.keyPEM},
+		"truncated chain": {CertChain: b.chainPEM[:100], Key: b.keyPEM},
+		"truncated key":   {CertChain: b.chainPEM, Key: b.keyPEM[:40]},
+		"bad roots":       {CertChain: b.chainPEM, Key: b.keyPEM, Root: []byte("nope")},
+	} {
+		if written, err := w.Write(f); err == nil || len(written) != 0 {
+			t.Errorf("%s: written %v, %v", name, written, err)
+		}
+	}
+	p, err := Load(dir, testID, time.Now())
+	if err != nil || !p.Leaf().Equal(a.chain[0]) {
+		t.Fatalf("the files on disk changed: %v", err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for name, cfg := range map[string]Config{
+		"no dir":   {},
+		"dir mode": {Dir: "x", DirMode: 0o777},
+	} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := newWriter(t, Config{Dir: file})
+	ca := newCA(t)
+	if _, err := w.Write(Files{Root: ca.RootPEM()}); err == nil {
+		t.Fatal("wrote into a path that is a file")
+	}
+	reg := prometheus.NewRegistry()
+	newWriter(t, Config{Dir: "a", Registerer: reg})
+	if _, err := New(Config{Dir: "b", Registerer: reg}); err == nil {
+		t.Fatal("second writer registered the same metrics")
+	}
+}
+
+// A reader racing the writer never sees a half-written file, and Load always
+// returns a matching pair (old or new). Raw reads of the two files may pair a
+// new key with the old chain for the moment between the renames; the test
+// counts how often, which is why Load re-reads.
+func TestConcurrentReaderSeesConsistentFiles(t *testing.T) {
+	ca := newCA(t)
+	pairs := make([]issued, 4)
+	for i := range pairs {
+		pairs[i] = issue(t, ca, localca.Leaf{TTL: time.Hour})
+	}
+	dir := t.TempDir()
+	w := newWriter(t, Config{Dir: dir})
+	if _, err := w.Write(pairs[0].files(ca)); err != nil {
+		t.Fatal(err)
+	}
+
+	var (
+		wg         sync.WaitGroup
+		done       atomic.Bool
+		reads      atomic.Int64
+		rawSkewed  atomic.Int64
+		loadSkewed atomic.Int64
+		firstError atomic.Pointer[error]
+	)
+	fail := func(err error) { firstError.CompareAndSwap(nil, &err) }
+	for range 2 {
+		wg.Go(func() {
+			for !done.Load() {
+				chainPEM, err1 := os.ReadFile(filepath.Join(dir, CertChainFile))
+				keyPEM, err2 := os.ReadFile(filepath.Join(dir, KeyFile))
+				if err := errors.Join(err1, err2); err != nil {
+					fail(err)
+					return
+				}
+				// Each file on its own is always complete.
+				if _, err := pki.ParseCertificates(chainPEM); err != nil {
+					fail(err)
+					return
+				}
+				if _, err := pki.ParseKeyPEM(keyPEM); err != nil {
+					fail(err)
+					return
+				}
+				if _, err := certfile.ParsePair(chainPEM, keyPEM, time.Now()); errors.Is(err, pki.ErrKeyMismatch) {
+					rawSkewed.Add(1)
+				}
+				// Load retries a mismatched pair for a while; a writer
+				// descheduled between its two renames for longer can still
+				// outlast it, and then the only right answer is the error.
+				// Anything else, or a pair that is not one, is a failure.
+				p, err := Load(dir, testID, time.Now())
+				switch {
+				case errors.Is(err, pki.ErrKeyMismatch):
+					loadSkewed.Add(1)
+					continue
+				case err != nil:
+					fail(err)
+					return
+				}
+				if _, err := certfile.ParsePair(p.ChainPEM, p.KeyPEM, time.Now()); err != nil {
+					fail(fmt.Errorf("Load returned a pair that is not one: %w", err))
+					return
+				}
+				reads.Add(1)
+			}
+		})
+	}
+	// Far more often than any rotation, but with gaps, as real writes
+	// have: Load's re-reads wait for one write, not for a writer that
+	// never stops.
+	for i := range 200 {
+		if _, err := w.Write(pairs[i%len(pairs)].files(ca)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	done.Store(true)
+	wg.Wait()
+	if err := firstError.Load(); err != nil {
+		t.Fatal(*err)
+	}
+	t.Logf("%d consistent loads, %d refused as mismatched; %d raw reads caught between the key and chain renames",
+		reads.Load(), loadSkewed.Load(), rawSkewed.Load())
+	if reads.Load() == 0 {
+		t.Fatal("the readers never ran")
+	}
+}
+
+func TestRelativeDir(t *testing.T) {
+	w := newWriter(t, Config{Dir: "etc/certs"})
+	wd, _ := os.Getwd()
+	if w.Dir() != filepath.Join(wd, "etc/certs") {
+		t.Fatalf("Dir %s", w.Dir())
+	}
+}

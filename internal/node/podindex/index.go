@@ -1,0 +1,367 @@
+package podindex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/meshagent/meshagent/internal/kubeclient"
+)
+
+// Pod is what the index keeps of a pod.
+type Pod struct {
+	Namespace, Name, UID string
+	// ServiceAccount is the pod's service account ("default" when the pod
+	// names none).
+	ServiceAccount string
+	NodeName       string
+	Phase          kubeclient.PodPhase
+	// Deleting is true once the pod has a deletion timestamp.
+	Deleting bool
+	// Identity is spiffe://<trust domain>/ns/<namespace>/sa/<service account>.
+	Identity spiffeid.ID
+}
+
+// Terminated reports whether the pod's phase is Succeeded or Failed: none of
+// its containers runs any more.
+func (p Pod) Terminated() bool {
+	return p.Phase == kubeclient.PodSucceeded || p.Phase == kubeclient.PodFailed
+}
+
+// String is "<namespace>/<name>".
+func (p Pod) String() string { return p.Namespace + "/" + p.Name }
+
+// IdentityHandler is told when an identity gains its first pod on the node
+// and when it loses its last one.
+type IdentityHandler interface {
+	IdentityAdded(id spiffeid.ID)
+	IdentityRemoved(id spiffeid.ID)
+}
+
+// HandlerFuncs adapts two functions to an IdentityHandler; a nil function is
+// not called.
+type HandlerFuncs struct {
+	Added, Removed func(id spiffeid.ID)
+}
+
+// IdentityAdded calls Added.
+func (h HandlerFuncs) IdentityAdded(id spiffeid.ID) {
+	if h.Added != nil {
+		h.Added(id)
+	}
+}
+
+// IdentityRemoved calls Removed.
+func (h HandlerFuncs) IdentityRemoved(id spiffeid.ID) {
+	if h.Removed != nil {
+		h.Removed(id)
+	}
+}
+
+// Config configures an Index.
+type Config struct {
+	// Pods lists and watches pods (a *kubeclient.Client). Required.
+	Pods PodSource
+	// NodeName is the node whose pods are kept. Required.
+	NodeName string
+	// TrustDomain is the trust domain of the pods' SPIFFE IDs. Required.
+	TrustDomain spiffeid.TrustDomain
+	// Handler is told of identities arriving and leaving; nil means nobody.
+	Handler IdentityHandler
+	// Logger; nil means zap.NewNop().
+	Logger *zap.Logger
+	// Registerer receives the index's metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+// PodSource lists and watches the pods that match a field selector, for an
+// informer of *kubeclient.Pod. *kubeclient.Client implements it.
+type PodSource interface {
+	PodListWatch(fieldSelector string) cache.ListerWatcher
+}
+
+// Index is the set of pods on one node, by UID.
+type Index struct {
+	cfg      Config
+	log      *zap.Logger
+	informer cache.SharedIndexInformer
+	metrics  *metrics
+
+	mu      sync.Mutex
+	pods    map[string]Pod      // by UID
+	refs    map[spiffeid.ID]int // counted pods per identity
+	changed chan struct{}       // closed and replaced when a pod is added or updated
+}
+
+// New returns an Index of cfg.NodeName's pods. It starts nothing.
+func New(cfg Config) (*Index, error) {
+	if cfg.Pods == nil {
+		return nil, errors.New("podindex: Pods is required")
+	}
+	if cfg.NodeName == "" {
+		return nil, errors.New("podindex: NodeName is required")
+	}
+	if cfg.TrustDomain.IsZero() {
+		return nil, errors.New("podindex: TrustDomain is required")
+	}
+	if cfg.Handler == nil {
+		cfg.Handler = HandlerFuncs{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	x := &Index{
+		cfg:     cfg,
+		log:     cfg.Logger.Named("podindex").With(zap.String(keyNode, cfg.NodeName)),
+		metrics: m,
+		pods:    map[string]Pod{},
+		refs:    map[spiffeid.ID]int{},
+		changed: make(chan struct{}),
+	}
+	selector := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
+	lw := cfg.Pods.PodListWatch(selector)
+	x.informer = cache.NewSharedIndexInformerWithOptions(lw, &kubeclient.Pod{}, cache.SharedIndexInformerOptions{})
+	if err := x.informer.SetTransform(strip); err != nil {
+		return nil, fmt.Errorf("podindex: setting the pod transform: %w", err)
+	}
+	if _, err := x.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { x.upsert(obj) },
+		UpdateFunc: func(_, obj any) { x.upsert(obj) },
+		DeleteFunc: x.delete,
+	}); err != nil {
+		return nil, fmt.Errorf("podindex: adding the event handler: %w", err)
+	}
+	return x, nil
+}
+
+// Run runs the informer until ctx ends; it returns nil then. Run once.
+func (x *Index) Run(ctx context.Context) error {
+	x.log.Info("watching the node's pods")
+	x.informer.RunWithContext(ctx)
+	return nil
+}
+
+// HasSynced reports whether the first list of pods has been read.
+func (x *Index) HasSynced() bool { return x.informer.HasSynced() }
+
+// Get returns the pod with uid, if it is on the node.
+func (x *Index) Get(uid string) (Pod, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	p, ok := x.pods[uid]
+	return p, ok
+}
+
+// Wait returns the pod with uid, waiting until the informer sees it or ctx
+// ends (then it returns ctx's error).
+func (x *Index) Wait(ctx context.Context, uid string) (Pod, error) {
+	for {
+		x.mu.Lock()
+		p, ok := x.pods[uid]
+		changed := x.changed
+		x.mu.Unlock()
+		if ok {
+			return p, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return Pod{}, ctx.Err()
+		}
+	}
+}
+
+// Identities returns each identity with counted pods, and those pods
+// ("<namespace>/<name>", sorted).
+func (x *Index) Identities() map[spiffeid.ID][]string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make(map[spiffeid.ID][]string, len(x.refs))
+	for _, p := range x.pods {
+		if counted(p) {
+			out[p.Identity] = append(out[p.Identity], p.String())
+		}
+	}
+	for _, pods := range out {
+		sort.Strings(pods)
+	}
+	return out
+}
+
+func counted(p Pod) bool { return !p.Terminated() }
+
+// upsert records an added or updated pod and tells the handler of an
+// identity that gains its first pod or loses its last.
+func (x *Index) upsert(obj any) {
+	k8sPod, ok := obj.(*kubeclient.Pod)
+	if !ok {
+		return
+	}
+	p, err := x.podOf(k8sPod)
+	if err != nil {
+		x.log.Warn("pod ignored", zap.String(keyPod, k8sPod.Namespace+"/"+k8sPod.Name), zap.Error(err))
+		return
+	}
+	var added, removed []spiffeid.ID
+	x.mu.Lock()
+	old, had := x.pods[p.UID]
+	x.pods[p.UID] = p
+	if had && counted(old) {
+		removed = x.unref(old.Identity, removed)
+	}
+	if counted(p) {
+		added = x.ref(p.Identity, added)
+	}
+	// A pod whose identity did not change is removed and added back: cancel
+	// the pair so the handler sees nothing.
+	added, removed = cancel(added, removed)
+	close(x.changed)
+	x.changed = make(chan struct{})
+	x.setGauges()
+	x.mu.Unlock()
+	x.emit(added, removed)
+}
+
+func (x *Index) delete(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	k8sPod, ok := obj.(*kubeclient.Pod)
+	if !ok {
+		return
+	}
+	var removed []spiffeid.ID
+	x.mu.Lock()
+	old, had := x.pods[string(k8sPod.UID)]
+	if had {
+		delete(x.pods, old.UID)
+		if counted(old) {
+			removed = x.unref(old.Identity, removed)
+		}
+	}
+	x.setGauges()
+	x.mu.Unlock()
+	x.emit(nil, removed)
+}
+
+// ref and unref adjust an identity's count and append it to events when it
+// crosses zero. x.mu must be held.
+func (x *Index) ref(id spiffeid.ID, events []spiffeid.ID) []spiffeid.ID {
+	x.refs[id]++
+	if x.refs[id] == 1 {
+		events = append(events, id)
+	}
+	return events
+}
+
+func (x *Index) unref(id spiffeid.ID, events []spiffeid.ID) []spiffeid.ID {
+	x.refs[id]--
+	if x.refs[id] <= 0 {
+		delete(x.refs, id)
+		events = append(events, id)
+	}
+	return events
+}
+
+func cancel(added, removed []spiffeid.ID) ([]spiffeid.ID, []spiffeid.ID) {
+	if len(added) == 1 && len(removed) == 1 && added[0] == removed[0] {
+		return nil, nil
+	}
+	return added, removed
+}
+
+func (x *Index) setGauges() {
+	x.metrics.pods.Set(float64(len(x.pods)))
+	x.metrics.identities.Set(float64(len(x.refs)))
+}
+
+// emit tells the handler, removals first. It runs on the informer's event
+// goroutine, without x.mu.
+func (x *Index) emit(added, removed []spiffeid.ID) {
+	for _, id := range removed {
+		x.log.Info("identity left the node", zap.Stringer(keyIdentity, id))
+		x.cfg.Handler.IdentityRemoved(id)
+	}
+	for _, id := range added {
+		x.log.Info("identity arrived on the node", zap.Stringer(keyIdentity, id))
+		x.cfg.Handler.IdentityAdded(id)
+	}
+}
+
+func (x *Index) podOf(p *kubeclient.Pod) (Pod, error) {
+	sa := p.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	id, err := spiffeid.FromSegments(x.cfg.TrustDomain, "ns", p.Namespace, "sa", sa)
+	if err != nil {
+		return Pod{}, fmt.Errorf("building its SPIFFE ID: %w", err)
+	}
+	return Pod{
+		Namespace:      p.Namespace,
+		Name:           p.Name,
+		UID:            string(p.UID),
+		ServiceAccount: sa,
+		NodeName:       p.Spec.NodeName,
+		Phase:          p.Status.Phase,
+		Deleting:       p.DeletionTimestamp != nil,
+		Identity:       id,
+	}, nil
+}
+
+// strip keeps only the fields the index reads, so the informer's store holds
+// a few hundred bytes per pod instead of the whole object.
+func strip(obj any) (any, error) {
+	p, ok := obj.(*kubeclient.Pod)
+	if !ok {
+		return obj, nil
+	}
+	return &kubeclient.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:              p.Name,
+			Namespace:         p.Namespace,
+			UID:               p.UID,
+			ResourceVersion:   p.ResourceVersion,
+			DeletionTimestamp: p.DeletionTimestamp,
+		},
+		Spec: kubeclient.PodSpec{
+			ServiceAccountName: p.Spec.ServiceAccountName,
+			NodeName:           p.Spec.NodeName,
+		},
+		Status: kubeclient.PodStatus{Phase: p.Status.Phase},
+	}, nil
+}
+
+// PodsOf returns the counted pods of namespace/serviceAccount on the node:
+// pods not being deleted first, then by name. Node mode binds a service
+// account's CA tokens to one of them.
+func (x *Index) PodsOf(namespace, serviceAccount string) []Pod {
+	x.mu.Lock()
+	var out []Pod
+	for _, p := range x.pods {
+		if p.Namespace == namespace && p.ServiceAccount == serviceAccount && counted(p) {
+			out = append(out, p)
+		}
+	}
+	x.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Deleting != out[j].Deleting {
+			return !out[i].Deleting
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}

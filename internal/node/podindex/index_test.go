@@ -1,0 +1,399 @@
+package podindex
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/test/kubeenv"
+)
+
+var td = spiffeid.RequireTrustDomainFromString("cluster.local")
+
+// event is one handler call.
+type event struct {
+	added bool
+	id    string
+}
+
+func (e event) String() string {
+	if e.added {
+		return "+" + e.id
+	}
+	return "-" + e.id
+}
+
+// recorder is an IdentityHandler that queues the calls it gets.
+type recorder struct{ ch chan event }
+
+func newRecorder() *recorder { return &recorder{ch: make(chan event, 1000)} }
+
+func (r *recorder) IdentityAdded(id spiffeid.ID)   { r.ch <- event{true, id.String()} }
+func (r *recorder) IdentityRemoved(id spiffeid.ID) { r.ch <- event{false, id.String()} }
+
+// next returns the next event; it fails the test after a minute without one.
+func (r *recorder) next(t *testing.T) event {
+	t.Helper()
+	select {
+	case e := <-r.ch:
+		return e
+	case <-time.After(time.Minute):
+		t.Fatal("no identity event within a minute")
+		return event{}
+	}
+}
+
+func (r *recorder) want(t *testing.T, want ...event) {
+	t.Helper()
+	for _, w := range want {
+		if got := r.next(t); got != w {
+			t.Fatalf("identity event %s, want %s", got, w)
+		}
+	}
+}
+
+func sa(ns, name string) string { return "spiffe://cluster.local/ns/" + ns + "/sa/" + name }
+
+// fixture is a namespace with service accounts and a running index of
+// node's pods.
+type fixture struct {
+	kube *kubeenv.Env
+	ns   string
+	idx  *Index
+	ev   *recorder
+}
+
+func newFixture(t *testing.T, node string, serviceAccounts ...string) *fixture {
+	t.Helper()
+	kube := kubeEnv(t)
+	ctx := context.Background()
+	f := &fixture{kube: kube, ns: fmt.Sprintf("ns-%d", time.Now().UnixNano()), ev: newRecorder()}
+	if _, err := kube.CreateNamespace(ctx, f.ns); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range serviceAccounts {
+		if _, err := kube.CreateServiceAccount(ctx, f.ns, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idx, err := New(Config{Pods: podClient(t, kube), NodeName: node, TrustDomain: td, Handler: f.ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.idx = idx
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- idx.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return f
+}
+
+func (f *fixture) pod(t *testing.T, name, serviceAccount, node string) *corev1.Pod {
+	t.Helper()
+	p, err := f.kube.CreatePod(context.Background(), f.ns, name, serviceAccount, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// seen waits until the index has the pod.
+func (f *fixture) seen(t *testing.T, p *corev1.Pod) Pod {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	got, err := f.idx.Wait(ctx, string(p.UID))
+	if err != nil {
+		t.Fatalf("pod %s never reached the index: %v", p.Name, err)
+	}
+	return got
+}
+
+func (f *fixture) delete(t *testing.T, p *corev1.Pod, grace int64) {
+	t.Helper()
+	err := f.kube.Client().CoreV1().Pods(f.ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(grace)})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fixture) setPhase(t *testing.T, p *corev1.Pod, phase corev1.PodPhase) {
+	t.Helper()
+	cur, err := f.kube.Client().CoreV1().Pods(f.ns).Get(context.Background(), p.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Status.Phase = phase
+	if _, err := f.kube.Client().CoreV1().Pods(f.ns).UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIdentityLifecycle: an identity arrives with its first pod on the node,
+// stays while any of its pods runs (a pod being deleted still runs), and
+// leaves when the last is deleted or terminates. Pods of other nodes are
+// never seen. A pod of a fresh service account serves as a marker: when its
+// event is next, nothing happened in between.
+func TestIdentityLifecycle(t *testing.T) {
+	f := newFixture(t, "node-a", "cart", "payments", "m1", "m2", "m3", "m4")
+	cart0 := f.pod(t, "cart-0", "cart", "node-a")
+	f.ev.want(t, event{true, sa(f.ns, "cart")})
+	cart1 := f.pod(t, "cart-1", "cart", "node-a")
+	far := f.pod(t, "pay-far", "payments", "node-b")
+	f.pod(t, "marker-1", "m1", "node-a")
+	f.ev.want(t, event{true, sa(f.ns, "m1")})
+	f.seen(t, cart1)
+	if _, ok := f.idx.Get(string(far.UID)); ok {
+		t.Fatal("the index holds a pod of another node")
+	}
+
+	// Deleting with a grace period: the pod stays (no kubelet confirms), marked.
+	f.delete(t, cart0, 30)
+	f.pod(t, "marker-2", "m2", "node-a")
+	f.ev.want(t, event{true, sa(f.ns, "m2")})
+	if p, _ := f.idx.Get(string(cart0.UID)); !p.Deleting {
+		t.Fatalf("pod being deleted: %+v, want Deleting", p)
+	}
+	// Gone for good; cart-1 still holds the identity.
+	f.delete(t, cart0, 0)
+	f.pod(t, "marker-3", "m3", "node-a")
+	f.ev.want(t, event{true, sa(f.ns, "m3")})
+	if _, ok := f.idx.Get(string(cart0.UID)); ok {
+		t.Fatal("deleted pod still in the index")
+	}
+	// The last cart pod terminates: the identity leaves; the pod stays known.
+	f.setPhase(t, cart1, corev1.PodSucceeded)
+	f.ev.want(t, event{false, sa(f.ns, "cart")})
+	if p, ok := f.idx.Get(string(cart1.UID)); !ok || !p.Terminated() {
+		t.Fatalf("terminated pod: %+v, %v", p, ok)
+	}
+	// A pod of the same service account comes back.
+	f.pod(t, "cart-2", "cart", "node-a")
+	f.ev.want(t, event{true, sa(f.ns, "cart")})
+	f.pod(t, "marker-4", "m4", "node-a")
+	f.ev.want(t, event{true, sa(f.ns, "m4")})
+
+	ids := f.idx.Identities()
+	if got := ids[spiffeid.RequireFromString(sa(f.ns, "cart"))]; len(got) != 1 || got[0] != f.ns+"/cart-2" {
+		t.Fatalf("pods of cart: %v, want [%s/cart-2]", got, f.ns)
+	}
+	if _, ok := ids[spiffeid.RequireFromString(sa(f.ns, "payments"))]; ok {
+		t.Fatal("payments listed: its only pod is on another node")
+	}
+}
+
+// TestManyPodsFewIdentities: 200 pods of 20 service accounts on the node
+// (and 40 on another node) make 20 arrivals; deleting them all makes 20
+// departures.
+func TestManyPodsFewIdentities(t *testing.T) {
+	const accounts, perAccount = 20, 10
+	names := make([]string, accounts)
+	for i := range names {
+		names[i] = fmt.Sprintf("sa-%02d", i)
+	}
+	f := newFixture(t, "node-many", append(names, "marker")...)
+	ctx := context.Background()
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		pods []*corev1.Pod
+		errs []error
+	)
+	sem := make(chan struct{}, 8)
+	for i := range accounts * perAccount {
+		for _, node := range []string{"node-many", "node-other"} {
+			if node == "node-other" && i%5 != 0 {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				p, err := f.kube.CreatePod(ctx, f.ns, fmt.Sprintf("p-%s-%03d", node, i), names[i%accounts], node)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+				} else if node == "node-many" {
+					pods = append(pods, p)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("creating pods: %v (and %d more)", errs[0], len(errs)-1)
+	}
+	got := map[string]bool{}
+	for range accounts {
+		e := f.ev.next(t)
+		if !e.added || got[e.id] {
+			t.Fatalf("identity event %s after %v", e, got)
+		}
+		got[e.id] = true
+	}
+	f.pod(t, "marker", "marker", "node-many")
+	f.ev.want(t, event{true, sa(f.ns, "marker")})
+	for _, p := range pods {
+		f.seen(t, p)
+	}
+	ids := f.idx.Identities()
+	if len(ids) != accounts+1 {
+		t.Fatalf("%d identities, want %d", len(ids), accounts+1)
+	}
+	for _, name := range names {
+		if n := len(ids[spiffeid.RequireFromString(sa(f.ns, name))]); n != perAccount {
+			t.Fatalf("%s has %d pods, want %d", name, n, perAccount)
+		}
+	}
+
+	err := f.kube.Client().CoreV1().Pods(f.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)},
+		metav1.ListOptions{FieldSelector: "spec.nodeName=node-many"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := map[string]bool{}
+	for range accounts + 1 {
+		e := f.ev.next(t)
+		if e.added || gone[e.id] {
+			t.Fatalf("identity event %s after %v", e, gone)
+		}
+		gone[e.id] = true
+	}
+	if ids := f.idx.Identities(); len(ids) != 0 {
+		t.Fatalf("identities left after every pod is gone: %v", ids)
+	}
+	select {
+	case e := <-f.ev.ch:
+		t.Fatalf("extra identity event %s", e)
+	default:
+	}
+}
+
+// TestStoredPodsAreStripped: the informer keeps only the fields read.
+func TestStoredPodsAreStripped(t *testing.T) {
+	f := newFixture(t, "node-strip", "app")
+	p := f.pod(t, "app-0", "app", "node-strip")
+	f.seen(t, p)
+	objs := f.idx.informer.GetStore().List()
+	if len(objs) != 1 {
+		t.Fatalf("%d pods stored, want 1", len(objs))
+	}
+	stored := objs[0].(*kubeclient.Pod)
+	if len(stored.Labels) != 0 || len(stored.ManagedFields) != 0 {
+		t.Fatalf("stored pod keeps unread fields: %+v", stored)
+	}
+	if stored.UID != p.UID || stored.Spec.ServiceAccountName != "app" || stored.Spec.NodeName != "node-strip" || stored.Status.Phase != kubeclient.PodPending {
+		t.Fatalf("stored pod lost a field it needs: %+v", stored)
+	}
+}
+
+func TestWaitEndsWithContext(t *testing.T) {
+	idx, err := New(Config{Pods: clientOfNothing(t), NodeName: "n", TrustDomain: td})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := idx.Wait(ctx, "00000000-0000-4000-8000-000000000000"); err != context.Canceled {
+		t.Fatalf("Wait = %v, want context.Canceled", err)
+	}
+}
+
+func TestNewRequires(t *testing.T) {
+	pods := clientOfNothing(t)
+	for _, cfg := range []Config{
+		{NodeName: "n", TrustDomain: td},
+		{Pods: pods, TrustDomain: td},
+		{Pods: pods, NodeName: "n"},
+	} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("New(%+v) succeeded", cfg)
+		}
+	}
+}
+
+// clientOfNothing is a client whose server does not exist, for tests that
+// must not reach one.
+func clientOfNothing(t *testing.T) *kubeclient.Client {
+	t.Helper()
+	client, err := kubeclient.NewForConfig(&rest.Config{Host: "https://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}
+
+// TestSurvivesAPIServerRestart: the watch breaks when the API server
+// restarts; the index reconnects and keeps following the node's pods.
+func TestSurvivesAPIServerRestart(t *testing.T) {
+	f := newFixture(t, "node-restart", "before", "after")
+	p := f.pod(t, "before-0", "before", "node-restart")
+	f.ev.want(t, event{true, sa(f.ns, "before")})
+	if err := f.kube.Restart(context.Background()); err != nil {
+		t.Fatalf("restarting the API server: %v", err)
+	}
+	f.delete(t, p, 0)
+	f.pod(t, "after-0", "after", "node-restart")
+	f.ev.want(t, event{false, sa(f.ns, "before")}, event{true, sa(f.ns, "after")})
+}
+
+// TestPodsOf: a service account's pods on the node, those not being deleted
+// first; pods of other accounts, other nodes and terminated pods are left
+// out.
+func TestPodsOf(t *testing.T) {
+	f := newFixture(t, "node-a", "web", "db")
+	w0 := f.pod(t, "web-0", "web", "node-a")
+	f.pod(t, "web-1", "web", "node-a")
+	w2 := f.pod(t, "web-2", "web", "node-a")
+	f.pod(t, "web-far", "web", "node-b")
+	db := f.pod(t, "db-0", "db", "node-a")
+	f.delete(t, w0, 30)
+	f.setPhase(t, w2, corev1.PodFailed)
+	f.seen(t, db)
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		p0, _ := f.idx.Get(string(w0.UID))
+		p2, _ := f.idx.Get(string(w2.UID))
+		return p0.Deleting && p2.Terminated(), nil
+	})
+	if err != nil {
+		t.Fatalf("the index never saw web-0 deleted and web-2 failed: %v", err)
+	}
+	var names []string
+	for _, p := range f.idx.PodsOf(f.ns, "web") {
+		names = append(names, p.Name)
+	}
+	if got := strings.Join(names, ","); got != "web-1,web-0" {
+		t.Fatalf("PodsOf(web) = %s, want web-1,web-0", got)
+	}
+	if got := f.idx.PodsOf(f.ns, "none"); len(got) != 0 {
+		t.Fatalf("PodsOf(none) = %v, want none", got)
+	}
+}
+
+// podClient is the agent's client, as the API server's admin.
+func podClient(t *testing.T, kube *kubeenv.Env) *kubeclient.Client {
+	t.Helper()
+	client, err := kubeclient.NewForConfig(kube.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}

@@ -1,0 +1,246 @@
+package podresolver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"go.uber.org/zap"
+
+	"github.com/meshagent/meshagent/internal/node/podcgroup"
+	"github.com/meshagent/meshagent/internal/node/podindex"
+	"github.com/meshagent/meshagent/internal/uds/caller"
+)
+
+// Refusal reasons: the values of the "reason" label of
+// meshagent_node_callers_refused_total and of Refusal.Reason.
+const (
+	ReasonNoPID          = "no_pid"
+	ReasonProcessGone    = "process_gone"
+	ReasonPIDReused      = "pid_reused"
+	ReasonProcUnreadable = "proc_unreadable"
+	ReasonCgroup         = "cgroup_invalid"
+	ReasonNodeProcess    = "node_process"
+	ReasonPodUnknown     = "pod_unknown"
+	ReasonPodTerminated  = "pod_terminated"
+	ReasonCanceled       = "canceled"
+)
+
+// Kinds of resolved callers: the values of the "kind" label of
+// meshagent_node_callers_resolved_total.
+const (
+	kindPod  = "pod"
+	kindNode = "node_uid"
+)
+
+// Refusal is the error Resolve returns for a caller it does not serve. Its
+// text is meant for the caller: it speaks of the caller's own process and
+// pod only.
+type Refusal struct {
+	// Reason is one of the Reason constants.
+	Reason string
+	msg    string
+}
+
+func (r *Refusal) Error() string { return r.msg }
+
+func refuse(reason, format string, args ...any) *Refusal {
+	return &Refusal{Reason: reason, msg: "caller refused: " + fmt.Sprintf(format, args...)}
+}
+
+// Pods finds a pod of the node by UID: Get at once, Wait until it appears
+// or ctx ends. *podindex.Index implements it.
+type Pods interface {
+	Get(uid string) (podindex.Pod, bool)
+	Wait(ctx context.Context, uid string) (podindex.Pod, error)
+}
+
+// Config configures a Resolver.
+type Config struct {
+	// Pods are the node's pods. Required.
+	Pods Pods
+	// NodeUIDs are the identities of processes outside any pod, by uid. A
+	// node process whose uid is not here is refused.
+	NodeUIDs map[uint32]spiffeid.ID
+	// IdentityOf names the identity of a pod's service account; nil means
+	// the pod's SPIFFE ID (podindex.Pod.Identity). Linkerd's DNS identities
+	// are made here.
+	IdentityOf func(namespace, serviceAccount string) string
+	// PodWait bounds the wait for a pod the informer has not seen yet (a
+	// container can start before the watch event arrives); 0 means 2s.
+	PodWait time.Duration
+	// ProcRoot is where procfs is mounted; "" means /proc. Any other root
+	// (tests) turns pidfds off: its pids are not this kernel's.
+	ProcRoot string
+	// Logger; nil means zap.NewNop().
+	Logger *zap.Logger
+	// Registerer receives the resolver's metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+// Resolver maps a local socket's peer to its pod and identity. It
+// implements caller.Resolver.
+type Resolver struct {
+	cfg     Config
+	log     *zap.Logger
+	metrics *metrics
+	pidfds  bool
+
+	// afterCgroupRead, when set (tests), runs between reading the cgroup
+	// file and checking that the process is still the same.
+	afterCgroupRead func()
+}
+
+var _ caller.Resolver = (*Resolver)(nil)
+
+// New returns a Resolver. It starts nothing.
+func New(cfg Config) (*Resolver, error) {
+	if cfg.Pods == nil {
+		return nil, errors.New("podresolver: Pods is required")
+	}
+	if cfg.PodWait <= 0 {
+		cfg.PodWait = 2 * time.Second
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Resolver{
+		cfg:     cfg,
+		log:     cfg.Logger.Named("podresolver"),
+		metrics: m,
+		pidfds:  filepath.Clean(cfg.ProcRoot) == "/proc",
+	}, nil
+}
+
+// Resolve finds the pod of the process behind cred and returns its
+// identity, or a *Refusal.
+func (r *Resolver) Resolve(ctx context.Context, cred caller.Cred) (caller.Info, error) {
+	info, kind, err := r.resolve(ctx, cred)
+	if err != nil {
+		var ref *Refusal
+		if !errors.As(err, &ref) {
+			ref = refuse(ReasonProcUnreadable, "%v", err)
+			err = ref
+		}
+		r.metrics.refused.WithLabelValues(ref.Reason).Inc()
+		r.log.Info("caller refused", zap.Stringer(keyCred, cred), zap.String(keyReason, ref.Reason), zap.Error(err))
+		return caller.Info{}, err
+	}
+	r.metrics.resolved.WithLabelValues(kind).Inc()
+	r.log.Debug("caller resolved", zap.Stringer(keyCred, cred), zap.String(keyIdentity, info.Identity), zap.String(keyPod, info.Pod))
+	return info, nil
+}
+
+func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, string, error) {
+	if cred.PID <= 0 {
+		return caller.Info{}, "", refuse(ReasonNoPID, "the kernel gave no pid for the connecting process (is the agent in the host's PID namespace?)")
+	}
+	data, err := r.readCgroup(ctx, cred.PID)
+	if err != nil {
+		return caller.Info{}, "", err
+	}
+	where, err := podcgroup.Parse(data)
+	if errors.Is(err, podcgroup.ErrNotInPod) {
+		id, ok := r.cfg.NodeUIDs[cred.UID]
+		if !ok {
+			return caller.Info{}, "", refuse(ReasonNodeProcess, "process %d is not in a pod and uid %d has no node identity", cred.PID, cred.UID)
+		}
+		return caller.Info{Cred: cred, Identity: id.String()}, kindNode, nil
+	}
+	if err != nil {
+		return caller.Info{}, "", refuse(ReasonCgroup, "process %d: %v", cred.PID, err)
+	}
+	pod, err := r.pod(ctx, where.UID)
+	if err != nil && ctx.Err() != nil {
+		return caller.Info{}, "", refuse(ReasonCanceled, "gave up waiting for pod %s of process %d: %v", where.UID, cred.PID, ctx.Err())
+	}
+	if err != nil {
+		return caller.Info{}, "", refuse(ReasonPodUnknown, "pod %s of process %d is not known on this node after %s", where.UID, cred.PID, r.cfg.PodWait)
+	}
+	if pod.Terminated() {
+		return caller.Info{}, "", refuse(ReasonPodTerminated, "pod %s of process %d has terminated (%s)", where.UID, cred.PID, pod.Phase)
+	}
+	identity := pod.Identity.String()
+	if r.cfg.IdentityOf != nil {
+		identity = r.cfg.IdentityOf(pod.Namespace, pod.ServiceAccount)
+	}
+	return caller.Info{Cred: cred, Identity: identity, Pod: pod.String(), PodUID: pod.UID}, kindPod, nil
+}
+
+// pod returns the pod with uid, waiting up to PodWait for the informer to
+// see it. A known pod (the usual case) is answered without a timer: a
+// context derived from the stream's would leave a child map on the
+// stream's context and a stopped timer in the runtime's timer heap, both
+// kept for the connection's life.
+func (r *Resolver) pod(ctx context.Context, uid string) (podindex.Pod, error) {
+	if p, ok := r.cfg.Pods.Get(uid); ok {
+		return p, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.PodWait)
+	defer cancel()
+	return r.cfg.Pods.Wait(wctx, uid)
+}
+
+// maxCgroupFile bounds what is read of /proc/<pid>/cgroup.
+const maxCgroupFile = 64 << 10
+
+// procBuffer holds a cgroup v2 file (one line) and a stat file after it
+// without growing; cgroup v1's dozen lines grow it once.
+const procBuffer = 1 << 10
+
+// readCgroup reads /proc/<pid>/cgroup so that the content is known to be
+// that of the process the pid named when the lookup started (see doc.go).
+func (r *Resolver) readCgroup(ctx context.Context, pid int32) ([]byte, error) {
+	pin, err := r.pin(ctx, pid)
+	if err != nil {
+		return nil, err
+	}
+	defer pin.release()
+	dir := filepath.Join(r.cfg.ProcRoot, strconv.Itoa(int(pid)))
+	// One buffer for the three files: the first stat file at its start
+	// (parsed, then overwritten), the cgroup file there, and the second
+	// stat file after the cgroup file.
+	buf := make([]byte, 0, procBuffer)
+	before, err := startTime(dir, buf)
+	if err != nil {
+		return nil, procError(pid, err)
+	}
+	data, err := appendFile(buf, filepath.Join(dir, "cgroup"), maxCgroupFile)
+	if err != nil {
+		return nil, procError(pid, err)
+	}
+	if r.afterCgroupRead != nil {
+		r.afterCgroupRead()
+	}
+	after, err := startTime(dir, data)
+	if err != nil {
+		return nil, procError(pid, err)
+	}
+	if after != before {
+		return nil, refuse(ReasonPIDReused, "process %d exited and its pid was reused during the lookup", pid)
+	}
+	if err := pin.alive(pid); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+func procError(pid int32, err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return refuse(ReasonProcessGone, "process %d has exited", pid)
+	}
+	return refuse(ReasonProcUnreadable, "reading process %d: %v", pid, err)
+}

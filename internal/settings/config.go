@@ -1,0 +1,247 @@
+package settings
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/meshagent/meshagent/internal/pki"
+)
+
+// CA providers (CA_PROVIDER).
+const (
+	ProviderIstio   = "Citadel"
+	ProviderLinkerd = "Linkerd"
+)
+
+// Agent modes (MESHAGENT_MODE).
+const (
+	ModeSidecar = "sidecar"
+	ModeNode    = "node"
+)
+
+// Credential fetchers (CREDENTIAL_FETCHER_TYPE).
+const (
+	FetcherJWT          = "JWT"
+	FetcherTokenRequest = "TokenRequest"
+)
+
+// PILOT_CERT_PROVIDER values.
+const (
+	CertProviderIstiod     = "istiod"
+	CertProviderKubernetes = "kubernetes"
+	CertProviderCustom     = "custom"
+	CertProviderNone       = "none"
+)
+
+// SystemRoots is the CA_ROOT_CA / XDS_ROOT_CA value that means the system trust store.
+const SystemRoots = "SYSTEM"
+
+// Config is the resolved configuration: every setting after defaults,
+// environment and flags, with derived defaults filled in. Build it with
+// Resolve; the rest of the agent reads it and never changes it.
+type Config struct {
+	// CAAddr is the CA's host:port (CA_ADDR).
+	CAAddr string
+	// CAProvider is ProviderIstio or ProviderLinkerd (CA_PROVIDER).
+	CAProvider string
+	// CARoot is the CA root bundle path, or SystemRoots (CA_ROOT_CA, derived per SPEC 7).
+	CARoot string
+	// XDSRoot is the xDS root bundle path, or SystemRoots (XDS_ROOT_CA, derived per SPEC 7).
+	XDSRoot string
+	// PilotCertProvider names who signs istiod's serving certificate; it
+	// chooses the default CA root (PILOT_CERT_PROVIDER).
+	PilotCertProvider string
+	// IstiodSAN is the name the CA's and control plane's certificates must carry;
+	// empty means the host part of the address dialled (ISTIOD_SAN).
+	IstiodSAN string
+	// CAHeaders is extra gRPC metadata for the CA (CA_HEADER_<NAME>).
+	CAHeaders map[string]string
+	// XDSHeaders is extra gRPC metadata for the control plane (XDS_HEADER_<NAME>).
+	XDSHeaders map[string]string
+	// TrustDomain of the workload identity (TRUST_DOMAIN).
+	TrustDomain string
+	// PodName, PodNamespace and ServiceAccount name the workload (POD_NAME,
+	// POD_NAMESPACE, SERVICE_ACCOUNT). In dev mode empty namespace and service
+	// account become "default".
+	PodName, PodNamespace, ServiceAccount string
+	// InstanceIP is the workload's IP address, the second field of the node
+	// ID (INSTANCE_IP, derived from the host's addresses).
+	InstanceIP string
+	// ClusterID is sent to the CA and control plane as ClusterID metadata (ISTIO_META_CLUSTER_ID).
+	ClusterID string
+	// CertSigner is sent in the CSR request metadata as CertSigner (ISTIO_META_CERT_SIGNER).
+	CertSigner string
+	// JWTPolicy is third-party-jwt or first-party-jwt (JWT_POLICY).
+	JWTPolicy string
+	// CredentialFetcherType is where tokens come from (CREDENTIAL_FETCHER_TYPE).
+	CredentialFetcherType string
+	// CredentialIdentityProvider is the audience of TokenRequest tokens
+	// (CREDENTIAL_IDENTITY_PROVIDER; derived from CA_PROVIDER).
+	CredentialIdentityProvider string
+	// PodUID is the pod's UID; TokenRequest tokens are bound to it (POD_UID).
+	PodUID string
+	// Kubeconfig lists kubeconfig files; empty means in-cluster (KUBECONFIG).
+	Kubeconfig string
+	// TokenLifetime is asked for TokenRequest tokens (MESHAGENT_TOKEN_LIFETIME).
+	TokenLifetime time.Duration
+	// TokenRefreshRatio is the share of a TokenRequest token's life after
+	// which it is replaced (MESHAGENT_TOKEN_REFRESH_RATIO).
+	TokenRefreshRatio float64
+	// ProvCert is a directory with a provisioning certificate used as client
+	// certificate towards the CA (PROV_CERT).
+	ProvCert string
+	// OutputCerts is the directory certificates are written to; empty: none (OUTPUT_CERTS).
+	OutputCerts string
+	// FileMountedCerts serves FileMountedCertsDir instead of asking a CA (FILE_MOUNTED_CERTS).
+	FileMountedCerts bool
+	// SecretTTL is the certificate lifetime asked of the CA (SECRET_TTL).
+	SecretTTL time.Duration
+	// GraceRatio is the share of a certificate's life left when it is renewed
+	// (SECRET_GRACE_PERIOD_RATIO; 0.3 for Linkerd unless set).
+	GraceRatio float64
+	// GraceJitter is the ± jitter added to GraceRatio (SECRET_GRACE_PERIOD_RATIO_JITTER).
+	GraceJitter float64
+	// FileDebounce is how long file changes must settle before a reload (FILE_DEBOUNCE_DURATION).
+	FileDebounce time.Duration
+	// WorkloadRSAKeySize (WORKLOAD_RSA_KEY_SIZE); it selects an RSA key only when set.
+	WorkloadRSAKeySize int
+	// ECCSignatureAlgorithm (ECC_SIGNATURE_ALGORITHM); ECDSA selects an EC key of ECCCurve.
+	ECCSignatureAlgorithm string
+	// ECCCurve is P256 or P384 (ECC_CURVE).
+	ECCCurve string
+	// GRPCXDSBootstrap is where the gRPC xDS bootstrap is written (GRPC_XDS_BOOTSTRAP).
+	GRPCXDSBootstrap string
+	// DisableEnvoy (DISABLE_ENVOY): no Envoy runs beside the agent.
+	DisableEnvoy bool
+	// DiscoveryAddress is the control plane's host:port (PROXY_CONFIG discoveryAddress).
+	DiscoveryAddress string
+	// StatusPort is the status server's port (STATUS_PORT, else PROXY_CONFIG statusPort).
+	StatusPort int
+	// WorkloadIdentitySocketFile is the SDS socket's file name (WORKLOAD_IDENTITY_SOCKET_FILE).
+	WorkloadIdentitySocketFile string
+
+	// KeyType is the workload key type (MESHAGENT_KEY_TYPE, or derived from
+	// ECC_SIGNATURE_ALGORITHM / WORKLOAD_RSA_KEY_SIZE when those are set).
+	KeyType pki.KeyType
+	// LinkerdNamespace is the Linkerd control-plane namespace (MESHAGENT_LINKERD_NAMESPACE).
+	LinkerdNamespace string
+	// LinkerdIdentityServiceName is the TLS name the Linkerd identity service
+	// must present (MESHAGENT_LINKERD_IDENTITY_SERVICE_NAME).
+	LinkerdIdentityServiceName string
+	// SDSSocket is the SDS Unix socket path (MESHAGENT_SDS_SOCKET).
+	SDSSocket string
+	// XDSSocket is the xDS proxy's Unix socket path (MESHAGENT_XDS_SOCKET).
+	XDSSocket string
+	// WorkloadCredentialsDir holds pre-provisioned credentials (MESHAGENT_WORKLOAD_CREDENTIALS_DIR).
+	WorkloadCredentialsDir string
+	// FileMountedCertsDir holds file-mounted certificates (MESHAGENT_FILE_MOUNTED_CERTS_DIR).
+	FileMountedCertsDir string
+	// TokenPath is the JWT token file (MESHAGENT_TOKEN_PATH, derived from JWT_POLICY).
+	TokenPath string
+	// StatusHost is the status server's listen host; empty means every interface (MESHAGENT_STATUS_HOST).
+	StatusHost string
+	// LogLevel is debug, info, warn or error (MESHAGENT_LOG_LEVEL).
+	LogLevel string
+	// Dev runs an in-process CA with a fresh in-memory root (MESHAGENT_DEV).
+	Dev bool
+	// CAMaxConcurrentCSRs bounds the CA requests in flight across identities
+	// (MESHAGENT_CA_MAX_CONCURRENT_CSRS).
+	CAMaxConcurrentCSRs int
+	// IdentityIdleGrace is how long an identity nobody holds is kept
+	// (MESHAGENT_IDENTITY_IDLE_GRACE).
+	IdentityIdleGrace time.Duration
+	// SDSMaxStreams bounds the SDS streams open at once (MESHAGENT_SDS_MAX_STREAMS).
+	SDSMaxStreams int
+	// SDSMaxStreamsPerPod bounds the SDS streams of one pod in node mode
+	// (MESHAGENT_SDS_MAX_STREAMS_PER_POD).
+	SDSMaxStreamsPerPod int
+	// SDSMaxFileResourcesPerCaller bounds the file resources one caller's
+	// SDS streams hold at once (MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER).
+	SDSMaxFileResourcesPerCaller int
+	// SDSMaxRecvBytes bounds one SDS request's size (MESHAGENT_SDS_MAX_RECV_BYTES).
+	SDSMaxRecvBytes int
+	// SDSAllowedUIDs are the only peer uids the SDS socket serves; empty
+	// serves anyone (MESHAGENT_SDS_ALLOWED_UIDS).
+	SDSAllowedUIDs []uint32
+	// XDSProxy runs the xDS proxy (MESHAGENT_XDS_PROXY; default true, false in dev mode).
+	XDSProxy bool
+	// Mode is ModeSidecar or ModeNode (MESHAGENT_MODE).
+	Mode string
+	// NodeName is the node the agent runs on, in node mode (NODE_NAME).
+	NodeName string
+	// NodeUIDIdentities are node processes' identities by uid, as
+	// "<uid>=<spiffe id>,..." (MESHAGENT_NODE_UID_IDENTITIES).
+	NodeUIDIdentities string
+	// NodeFileResources serves file-cert: and file-root: resources in node
+	// mode (MESHAGENT_NODE_FILE_RESOURCES; any pod can then read the files).
+	NodeFileResources bool
+	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
+	WorkloadAPI bool
+
+	proxyStatusPort int // statusPort from PROXY_CONFIG; 0 when not given
+	rows            []Row
+}
+
+// StatusAddr is the status server's listen address.
+func (c *Config) StatusAddr() string {
+	return net.JoinHostPort(c.StatusHost, strconv.Itoa(c.StatusPort))
+}
+
+// Identity is the workload identity: a SPIFFE ID, or for CA_PROVIDER=Linkerd
+// the Linkerd DNS-like name (SPEC 4). It fails when the namespace or the
+// service account is not set.
+func (c *Config) Identity() (pki.Identity, error) {
+	if c.PodNamespace == "" {
+		return pki.Identity{}, fmt.Errorf("POD_NAMESPACE is not set: it names the workload identity")
+	}
+	if c.ServiceAccount == "" {
+		return pki.Identity{}, fmt.Errorf("SERVICE_ACCOUNT is not set: it names the workload identity")
+	}
+	var id pki.Identity
+	if c.CAProvider == ProviderLinkerd {
+		id = pki.LinkerdIdentity(c.TrustDomain, c.PodNamespace, c.ServiceAccount, c.LinkerdNamespace)
+	} else {
+		id = pki.SPIFFEIdentity(c.TrustDomain, c.PodNamespace, c.ServiceAccount)
+	}
+	if err := id.Validate(); err != nil {
+		return pki.Identity{}, fmt.Errorf("workload identity: %w", err)
+	}
+	return id, nil
+}
+
+// Warning is a setting whose value the agent accepts but does not act on.
+type Warning struct {
+	// Name is the environment variable.
+	Name string
+	// Value is its resolved value.
+	Value string
+	// Why says why the value has no effect.
+	Why string
+}
+
+func (w Warning) String() string {
+	return w.Name + "=" + strconv.Quote(w.Value) + " has no effect: " + w.Why
+}
+
+// Warnings lists the settings whose value has no effect (Setting.Unused),
+// in registry order; the agent logs them at start-up.
+func (c *Config) Warnings() []Warning {
+	var out []Warning
+	for i := range Registry {
+		s := &Registry[i]
+		if s.Unused == nil {
+			continue
+		}
+		set := c.rows[i].Source != SourceDefault
+		if why := s.Unused(c, set); why != "" {
+			out = append(out, Warning{Name: s.Name, Value: c.rows[i].Value, Why: why})
+		}
+	}
+	return out
+}
+
+// Table returns every setting with its resolved value, where the value came
+// from and its doc string, in registry order (for `meshagent config`).
+func (c *Config) Table() []Row { return append([]Row(nil), c.rows...) }

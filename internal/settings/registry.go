@@ -1,0 +1,349 @@
+package settings
+
+import (
+	"time"
+
+	"github.com/meshagent/meshagent/internal/pki"
+)
+
+// Registry declares every setting, once. To add one: add a field to Config
+// and an entry here; the CLI flag, `meshagent config` and
+// docs/configuration.md follow (run `make docs`). A default computed from
+// other settings also needs a line in derive.go.
+var Registry = []Setting{
+	// Istio-compatible: pilot-agent's names and defaults.
+	{
+		Name: "CA_ADDR", Flag: "ca-addr", Group: GroupIstio,
+		DerivedDefault: "the discovery address (PROXY_CONFIG discoveryAddress); for CA_PROVIDER=Linkerd, linkerd-identity.<MESHAGENT_LINKERD_NAMESPACE>.svc.<TRUST_DOMAIN>:8080",
+		Doc:            "Address (host:port) of the CA that signs workload certificates.",
+		Value:          HostPort(func(c *Config) *string { return &c.CAAddr }),
+	},
+	{
+		Name: "CA_PROVIDER", Flag: "ca-provider", Default: ProviderIstio, Group: GroupIstio,
+		Doc:   "CA protocol: Citadel is Istio's IstioCertificateService (istiod, istio-csr); Linkerd is Linkerd's identity service.",
+		Value: Enum(func(c *Config) *string { return &c.CAProvider }, ProviderIstio, ProviderLinkerd),
+	},
+	{
+		Name: "CA_ROOT_CA", Flag: "ca-root", Group: GroupIstio,
+		DerivedDefault: "<MESHAGENT_FILE_MOUNTED_CERTS_DIR>/root-cert.pem for PILOT_CERT_PROVIDER=custom, else PROV_CERT/root-cert.pem when PROV_CERT is set, else none for PILOT_CERT_PROVIDER=none, else ./var/run/secrets/istio/root-cert.pem",
+		Doc:            "Root bundle that verifies the CA's TLS certificate and the certificates it issues; SYSTEM means the system trust store. Watched for changes.",
+		Value:          CARoot(func(c *Config) *string { return &c.CARoot }),
+	},
+	{
+		Name: "XDS_ROOT_CA", Flag: "xds-root", Group: GroupIstio,
+		DerivedDefault: "<MESHAGENT_FILE_MOUNTED_CERTS_DIR>/root-cert.pem when that file exists at start-up, else the CA root",
+		Doc:            "Root bundle that verifies the control plane's TLS certificate; SYSTEM means the system trust store.",
+		Value:          CARoot(func(c *Config) *string { return &c.XDSRoot }),
+	},
+	{
+		Name: "PILOT_CERT_PROVIDER", Default: "istiod", Group: GroupIstio,
+		Doc: "Who signs the control plane's serving certificate; it chooses the default CA root, as in pilot-agent. " +
+			"istiod: ./var/run/secrets/istio/root-cert.pem. custom: <MESHAGENT_FILE_MOUNTED_CERTS_DIR>/root-cert.pem. " +
+			"none: no default root, so CA_ROOT_CA or PROV_CERT must be set (except with FILE_MOUNTED_CERTS=true or in dev mode, where the xDS proxy still needs XDS_ROOT_CA or the file-mounted root); the agent refuses to start otherwise. " +
+			"kubernetes is accepted and treated as istiod, with a warning at start-up.",
+		Value:  Enum(func(c *Config) *string { return &c.PilotCertProvider }, CertProviderIstiod, CertProviderKubernetes, CertProviderCustom, CertProviderNone),
+		Unused: pilotCertProviderUnused,
+	},
+	{
+		Name: "ISTIOD_SAN", Group: GroupIstio,
+		DerivedDefault: "the host part of the address dialled",
+		Doc:            "Name the CA's and control plane's TLS certificates must carry.",
+		Value:          String(func(c *Config) *string { return &c.IstiodSAN }),
+	},
+	{
+		Name: "CA_HEADER_<NAME>", Group: GroupIstio,
+		Doc:   "Each variable `CA_HEADER_<NAME>=<value>` adds gRPC metadata `<NAME>: <value>` to every CA request. Values are redacted in `meshagent config`.",
+		Value: Headers(func(c *Config) *map[string]string { return &c.CAHeaders }),
+	},
+	{
+		Name: "XDS_HEADER_<NAME>", Group: GroupIstio,
+		Doc:   "Each variable `XDS_HEADER_<NAME>=<value>` adds gRPC metadata `<NAME>: <value>` to the control-plane stream. Values are redacted in `meshagent config`.",
+		Value: Headers(func(c *Config) *map[string]string { return &c.XDSHeaders }),
+	},
+	{
+		Name: "TRUST_DOMAIN", Flag: "trust-domain", Default: "cluster.local", Group: GroupIstio,
+		Doc:   "Trust domain of the workload's SPIFFE ID.",
+		Value: TrustDomain(func(c *Config) *string { return &c.TrustDomain }),
+	},
+	{
+		Name: "POD_NAME", Group: GroupIstio,
+		Doc:   "Name of the pod (or VM) the agent runs beside.",
+		Value: String(func(c *Config) *string { return &c.PodName }),
+	},
+	{
+		Name: "POD_NAMESPACE", Group: GroupIstio,
+		DerivedDefault: "default in --dev mode; required otherwise",
+		Doc:            "Namespace of the workload; part of its identity.",
+		Value:          Label(func(c *Config) *string { return &c.PodNamespace }),
+	},
+	{
+		Name: "SERVICE_ACCOUNT", Group: GroupIstio,
+		DerivedDefault: "default in --dev mode; required otherwise",
+		Doc:            "Service account of the workload; part of its identity.",
+		Value:          Label(func(c *Config) *string { return &c.ServiceAccount }),
+	},
+	{
+		Name: "INSTANCE_IP", Group: GroupIstio,
+		DerivedDefault: "the host's first non-loopback, non-link-local address (IPv4 first), else 127.0.0.1",
+		Doc:            "IP address of the workload; the second field of the gRPC bootstrap's node ID (sidecar~<INSTANCE_IP>~<POD_NAME>.<POD_NAMESPACE>~<POD_NAMESPACE>.svc.cluster.local).",
+		Value:          IP(func(c *Config) *string { return &c.InstanceIP }),
+	},
+	{
+		Name: "ISTIO_META_CLUSTER_ID", Group: GroupIstio,
+		Doc:   "Cluster ID, sent to the CA and the control plane as ClusterID gRPC metadata.",
+		Value: String(func(c *Config) *string { return &c.ClusterID }),
+	},
+	{
+		Name: "ISTIO_META_CERT_SIGNER", Group: GroupIstio,
+		Doc:   "Signer name sent as CertSigner in the Istio CSR request's metadata.",
+		Value: String(func(c *Config) *string { return &c.CertSigner }),
+	},
+	{
+		Name: "JWT_POLICY", Default: "third-party-jwt", Group: GroupIstio,
+		Doc:   "Which service-account token authenticates to the CA: third-party-jwt (projected token, audience istio-ca) or first-party-jwt (the default service-account token).",
+		Value: Enum(func(c *Config) *string { return &c.JWTPolicy }, "third-party-jwt", "first-party-jwt"),
+	},
+	{
+		Name: "CREDENTIAL_FETCHER_TYPE", Default: FetcherJWT, Group: GroupIstio,
+		Doc:   "Where the bearer token for the CA and the control plane comes from: JWT reads the token file (MESHAGENT_TOKEN_PATH) at every request; TokenRequest asks the Kubernetes API for a token of SERVICE_ACCOUNT bound to the pod POD_NAME (POD_UID), kept in memory only. See docs/tokens.md.",
+		Value: Enum(func(c *Config) *string { return &c.CredentialFetcherType }, FetcherJWT, FetcherTokenRequest),
+	},
+	{
+		Name: "CREDENTIAL_IDENTITY_PROVIDER", Group: GroupIstio,
+		DerivedDefault: "istio-ca; identity.l5d.io for CA_PROVIDER=Linkerd",
+		Doc:            "Audience of the tokens asked for with CREDENTIAL_FETCHER_TYPE=TokenRequest: the audience the CA checks.",
+		Value:          String(func(c *Config) *string { return &c.CredentialIdentityProvider }),
+		Unused:         tokenRequestOnly,
+	},
+	{
+		Name: "PROV_CERT", Flag: "prov-cert", Group: GroupIstio,
+		Doc:   "Directory holding a provisioning certificate (cert-chain.pem, key.pem, root-cert.pem) presented to the CA as client certificate, e.g. on VMs.",
+		Value: Path(func(c *Config) *string { return &c.ProvCert }),
+	},
+	{
+		Name: "OUTPUT_CERTS", Flag: "output-certs", Group: GroupIstio,
+		Doc:   "Directory to write cert-chain.pem, key.pem (0600) and root-cert.pem to on every rotation; empty writes nothing.",
+		Value: Path(func(c *Config) *string { return &c.OutputCerts }),
+	},
+	{
+		Name: "FILE_MOUNTED_CERTS", Default: "false", Group: GroupIstio,
+		Doc:   "Serve the certificates in MESHAGENT_FILE_MOUNTED_CERTS_DIR (./etc/certs) instead of asking a CA.",
+		Value: Bool(func(c *Config) *bool { return &c.FileMountedCerts }),
+	},
+	{
+		Name: "SECRET_TTL", Default: "24h", Group: GroupIstio,
+		Doc:   "Certificate lifetime asked of the CA.",
+		Value: Duration(func(c *Config) *time.Duration { return &c.SecretTTL }, time.Second),
+	},
+	{
+		Name: "SECRET_GRACE_PERIOD_RATIO", Default: "0.5", Group: GroupIstio,
+		DerivedDefault: "0.5; 0.3 for CA_PROVIDER=Linkerd",
+		Doc:            "Share of a certificate's life left when it is renewed (0.5 renews at half-life). 0 is refused (it would renew only after expiry). Whatever the ratio, a certificate is not renewed sooner than 1% of its life after it arrived (at least 5 s, at most half its life).",
+		Value:          GraceRatio(func(c *Config) *float64 { return &c.GraceRatio }),
+	},
+	{
+		Name: "SECRET_GRACE_PERIOD_RATIO_JITTER", Default: "0.01", Group: GroupIstio,
+		Doc:   "Random ± jitter added to the grace period ratio so renewals do not stampede.",
+		Value: Float(func(c *Config) *float64 { return &c.GraceJitter }, 0, 1),
+	},
+	{
+		Name: "FILE_DEBOUNCE_DURATION", Default: "100ms", Group: GroupIstio,
+		Doc:   "How long watched files must stay unchanged before they are reloaded.",
+		Value: Duration(func(c *Config) *time.Duration { return &c.FileDebounce }, 0),
+	},
+	{
+		Name: "WORKLOAD_RSA_KEY_SIZE", Default: "2048", Group: GroupIstio,
+		Doc:   "RSA key size. When set (and ECC_SIGNATURE_ALGORITHM is not ECDSA) the workload key is RSA of this size, as in pilot-agent.",
+		Value: IntChoice(func(c *Config) *int { return &c.WorkloadRSAKeySize }, 2048, 3072, 4096),
+	},
+	{
+		Name: "ECC_SIGNATURE_ALGORITHM", Group: GroupIstio,
+		Doc:   "ECDSA selects an EC workload key on ECC_CURVE, as in pilot-agent; RSA selects an RSA key of WORKLOAD_RSA_KEY_SIZE.",
+		Value: Enum(func(c *Config) *string { return &c.ECCSignatureAlgorithm }, "ECDSA", "RSA"),
+	},
+	{
+		Name: "ECC_CURVE", Default: "P256", Group: GroupIstio,
+		Doc:   "Curve of an EC workload key.",
+		Value: Enum(func(c *Config) *string { return &c.ECCCurve }, "P256", "P384"),
+	},
+	{
+		Name: "GRPC_XDS_BOOTSTRAP", Flag: "grpc-bootstrap", Default: "etc/istio/proxy/grpc-bootstrap.json", Group: GroupIstio,
+		Doc:   "Where the gRPC xDS bootstrap for proxyless gRPC is written.",
+		Value: Path(func(c *Config) *string { return &c.GRPCXDSBootstrap }),
+	},
+	{
+		Name: "DISABLE_ENVOY", Default: "false", Group: GroupIstio,
+		Doc:   "No Envoy runs beside the agent (proxyless gRPC or VM).",
+		Value: Bool(func(c *Config) *bool { return &c.DisableEnvoy }),
+	},
+	{
+		Name: "PROXY_CONFIG", Group: GroupIstio,
+		Default: `{"discoveryAddress":"istiod.istio-system.svc:15012","statusPort":15020}`,
+		Doc:     "Istio ProxyConfig as JSON. meshagent reads discoveryAddress (the control plane, host:port) and statusPort; other fields are ignored.",
+		Value:   JSON(setProxyConfig, showProxyConfig),
+	},
+	{
+		Name: "STATUS_PORT", Flag: "status-port", Group: GroupIstio,
+		DerivedDefault: "PROXY_CONFIG statusPort, else 15020",
+		Doc:            "Port of the status server (/healthz/ready, /healthz/live, /metrics, /debug/certs); 0 picks a free port.",
+		Value:          Int(func(c *Config) *int { return &c.StatusPort }, 0, 65535),
+	},
+	{
+		Name: "WORKLOAD_IDENTITY_SOCKET_FILE", Default: "socket", Group: GroupIstio,
+		Doc:   "File name of the SDS socket in ./var/run/secrets/workload-spiffe-uds/.",
+		Value: FileName(func(c *Config) *string { return &c.WorkloadIdentitySocketFile }),
+	},
+
+	// meshagent's own settings.
+	{
+		Name: "MESHAGENT_KEY_TYPE", Flag: "key-type", Default: string(pki.ECP256), Group: GroupMeshagent,
+		DerivedDefault: "ec-p256; ec-p256/ec-p384 when ECC_SIGNATURE_ALGORITHM=ECDSA (by ECC_CURVE); rsa-<WORKLOAD_RSA_KEY_SIZE> when WORKLOAD_RSA_KEY_SIZE is set or ECC_SIGNATURE_ALGORITHM=RSA",
+		Doc:            "Workload key type. When set it wins over ECC_SIGNATURE_ALGORITHM and WORKLOAD_RSA_KEY_SIZE.",
+		Value:          KeyType(func(c *Config) *pki.KeyType { return &c.KeyType }),
+	},
+	{
+		Name: "MESHAGENT_LINKERD_NAMESPACE", Default: "linkerd", Group: GroupMeshagent,
+		Doc:   "Namespace of the Linkerd control plane (CA_PROVIDER=Linkerd); part of the Linkerd identity.",
+		Value: Label(func(c *Config) *string { return &c.LinkerdNamespace }),
+	},
+	{
+		Name: "MESHAGENT_LINKERD_IDENTITY_SERVICE_NAME", Group: GroupMeshagent,
+		DerivedDefault: "linkerd-identity.<ns>.serviceaccount.identity.<ns>.<TRUST_DOMAIN> with <ns> = MESHAGENT_LINKERD_NAMESPACE",
+		Doc:            "TLS name the Linkerd identity service must present.",
+		Value:          String(func(c *Config) *string { return &c.LinkerdIdentityServiceName }),
+	},
+	{
+		Name: "POD_UID", Group: GroupIstio,
+		Doc:   "UID of the pod the agent runs beside (from the downward API, metadata.uid). With CREDENTIAL_FETCHER_TYPE=TokenRequest tokens are bound to this exact pod; empty binds them to whichever pod is named POD_NAME.",
+		Value: String(func(c *Config) *string { return &c.PodUID }),
+	},
+	{
+		Name: "KUBECONFIG", Flag: "kubeconfig", Group: GroupIstio,
+		Doc:   "Kubernetes client configuration files, as for kubectl (a list separated by ':'). Empty: the in-cluster configuration of the pod's service account. Used by CREDENTIAL_FETCHER_TYPE=TokenRequest.",
+		Value: Path(func(c *Config) *string { return &c.Kubeconfig }),
+	},
+	{
+		Name: "MESHAGENT_TOKEN_LIFETIME", Default: "1h", Group: GroupMeshagent,
+		Doc:    "Lifetime asked for the tokens of CREDENTIAL_FETCHER_TYPE=TokenRequest; the API server's minimum is 10m.",
+		Value:  Duration(func(c *Config) *time.Duration { return &c.TokenLifetime }, 10*time.Minute),
+		Unused: tokenRequestOnly,
+	},
+	{
+		Name: "MESHAGENT_TOKEN_REFRESH_RATIO", Default: "0.8", Group: GroupMeshagent,
+		Doc:    "Share of a TokenRequest token's life after which the next request uses a new token (0.8, as the kubelet). Lower values only serve tests that must see a refresh without waiting minutes.",
+		Value:  Float(func(c *Config) *float64 { return &c.TokenRefreshRatio }, 0.001, 1),
+		Unused: tokenRequestOnly,
+	},
+	{
+		Name: "MESHAGENT_STATUS_HOST", Flag: "status-host", Group: GroupMeshagent,
+		Doc:   "Host or IP the status server listens on; empty means every interface (as pilot-agent).",
+		Value: String(func(c *Config) *string { return &c.StatusHost }),
+	},
+	{
+		Name: "MESHAGENT_LOG_LEVEL", Flag: "log-level", Default: "info", Group: GroupMeshagent,
+		Doc:   "Log level. Logs are JSON, or human-readable when stderr is a terminal.",
+		Value: Enum(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error"),
+	},
+	{
+		Name: "MESHAGENT_DEV", Flag: "dev", Default: "false", Group: GroupMeshagent,
+		Doc:   "Development mode: an in-process CA with a fresh in-memory root issues the workload certificate. Not for production.",
+		Value: Bool(func(c *Config) *bool { return &c.Dev }),
+	},
+	{
+		Name: "MESHAGENT_XDS_PROXY", Flag: "xds-proxy", DerivedDefault: "true, except in dev mode", Group: GroupMeshagent,
+		Doc:   "Run the xDS proxy: Envoy's (or proxyless gRPC's) ADS stream on the xDS socket is forwarded to the discovery address.",
+		Value: Bool(func(c *Config) *bool { return &c.XDSProxy }),
+	},
+	{
+		Name: "MESHAGENT_SDS_MAX_STREAMS", Flag: "sds-max-streams", DerivedDefault: "4096; in node mode 65536 (1,024 pods at MESHAGENT_SDS_MAX_STREAMS_PER_POD, or 16,384 pods at 4 streams each)", Group: GroupMeshagent,
+		Doc:   "Most SDS streams served at once, from all callers together; a stream over the limit is refused with gRPC status RESOURCE_EXHAUSTED.",
+		Value: Int(func(c *Config) *int { return &c.SDSMaxStreams }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SDS_MAX_STREAMS_PER_POD", Default: "64", Group: GroupMeshagent,
+		Doc:   "Node mode: most SDS streams one pod holds at once (a caller resolved to no pod is counted by its identity); one more is refused with gRPC status RESOURCE_EXHAUSTED, so a pod cannot take the places of the others. Not applied in sidecar mode, where every caller is the one workload.",
+		Value: Int(func(c *Config) *int { return &c.SDSMaxStreamsPerPod }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER", Default: "16", Group: GroupMeshagent,
+		Doc:   "Most file-cert: and file-root: resources one caller's SDS streams hold at once (a caller is its pod in node mode, else its connecting process), out of the 64 the agent holds in all, so no caller starves the others; one more is refused with gRPC status RESOURCE_EXHAUSTED naming it. Raise it when one proxy needs more (64 or more lets one caller take them all).",
+		Value: Int(func(c *Config) *int { return &c.SDSMaxFileResourcesPerCaller }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SDS_MAX_RECV_BYTES", Flag: "sds-max-recv-bytes", Default: "65536", Group: GroupMeshagent,
+		Doc:   "Largest SDS request accepted, in bytes; a larger one is refused with gRPC status RESOURCE_EXHAUSTED.",
+		Value: Int(func(c *Config) *int { return &c.SDSMaxRecvBytes }, 1024, 16<<20),
+	},
+	{
+		Name: "MESHAGENT_CA_MAX_CONCURRENT_CSRS", Default: "8", Group: GroupMeshagent,
+		Doc:   "Most certificate requests in flight to the CA at once, across all identities; further identities wait their turn (a caller waiting first, then first certificates, then renewals).",
+		Value: Int(func(c *Config) *int { return &c.CAMaxConcurrentCSRs }, 1, 1024),
+	},
+	{
+		Name: "MESHAGENT_IDENTITY_IDLE_GRACE", Default: "1m", Group: GroupMeshagent,
+		Doc:   "How long a workload identity nobody holds any more (no stream, no waiting caller, no pod on the node) keeps its certificate before it is dropped; a caller back within it is served at once. The agent's own identity is never dropped.",
+		Value: Duration(func(c *Config) *time.Duration { return &c.IdentityIdleGrace }, time.Second),
+	},
+	{
+		Name: "MESHAGENT_SDS_ALLOWED_UIDS", Flag: "sds-allowed-uids", Group: GroupMeshagent,
+		Doc:   "Comma-separated uids allowed to use the SDS socket (checked with SO_PEERCRED); others get PERMISSION_DENIED. Empty lets anyone who can open the socket in.",
+		Value: UIDs(func(c *Config) *[]uint32 { return &c.SDSAllowedUIDs }),
+	},
+	{
+		Name: "MESHAGENT_MODE", Flag: "mode", Default: ModeSidecar, Group: GroupMeshagent,
+		Doc:   "sidecar serves one workload (the agent's own identity); node serves every pod of the node over one socket, each caller identified by the kernel (SO_PEERCRED pid, cgroup, pod) and given its pod's identity (docs/node-mode.md). `meshagent run --node` is the same as node.",
+		Value: Enum(func(c *Config) *string { return &c.Mode }, ModeSidecar, ModeNode),
+	},
+	{
+		Name: "NODE_NAME", Group: GroupIstio,
+		DerivedDefault: "required in node mode",
+		Doc:            "Name of the node the agent runs on (node mode): only pods with spec.nodeName equal to it are served.",
+		Value:          String(func(c *Config) *string { return &c.NodeName }),
+	},
+	{
+		Name: "MESHAGENT_NODE_UID_IDENTITIES", Group: GroupMeshagent,
+		Doc:   "Node mode: identities of node processes outside any pod, by uid, as `<uid>=<spiffe id>` separated by commas. A node process whose uid is not listed is refused.",
+		Value: String(func(c *Config) *string { return &c.NodeUIDIdentities }),
+	},
+	{
+		Name: "MESHAGENT_NODE_FILE_RESOURCES", Default: "false", Group: GroupMeshagent,
+		Doc: "Node mode: serve `file-cert:` and `file-root:` SDS resources (files of the node). Off by default, and refused then: " +
+			"with it on, ANY pod on the node can read any certificate, key or bundle file the agent can read, by naming its path. " +
+			"Turn it on only when every pod of the node may read those files (docs/node-mode.md). No effect in sidecar mode, where they are always served.",
+		Value: Bool(func(c *Config) *bool { return &c.NodeFileResources }),
+	},
+	{
+		Name: "MESHAGENT_WORKLOAD_API", Flag: "workload-api", Default: "true", Group: GroupMeshagent,
+		Doc:   "Serve the SPIFFE Workload API (X.509-SVIDs and bundles, for go-spiffe, spiffe-helper and other SPIFFE clients) on the SDS socket beside SDS. Set SPIFFE_ENDPOINT_SOCKET=unix://<SDS socket> in the clients.",
+		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),
+	},
+
+	// Paths (SPEC 2), relative to the working directory as in pilot-agent.
+	{
+		Name: "MESHAGENT_SDS_SOCKET", Flag: "sds-socket", Group: GroupPaths,
+		DerivedDefault: "./var/run/secrets/workload-spiffe-uds/<WORKLOAD_IDENTITY_SOCKET_FILE>",
+		Doc:            "Unix socket the SDS server listens on (and where an existing agent is looked for).",
+		Value:          Path(func(c *Config) *string { return &c.SDSSocket }),
+	},
+	{
+		Name: "MESHAGENT_XDS_SOCKET", Flag: "xds-socket", Default: "./etc/istio/proxy/XDS", Group: GroupPaths,
+		Doc:   "Unix socket the xDS proxy listens on.",
+		Value: Path(func(c *Config) *string { return &c.XDSSocket }),
+	},
+	{
+		Name: "MESHAGENT_WORKLOAD_CREDENTIALS_DIR", Flag: "workload-credentials-dir", Default: "./var/run/secrets/workload-spiffe-credentials", Group: GroupPaths,
+		Doc:   "Directory of pre-provisioned credentials; served when it holds cert-chain.pem, key.pem and root-cert.pem.",
+		Value: Path(func(c *Config) *string { return &c.WorkloadCredentialsDir }),
+	},
+	{
+		Name: "MESHAGENT_FILE_MOUNTED_CERTS_DIR", Flag: "file-mounted-certs-dir", Default: "./etc/certs", Group: GroupPaths,
+		Doc:   "Directory of file-mounted certificates (cert-chain.pem, key.pem, root-cert.pem) served when FILE_MOUNTED_CERTS=true.",
+		Value: Path(func(c *Config) *string { return &c.FileMountedCertsDir }),
+	},
+	{
+		Name: "MESHAGENT_TOKEN_PATH", Flag: "token-path", Group: GroupPaths,
+		DerivedDefault: "./var/run/secrets/tokens/istio-token; /var/run/secrets/kubernetes.io/serviceaccount/token for JWT_POLICY=first-party-jwt",
+		Doc:            "Service-account token file, read afresh for every CA request.",
+		Value:          Path(func(c *Config) *string { return &c.TokenPath }),
+	},
+}

@@ -1,0 +1,206 @@
+package udsserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/meshagent/meshagent/internal/uds/caller"
+	"github.com/meshagent/meshagent/internal/uds/sockprobe"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxRecvBytes bounds the size of one received message.
+	DefaultMaxRecvBytes = 64 << 10
+	// MaxSocketPath is the longest path a Unix socket address can hold.
+	MaxSocketPath = 107
+	// probeTimeout bounds the check whether an existing socket is alive.
+	probeTimeout = time.Second
+)
+
+// ErrSocketInUse is wrapped by Run's error when something already answers
+// on the socket path; the socket is left alone.
+var ErrSocketInUse = sockprobe.ErrInUse
+
+// Config describes a local socket server. Zero values get the defaults noted.
+type Config struct {
+	// SocketPath is the Unix socket to serve on. Required. Its directory is
+	// created with mode 0750 (or DirMode) and the socket is made 0666, as
+	// pilot-agent does.
+	SocketPath string
+	// DirMode, when not zero, is the mode of the socket's directory: it is
+	// created with it, and an existing directory is given it. Node mode
+	// uses 0755: the directory is a host directory mounted into pods whose
+	// processes run as other uids, which must be able to reach the socket
+	// (who they are is asked of the kernel, not of the file system). Zero:
+	// a directory created is 0750, an existing one is left alone.
+	DirMode os.FileMode
+	// Services register the gRPC services served on the socket (for
+	// example sds.Server.Register). At least one is required.
+	Services []func(*grpc.Server)
+	// MaxRecvBytes bounds the size of one received message; gRPC answers a
+	// larger one with ResourceExhausted. Default DefaultMaxRecvBytes.
+	MaxRecvBytes int
+	// AllowedUIDs, when not empty, are the only peer uids (SO_PEERCRED) let
+	// in; other peers are refused with PermissionDenied. Empty lets anyone
+	// who can open the socket in.
+	AllowedUIDs []uint32
+	// Resolver, when set, decides who the caller of each connection is; it
+	// is asked once per connection, and a connection it refuses gets
+	// PermissionDenied with its reason. Nil: every caller is caller.Info
+	// with its credentials only (the agent's own identity).
+	Resolver caller.Resolver
+	// Logger receives the server's logs. Nil means no logs.
+	Logger *zap.Logger
+	// Registerer receives the metrics. Nil means they are not registered.
+	Registerer prometheus.Registerer
+}
+
+// Server serves gRPC services on a Unix socket to local callers. Create it
+// with New and start it with Run.
+type Server struct {
+	cfg     Config
+	log     *zap.Logger
+	metrics *metrics
+}
+
+// New checks cfg and returns a server. It starts nothing.
+func New(cfg Config) (*Server, error) {
+	if cfg.SocketPath == "" {
+		return nil, errors.New("local socket server: no socket path")
+	}
+	if len(cfg.SocketPath) > MaxSocketPath {
+		return nil, fmt.Errorf("local socket server: socket path %q is longer than %d bytes", cfg.SocketPath, MaxSocketPath)
+	}
+	if len(cfg.Services) == 0 {
+		return nil, errors.New("local socket server: no service to serve")
+	}
+	cfg.Services = slices.Clone(cfg.Services)
+	if cfg.MaxRecvBytes <= 0 {
+		cfg.MaxRecvBytes = DefaultMaxRecvBytes
+	}
+	cfg.AllowedUIDs = slices.Clone(cfg.AllowedUIDs)
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg, log: cfg.Logger.Named("uds"), metrics: m}, nil
+}
+
+// connReadBuffer is each connection's read buffer: an SDS request or a
+// Workload API call fits in it, a larger message is read in several goes.
+const connReadBuffer = 4 << 10
+
+// Run listens on the socket and serves until ctx ends (then it returns nil)
+// or serving fails. A stale socket file is removed first; a live one makes
+// Run fail with ErrSocketInUse. The socket is removed when Run returns.
+func (s *Server) Run(ctx context.Context) error {
+	lis, err := s.listen()
+	if err != nil {
+		return err
+	}
+	info, _ := os.Lstat(s.cfg.SocketPath)
+	defer s.removeSocket(info)
+
+	gs := grpc.NewServer(
+		grpc.Creds(peerCreds{log: s.log}),
+		grpc.MaxRecvMsgSize(s.cfg.MaxRecvBytes),
+		// One connection per pod in node mode: gRPC's 32 KiB read buffer
+		// per connection was most of the agent's heap with 1,000 pods. The
+		// messages here are a few KiB; the write buffer is shared and let go
+		// between writes.
+		grpc.ReadBufferSize(connReadBuffer),
+		grpc.SharedWriteBuffer(true),
+		// A connection's header compression table would keep its client's
+		// request headers (a few KiB per connection) to spare a few bytes on
+		// the next request, when most connections make one: the client is
+		// asked to index nothing.
+		grpc.HeaderTableSize(0),
+		grpc.ForceServerCodecV2(newCodec()),
+		grpc.ChainUnaryInterceptor(s.unaryAdmit),
+		grpc.ChainStreamInterceptor(s.streamAdmit),
+	)
+	for _, register := range s.cfg.Services {
+		register(gs)
+	}
+	names := make([]string, 0, len(gs.GetServiceInfo()))
+	for name := range gs.GetServiceInfo() {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(lis) }()
+	s.log.Info("serving on local socket", zap.String(keySocket, s.cfg.SocketPath), zap.Strings(keyServices, names),
+		zap.Int(keyMaxRecvBytes, s.cfg.MaxRecvBytes), zap.Uint32s(keyAllowedUIDs, s.cfg.AllowedUIDs),
+		zap.Bool(keyResolver, s.cfg.Resolver != nil))
+
+	select {
+	case <-ctx.Done():
+		// Streams are long-lived: end them now rather than wait for clients.
+		gs.Stop()
+		<-served
+		s.log.Info("local socket server stopped", zap.String(keySocket, s.cfg.SocketPath))
+		return nil
+	case err := <-served:
+		gs.Stop()
+		return fmt.Errorf("serving on %s: %w", s.cfg.SocketPath, err)
+	}
+}
+
+func (s *Server) listen() (net.Listener, error) {
+	path := s.cfg.SocketPath
+	dirMode := s.cfg.DirMode
+	if dirMode == 0 {
+		dirMode = 0o750
+	}
+	if err := os.MkdirAll(filepath.Dir(path), dirMode); err != nil {
+		return nil, fmt.Errorf("creating socket directory: %w", err)
+	}
+	if s.cfg.DirMode != 0 {
+		// MkdirAll leaves an existing directory (and the umask trims a new one).
+		if err := os.Chmod(filepath.Dir(path), s.cfg.DirMode); err != nil {
+			return nil, fmt.Errorf("setting socket directory mode: %w", err)
+		}
+	}
+	removed, err := sockprobe.RemoveStale(context.Background(), path, probeTimeout, sockprobe.Connect)
+	if err != nil {
+		return nil, fmt.Errorf("local socket: %w", err)
+	}
+	if removed {
+		s.log.Info("removed stale socket", zap.String(keySocket, path))
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listening on socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o666); err != nil {
+		_ = lis.Close()
+		return nil, fmt.Errorf("setting socket mode: %w", err)
+	}
+	return lis, nil
+}
+
+// removeSocket removes the socket file if it is still the one Run made.
+func (s *Server) removeSocket(ours os.FileInfo) {
+	now, err := os.Lstat(s.cfg.SocketPath)
+	if err != nil || ours == nil || !os.SameFile(ours, now) {
+		return
+	}
+	if err := os.Remove(s.cfg.SocketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Warn("removing socket failed", zap.Error(err))
+	}
+}
