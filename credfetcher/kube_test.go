@@ -17,6 +17,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
@@ -92,7 +93,7 @@ func (w *workload) fetcher(t *testing.T, client TokenCreator, clk *clocktesting.
 	t.Helper()
 	f, err := NewTokenRequest(TokenRequestConfig{
 		Client: client, Namespace: w.ns, ServiceAccount: w.sa,
-		PodName: w.pod.Name, PodUID: w.pod.UID, Audiences: []string{IstioAudience},
+		PodName: w.pod.Name, PodUID: w.pod.UID, Audiences: []string{pki.IstioAudience},
 		Lifetime: MinTokenLifetime, Clock: clk, Logger: log,
 	})
 	if err != nil {
@@ -114,9 +115,9 @@ func (w *workload) review(t *testing.T, tok string, audiences ...string) authnv1
 
 func (w *workload) checkBound(t *testing.T, tok string) {
 	t.Helper()
-	st := w.review(t, tok, IstioAudience)
+	st := w.review(t, tok, pki.IstioAudience)
 	if !st.Authenticated {
-		t.Fatalf("token not authenticated for %s: %s", IstioAudience, st.Error)
+		t.Fatalf("token not authenticated for %s: %s", pki.IstioAudience, st.Error)
 	}
 	if want := "system:serviceaccount:" + w.ns + ":" + w.sa; st.User.Username != want {
 		t.Errorf("user %q, want %q", st.User.Username, want)
@@ -199,7 +200,7 @@ func TestTokenRequestForAnotherPodUIDIsRefused(t *testing.T) {
 	w := newWorkload(t, "node-a")
 	f, err := NewTokenRequest(TokenRequestConfig{
 		Client: w.client, Namespace: w.ns, ServiceAccount: w.sa,
-		PodName: w.pod.Name, PodUID: "00000000-0000-0000-0000-000000000000", Audiences: []string{IstioAudience},
+		PodName: w.pod.Name, PodUID: "00000000-0000-0000-0000-000000000000", Audiences: []string{pki.IstioAudience},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +223,7 @@ func TestTokenRequestWithoutRBACIsForbidden(t *testing.T) {
 	}
 	f, err := NewTokenRequest(TokenRequestConfig{
 		Client: w.client, Namespace: w.ns, ServiceAccount: "other",
-		PodName: "other-0", Audiences: []string{IstioAudience},
+		PodName: "other-0", Audiences: []string{pki.IstioAudience},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -253,7 +254,7 @@ func TestTokenRequestDeletedServiceAccount(t *testing.T) {
 	}
 	// The API server caches token authentications for a few seconds, so
 	// the deletion reaches TokenReview after a while; bounded.
-	for deadline := time.Now().Add(15 * time.Second); w.review(t, ownTok, IstioAudience).Authenticated; {
+	for deadline := time.Now().Add(15 * time.Second); w.review(t, ownTok, pki.IstioAudience).Authenticated; {
 		if time.Now().After(deadline) {
 			t.Fatal("the token of a deleted service account still authenticates 15s after the deletion")
 		}

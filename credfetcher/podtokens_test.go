@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // podList is a PodLister a test edits.
@@ -40,7 +41,7 @@ func (l *podList) set(key string, pods ...*corev1.Pod) {
 func review(t *testing.T, w *workload, tok string) (user, pod, uid string) {
 	t.Helper()
 	r, err := w.env.Client().AuthenticationV1().TokenReviews().Create(context.Background(), &authnv1.TokenReview{
-		Spec: authnv1.TokenReviewSpec{Token: tok, Audiences: []string{LinkerdAudience}},
+		Spec: authnv1.TokenReviewSpec{Token: tok, Audiences: []string{pki.LinkerdAudience}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +82,7 @@ func TestPodTokensPerAccount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pt, err := NewPodTokens(PodTokensConfig{Client: admin, Pods: pods, Audiences: []string{LinkerdAudience}})
+	pt, err := NewPodTokens(PodTokensConfig{Client: admin, Pods: pods, Audiences: []string{pki.LinkerdAudience}})
 	if err != nil {
 		t.Fatal(err)
 	}

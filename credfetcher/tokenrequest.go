@@ -38,12 +38,6 @@ const (
 	retryMax  = time.Minute
 )
 
-// Audiences a mesh CA expects when CREDENTIAL_IDENTITY_PROVIDER is not set.
-const (
-	IstioAudience   = "istio-ca"
-	LinkerdAudience = "identity.l5d.io"
-)
-
 // TokenCreator asks the API server for a token of a service account
 // (kubeclient.Client). An error the API server answers is an
 // *errors.StatusError of k8s.io/apimachinery/pkg/api/errors.

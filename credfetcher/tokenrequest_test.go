@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 func TestRefreshTime(t *testing.T) {
@@ -63,7 +65,7 @@ func TestNewTokenRequestChecksConfig(t *testing.T) {
 	good := func() TokenRequestConfig {
 		return TokenRequestConfig{
 			Client: clientsetTokens{fake.NewClientset()}, Namespace: "shop", ServiceAccount: "web",
-			PodName: "web-0", Audiences: []string{IstioAudience},
+			PodName: "web-0", Audiences: []string{pki.IstioAudience},
 		}
 	}
 	tests := []struct {

@@ -167,5 +167,5 @@ func callerKey(ctx context.Context) string {
 // own).
 func identityOf(ctx context.Context) string {
 	info, _ := caller.FromContext(ctx)
-	return info.Identity
+	return info.Identity.String()
 }

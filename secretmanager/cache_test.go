@@ -185,7 +185,7 @@ func ident(n int) pki.Identity {
 }
 
 func callerCtx(ctx context.Context, id pki.Identity) context.Context {
-	return caller.NewContext(ctx, caller.Info{Identity: id.String()})
+	return caller.NewContext(ctx, caller.Info{Identity: id})
 }
 
 // wait blocks in Secret("default") for id in a goroutine; the result arrives

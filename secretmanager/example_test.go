@@ -86,7 +86,7 @@ func ExampleManager_Prefetch() {
 	defer m.Release(web) // its last pod is gone
 
 	for _, sa := range []string{"web", "db"} {
-		call := caller.NewContext(ctx, caller.Info{Identity: "spiffe://cluster.local/ns/shop/sa/" + sa})
+		call := caller.NewContext(ctx, caller.Info{Identity: pki.SPIFFEIdentity("cluster.local", "shop", sa)})
 		wait, cancelWait := context.WithTimeout(call, 10*time.Second)
 		s, err := m.Secret(wait, secretmanager.WorkloadCertName)
 		cancelWait()

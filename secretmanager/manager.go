@@ -75,7 +75,7 @@ type Provider interface {
 // Config describes a Manager. Zero values get the defaults noted.
 type Config struct {
 	// Identity is the agent's own workload identity: what "default" means
-	// for a caller that carries none (caller.Info.Identity empty). It is
+	// for a caller that carries none (caller.Info.Identity zero). It is
 	// kept fresh whether or not anyone asks, and never dropped. Zero with a
 	// CA means the manager serves only callers that carry an identity (node
 	// mode).
@@ -813,11 +813,8 @@ func (m *Manager) recheckLeaves() {
 // identityFor returns the identity "default" means for the caller of ctx:
 // caller.Info.Identity when set, else the configured identity.
 func (m *Manager) identityFor(ctx context.Context) (pki.Identity, error) {
-	if info, ok := caller.FromContext(ctx); ok && info.Identity != "" {
-		id, err := pki.ParseIdentity(info.Identity)
-		if err != nil {
-			return pki.Identity{}, fmt.Errorf("%w: caller identity: %w", ErrNoIdentity, err)
-		}
+	if info, ok := caller.FromContext(ctx); ok && !info.Identity.IsZero() {
+		id := info.Identity
 		if m.cfg.CA == nil && (m.own == nil || m.own.id != id) {
 			return pki.Identity{}, fmt.Errorf("%w: no CA to sign for %s", ErrNoIdentity, id)
 		}

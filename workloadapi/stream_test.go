@@ -439,7 +439,7 @@ func (r *podResolver) set(pod string) {
 func (r *podResolver) Resolve(_ context.Context, cred caller.Cred) (caller.Info, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return caller.Info{Cred: cred, Identity: testID.SPIFFEID, Pod: "ns1/" + r.pod, PodUID: "uid-" + r.pod}, nil
+	return caller.Info{Cred: cred, Identity: testID, Pod: "ns1/" + r.pod, PodUID: "uid-" + r.pod}, nil
 }
 
 // Streams are bounded in all, and per pod when callers are resolved to

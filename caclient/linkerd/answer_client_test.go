@@ -3,6 +3,7 @@ package linkerd_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -275,12 +276,16 @@ func TestNewChecksConfig(t *testing.T) {
 
 func TestNewDefaultsServerName(t *testing.T) {
 	tok := credfetcher.File{Path: "/nonexistent"}
+	l5d, err := pki.LinkerdScheme("example.org", "l5d")
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		cfg  linkerd.Config
 		want string
 	}{
 		{linkerd.Config{}, "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local"},
-		{linkerd.Config{ControlPlaneNamespace: "l5d", TrustDomain: "example.org"}, "linkerd-identity.l5d.serviceaccount.identity.l5d.example.org"},
+		{linkerd.Config{Scheme: l5d}, "linkerd-identity.l5d.serviceaccount.identity.l5d.example.org"},
 		{linkerd.Config{Transport: caclient.TransportConfig{ServerName: "identity.example"}}, "identity.example"},
 	}
 	for _, tt := range tests {
@@ -294,6 +299,14 @@ func TestNewDefaultsServerName(t *testing.T) {
 			t.Errorf("ServerName = %q, want %q", got, tt.want)
 		}
 		_ = c.Close()
+	}
+	istio, err := pki.IstioScheme("cluster.local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = linkerd.New(linkerd.Config{Scheme: istio, Token: tok, Transport: caclient.TransportConfig{Addr: "127.0.0.1:8080"}})
+	if err == nil || !strings.Contains(err.Error(), "is not Linkerd's") {
+		t.Errorf("New with Istio's scheme: %v, want a refusal", err)
 	}
 }
 

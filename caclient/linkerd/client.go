@@ -20,20 +20,8 @@ import (
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
-// Defaults applied by New.
-const (
-	DefaultControlPlaneNamespace = "linkerd"
-	DefaultTrustDomain           = "cluster.local"
-	DefaultTimeout               = 30 * time.Second
-)
-
-// DefaultServerName returns the TLS name Linkerd's identity service presents:
-// linkerd-identity.<ns>.serviceaccount.identity.<ns>.<trustDomain>, where ns
-// is the control-plane namespace.
-func DefaultServerName(controlPlaneNamespace, trustDomain string) string {
-	ns := controlPlaneNamespace
-	return "linkerd-identity." + ns + ".serviceaccount.identity." + ns + "." + trustDomain
-}
+// DefaultTimeout bounds one Certify call unless Config.Timeout says otherwise.
+const DefaultTimeout = 30 * time.Second
 
 // Config describes a Linkerd identity client. Zero values get the defaults
 // noted on each field.
@@ -42,17 +30,15 @@ type Config struct {
 	// (the trust anchors), extra Metadata and DialOptions.
 	// Transport.ServerName is the name the service must present
 	// (MESHAGENT_LINKERD_IDENTITY_SERVICE_NAME); empty means
-	// DefaultServerName(ControlPlaneNamespace, TrustDomain). Transport.Token
+	// Scheme.CAServerName(). Transport.Token
 	// is never sent as metadata: the token goes in the request body, so
 	// Transport.Token is used as Token when Token is nil and then cleared.
 	// Plaintext is accepted only for a loopback Addr.
 	Transport caclient.TransportConfig
-	// ControlPlaneNamespace is Linkerd's namespace (MESHAGENT_LINKERD_NAMESPACE),
-	// used only for the default server name. Default "linkerd".
-	ControlPlaneNamespace string
-	// TrustDomain is used only for the default server name. Default
-	// "cluster.local".
-	TrustDomain string
+	// Scheme is the Linkerd identity scheme (trust domain and control-plane
+	// namespace), used only for the default server name. The zero Scheme
+	// means pki.LinkerdScheme(pki.DefaultTrustDomain, "").
+	Scheme pki.Scheme
 	// Token gives the proof of identity (the projected service-account token,
 	// audience identity.l5d.io), read afresh for every call. Required.
 	Token credfetcher.Fetcher
@@ -108,14 +94,14 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Transport.Plaintext && !loopback {
 		return nil, fmt.Errorf("linkerd identity client: plaintext to %s would never carry the token: only loopback addresses may be plaintext", cfg.Transport.Addr)
 	}
-	if cfg.ControlPlaneNamespace == "" {
-		cfg.ControlPlaneNamespace = DefaultControlPlaneNamespace
+	if cfg.Scheme.IsZero() {
+		cfg.Scheme, _ = pki.LinkerdScheme(pki.DefaultTrustDomain, "")
 	}
-	if cfg.TrustDomain == "" {
-		cfg.TrustDomain = DefaultTrustDomain
+	if !cfg.Scheme.IsLinkerd() {
+		return nil, fmt.Errorf("linkerd identity client: scheme %s is not Linkerd's", cfg.Scheme)
 	}
 	if cfg.Transport.ServerName == "" {
-		cfg.Transport.ServerName = DefaultServerName(cfg.ControlPlaneNamespace, cfg.TrustDomain)
+		cfg.Transport.ServerName = cfg.Scheme.CAServerName()
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout

@@ -124,8 +124,12 @@ func (e *env) writeToken(t *testing.T, tok string) {
 }
 
 func TestDefaultServerNameMatchesLinkerd(t *testing.T) {
-	if got := linkerd.DefaultServerName("linkerd", "cluster.local"); got != linkerdca.DefaultServerName {
-		t.Fatalf("DefaultServerName = %q, want %q", got, linkerdca.DefaultServerName)
+	s, err := pki.LinkerdScheme("cluster.local", "linkerd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CAServerName(); got != linkerdca.DefaultServerName {
+		t.Fatalf("CAServerName = %q, want %q", got, linkerdca.DefaultServerName)
 	}
 }
 
@@ -188,7 +192,7 @@ func TestTokenNeverSentToUnverifiedService(t *testing.T) {
 		},
 		{
 			name: "expected name, configured name differs",
-			edit: func(c *linkerd.Config) { c.ControlPlaneNamespace = "linkerd-prod" },
+			edit: func(c *linkerd.Config) { c.Scheme, _ = pki.LinkerdScheme("cluster.local", "linkerd-prod") },
 		},
 		{
 			name: "untrusted chain",

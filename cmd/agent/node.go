@@ -3,9 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
-	"strings"
 
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.uber.org/zap"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
@@ -32,39 +30,24 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 	if err != nil {
 		return nil, nil, configError{fmt.Errorf("MESHAGENT_NODE_UID_IDENTITIES: %w", err)}
 	}
-	td, err := spiffeid.TrustDomainFromString(c.TrustDomain)
-	if err != nil {
-		return nil, nil, configError{fmt.Errorf("TRUST_DOMAIN: %w", err)}
-	}
 	kube, err := kubeclient.New(kubeclient.Config{Kubeconfig: c.Kubeconfig, UserAgent: "meshagent/" + version})
 	if err != nil {
 		return nil, nil, configError{fmt.Errorf("MESHAGENT_MODE=node: %w", err)}
 	}
-	identity := func(ns, sa string) pki.Identity {
-		if c.CAProvider == settings.ProviderLinkerd {
-			return pki.LinkerdIdentity(c.TrustDomain, ns, sa, c.LinkerdNamespace)
-		}
-		return pki.SPIFFEIdentity(c.TrustDomain, ns, sa)
-	}
-	// The index names identities by SPIFFE ID: spiffe://<td>/ns/<ns>/sa/<sa>.
-	of := func(id spiffeid.ID) pki.Identity {
-		seg := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")
-		return identity(seg[1], seg[3])
-	}
 	log := a.base.Named("node")
 	idx, err := podindex.New(podindex.Config{
-		Pods:        kube,
-		NodeName:    c.NodeName,
-		TrustDomain: td,
+		Pods:     kube,
+		NodeName: c.NodeName,
+		Scheme:   c.Scheme(),
 		Handler: podindex.HandlerFuncs{
-			Added: func(id spiffeid.ID) {
-				if err := m.Prefetch(of(id)); err != nil {
+			Added: func(id pki.Identity) {
+				if err := m.Prefetch(id); err != nil {
 					log.Warn("certificate not fetched ahead", zap.Stringer(keyIdentity, id), zap.Error(err))
 				}
 			},
-			Removed: func(id spiffeid.ID) {
-				m.Release(of(id))
-				a.dropNodeTokens(of(id))
+			Removed: func(id pki.Identity) {
+				m.Release(id)
+				a.dropNodeTokens(id)
 			},
 		},
 		Logger:     a.base,
@@ -77,7 +60,6 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 	r, err := podresolver.New(podresolver.Config{
 		Pods:       idx,
 		NodeUIDs:   uids,
-		IdentityOf: func(ns, sa string) string { return identity(ns, sa).String() },
 		Logger:     a.base,
 		Registerer: a.reg,
 	})
@@ -88,7 +70,7 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 		ids := idx.Identities()
 		out := make(map[string][]string, len(ids))
 		for id, pods := range ids {
-			out[of(id).String()] = pods
+			out[id.String()] = pods
 		}
 		return out
 	}

@@ -59,7 +59,7 @@ func (a *agent) linkerdNodeTokens() (func(pki.Identity) (credfetcher.Fetcher, er
 	a.log.Info("node mode: each identity's CSR carries a token of its own service account, bound to one of its pods on this node",
 		zap.String(keyAudience, c.CredentialIdentityProvider), zap.Duration(keyLifetime, c.TokenLifetime))
 	return func(id pki.Identity) (credfetcher.Fetcher, error) {
-		ns, sa, ok := pki.LinkerdAccount(id, c.TrustDomain, c.LinkerdNamespace)
+		ns, sa, ok := c.Scheme().Account(id)
 		if !ok {
 			return nil, fmt.Errorf("%s is not a Linkerd service-account identity of trust domain %s", id, c.TrustDomain)
 		}
@@ -72,7 +72,7 @@ func (a *agent) dropNodeTokens(id pki.Identity) {
 	if a.podTokens == nil || a.cfg.CAProvider != settings.ProviderLinkerd {
 		return
 	}
-	if ns, sa, ok := pki.LinkerdAccount(id, a.cfg.TrustDomain, a.cfg.LinkerdNamespace); ok {
+	if ns, sa, ok := a.cfg.Scheme().Account(id); ok {
 		a.podTokens.Drop(ns, sa)
 	}
 }

@@ -226,8 +226,7 @@ func (a *agent) caClient(roots caclient.RootSource) (caclient.Client, error) {
 			Transport: caclient.TransportConfig{
 				Addr: c.CAAddr, Roots: roots, Metadata: md, ServerName: c.LinkerdIdentityServiceName,
 			},
-			ControlPlaneNamespace: c.LinkerdNamespace, TrustDomain: c.TrustDomain,
-			TokenFor: tokenFor, Logger: a.base, Registerer: a.reg,
+			Scheme: c.Scheme(), TokenFor: tokenFor, Logger: a.base, Registerer: a.reg,
 		})
 	}
 	tokens, err := a.tokenFetcher()
@@ -243,7 +242,7 @@ func (a *agent) caClient(roots caclient.RootSource) (caclient.Client, error) {
 	if c.CAProvider == settings.ProviderLinkerd {
 		t.ServerName = c.LinkerdIdentityServiceName
 		return linkerd.New(linkerd.Config{
-			Transport: t, ControlPlaneNamespace: c.LinkerdNamespace, TrustDomain: c.TrustDomain,
+			Transport: t, Scheme: c.Scheme(),
 			Logger: a.base, Registerer: a.reg,
 		})
 	}

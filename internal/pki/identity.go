@@ -17,14 +17,23 @@ type Identity struct {
 	DNSName  string
 }
 
-// SPIFFEIdentity returns the identity spiffe://<trustDomain>/ns/<ns>/sa/<sa>.
+// SPIFFEIdentity returns the identity spiffe://<trustDomain>/ns/<ns>/sa/<sa>
+// without checking the names (for names known to be good, such as
+// constants); Scheme.Identity checks them.
 func SPIFFEIdentity(trustDomain, namespace, serviceAccount string) Identity {
 	return Identity{SPIFFEID: "spiffe://" + trustDomain + "/ns/" + namespace + "/sa/" + serviceAccount}
 }
 
-// LinkerdIdentity returns <sa>.<ns>.serviceaccount.identity.<controlNS>.<trustDomain>.
+// LinkerdIdentity returns <sa>.<ns>.serviceaccount.identity.<controlNS>.<trustDomain>
+// without checking the names (for names known to be good, such as
+// constants); Scheme.Identity checks them.
 func LinkerdIdentity(trustDomain, namespace, serviceAccount, controlNamespace string) Identity {
-	return Identity{DNSName: serviceAccount + "." + namespace + ".serviceaccount.identity." + controlNamespace + "." + trustDomain}
+	return Identity{DNSName: serviceAccount + "." + namespace + linkerdSuffix(trustDomain, controlNamespace)}
+}
+
+// linkerdSuffix is what follows "<sa>.<ns>" in a Linkerd identity.
+func linkerdSuffix(trustDomain, controlNamespace string) string {
+	return ".serviceaccount.identity." + controlNamespace + "." + trustDomain
 }
 
 // String returns the SPIFFE ID or the DNS name.
@@ -108,20 +117,4 @@ func ParseIdentity(s string) (Identity, error) {
 		return Identity{}, err
 	}
 	return id, nil
-}
-
-// LinkerdAccount is the inverse of LinkerdIdentity: the namespace and service
-// account named by id under trustDomain and controlNamespace. A namespace is a
-// DNS label (no dots) while a service account name may hold dots, so the
-// name splits at its last dot. ok is false when id is not such an identity.
-func LinkerdAccount(id Identity, trustDomain, controlNamespace string) (namespace, serviceAccount string, ok bool) {
-	rest, found := strings.CutSuffix(id.DNSName, ".serviceaccount.identity."+controlNamespace+"."+trustDomain)
-	if !found || id.SPIFFEID != "" {
-		return "", "", false
-	}
-	i := strings.LastIndexByte(rest, '.')
-	if i <= 0 || i == len(rest)-1 {
-		return "", "", false
-	}
-	return rest[i+1:], rest[:i], true
 }

@@ -1,7 +1,6 @@
 package pki_test
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/meshagent/meshagent/internal/pki"
@@ -96,40 +95,4 @@ func TestIdentityMatches(t *testing.T) {
 			t.Errorf("%v.Matches(%v) = %v, want %v", tt.a, tt.b, got, tt.want)
 		}
 	}
-}
-
-func TestLinkerdAccount(t *testing.T) {
-	for _, tt := range []struct {
-		id     pki.Identity
-		ns, sa string
-		wantOK bool
-	}{
-		{pki.LinkerdIdentity("cluster.local", "shop", "web", "linkerd"), "shop", "web", true},
-		{pki.LinkerdIdentity("cluster.local", "shop", "web.v2", "linkerd"), "shop", "web.v2", true},
-		{pki.LinkerdIdentity("example.org", "shop", "web", "linkerd"), "", "", false},
-		{pki.LinkerdIdentity("cluster.local", "shop", "web", "l5d"), "", "", false},
-		{pki.Identity{DNSName: "shop.serviceaccount.identity.linkerd.cluster.local"}, "", "", false},
-		{pki.Identity{DNSName: ".shop.serviceaccount.identity.linkerd.cluster.local"}, "", "", false},
-		{pki.Identity{DNSName: "web..serviceaccount.identity.linkerd.cluster.local"}, "", "", false},
-		{pki.SPIFFEIdentity("cluster.local", "shop", "web"), "", "", false},
-	} {
-		ns, sa, ok := pki.LinkerdAccount(tt.id, "cluster.local", "linkerd")
-		if ns != tt.ns || sa != tt.sa || ok != tt.wantOK {
-			t.Errorf("pki.LinkerdAccount(%s) = %q %q %v, want %q %q %v", tt.id, ns, sa, ok, tt.ns, tt.sa, tt.wantOK)
-		}
-	}
-}
-
-func FuzzLinkerdAccount(f *testing.F) {
-	f.Add("web", "shop")
-	f.Add("a.b.c", "ns")
-	f.Fuzz(func(t *testing.T, sa, ns string) {
-		if ns == "" || sa == "" || strings.Contains(ns, ".") {
-			return
-		}
-		gotNS, gotSA, ok := pki.LinkerdAccount(pki.LinkerdIdentity("cluster.local", ns, sa, "linkerd"), "cluster.local", "linkerd")
-		if !ok || gotNS != ns || gotSA != sa {
-			t.Fatalf("round trip of %q/%q: %q %q %v", ns, sa, gotNS, gotSA, ok)
-		}
-	})
 }

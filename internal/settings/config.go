@@ -180,7 +180,8 @@ type Config struct {
 	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
 	WorkloadAPI bool
 
-	proxyStatusPort int // statusPort from PROXY_CONFIG; 0 when not given
+	scheme          pki.Scheme // of CA_PROVIDER, TRUST_DOMAIN and MESHAGENT_LINKERD_NAMESPACE
+	proxyStatusPort int        // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row
 }
 
@@ -189,9 +190,13 @@ func (c *Config) StatusAddr() string {
 	return net.JoinHostPort(c.StatusHost, strconv.Itoa(c.StatusPort))
 }
 
-// Identity is the workload identity: a SPIFFE ID, or for CA_PROVIDER=Linkerd
-// the Linkerd DNS-like name (SPEC 4). It fails when the namespace or the
-// service account is not set.
+// Scheme is the identity scheme of CA_PROVIDER: Istio's SPIFFE IDs, or for
+// CA_PROVIDER=Linkerd Linkerd's DNS-like names, under TRUST_DOMAIN.
+func (c *Config) Scheme() pki.Scheme { return c.scheme }
+
+// Identity is the workload identity of POD_NAMESPACE and SERVICE_ACCOUNT in
+// the scheme (SPEC 4). It fails when the namespace or the service account
+// is not set or cannot name an identity.
 func (c *Config) Identity() (pki.Identity, error) {
 	if c.PodNamespace == "" {
 		return pki.Identity{}, fmt.Errorf("POD_NAMESPACE is not set: it names the workload identity")
@@ -199,13 +204,8 @@ func (c *Config) Identity() (pki.Identity, error) {
 	if c.ServiceAccount == "" {
 		return pki.Identity{}, fmt.Errorf("SERVICE_ACCOUNT is not set: it names the workload identity")
 	}
-	var id pki.Identity
-	if c.CAProvider == ProviderLinkerd {
-		id = pki.LinkerdIdentity(c.TrustDomain, c.PodNamespace, c.ServiceAccount, c.LinkerdNamespace)
-	} else {
-		id = pki.SPIFFEIdentity(c.TrustDomain, c.PodNamespace, c.ServiceAccount)
-	}
-	if err := id.Validate(); err != nil {
+	id, err := c.scheme.Identity(c.PodNamespace, c.ServiceAccount)
+	if err != nil {
 		return pki.Identity{}, fmt.Errorf("workload identity: %w", err)
 	}
 	return id, nil

@@ -15,10 +15,7 @@ const (
 	firstPartyTokenPath = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 	istioRootPath       = "./var/run/secrets/istio/root-cert.pem"
 	linkerdIdentityPort = "8080"
-	linkerdGraceRatio   = 0.3
 	devName             = "default"
-	istioAudience       = "istio-ca"
-	linkerdAudience     = "identity.l5d.io"
 )
 
 // derive fills the defaults that depend on other settings. Each rule applies
@@ -26,6 +23,18 @@ const (
 // where the value came from.
 func (r *resolution) derive(in Input) error {
 	c := r.c
+
+	// The identity scheme of CA_PROVIDER: the naming, renewal policy, token
+	// audience and CA name that the defaults below follow.
+	var err error
+	if c.CAProvider == ProviderLinkerd {
+		c.scheme, err = pki.LinkerdScheme(c.TrustDomain, c.LinkerdNamespace)
+	} else {
+		c.scheme, err = pki.IstioScheme(c.TrustDomain)
+	}
+	if err != nil {
+		return r.invalid("TRUST_DOMAIN", c.TrustDomain, err.Error())
+	}
 
 	// STATUS_PORT: PROXY_CONFIG statusPort, else 15020.
 	if !r.isSet("STATUS_PORT") {
@@ -77,17 +86,16 @@ func (r *resolution) derive(in Input) error {
 		}
 	}
 
-	// SECRET_GRACE_PERIOD_RATIO: 0.3 for Linkerd (refresh at 70 %).
-	if !r.isSet("SECRET_GRACE_PERIOD_RATIO") && c.CAProvider == ProviderLinkerd {
-		c.GraceRatio = linkerdGraceRatio
+	// SECRET_GRACE_PERIOD_RATIO: the scheme's (0.3 for Linkerd: refresh at 70 %).
+	if !r.isSet("SECRET_GRACE_PERIOD_RATIO") && c.scheme.IsLinkerd() {
+		c.GraceRatio = c.scheme.Renewal().GraceRatio
 		r.notes["SECRET_GRACE_PERIOD_RATIO"] = "Linkerd default"
 	}
 
 	// CREDENTIAL_IDENTITY_PROVIDER: the audience the CA checks.
 	if !r.isSet("CREDENTIAL_IDENTITY_PROVIDER") {
-		c.CredentialIdentityProvider = istioAudience
-		if c.CAProvider == ProviderLinkerd {
-			c.CredentialIdentityProvider = linkerdAudience
+		c.CredentialIdentityProvider = c.scheme.TokenAudience()
+		if c.scheme.IsLinkerd() {
 			r.notes["CREDENTIAL_IDENTITY_PROVIDER"] = "Linkerd identity audience"
 		}
 	}
@@ -113,8 +121,9 @@ func (r *resolution) derive(in Input) error {
 
 	// MESHAGENT_LINKERD_IDENTITY_SERVICE_NAME.
 	if c.LinkerdIdentityServiceName == "" {
-		ns := c.LinkerdNamespace
-		c.LinkerdIdentityServiceName = "linkerd-identity." + ns + ".serviceaccount.identity." + ns + "." + c.TrustDomain
+		if s, err := pki.LinkerdScheme(c.TrustDomain, c.LinkerdNamespace); err == nil {
+			c.LinkerdIdentityServiceName = s.CAServerName()
+		}
 	}
 
 	// Paths.

@@ -88,7 +88,10 @@ func TestDefaults(t *testing.T) {
 		TokenPath: "./var/run/secrets/tokens/istio-token", LogLevel: "info", InstanceIP: "127.0.0.1",
 		CredentialIdentityProvider: "istio-ca", TokenLifetime: time.Hour, TokenRefreshRatio: 0.8,
 	}
-	c.rows, c.proxyStatusPort = nil, 0
+	if want, _ := pki.IstioScheme("cluster.local"); c.Scheme() != want {
+		t.Errorf("scheme %v, want %v", c.Scheme(), want)
+	}
+	c.rows, c.proxyStatusPort, c.scheme = nil, 0, pki.Scheme{}
 	if len(c.CAHeaders) != 0 || len(c.XDSHeaders) != 0 {
 		t.Errorf("headers = %v %v, want none", c.CAHeaders, c.XDSHeaders)
 	}

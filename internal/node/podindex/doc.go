@@ -17,7 +17,7 @@
 // not Succeeded or Failed, deleted or not. A pod being deleted still runs its
 // containers through their grace period and needs its certificate to drain;
 // a pod in a terminal phase has no container left to serve. The identity of a
-// pod is spiffe://<trust domain>/ns/<namespace>/sa/<service account> (an
+// pod is the one Config.Scheme gives its namespace and service account (an
 // empty service account is "default", as the API server's admission fills
 // it).
 //

@@ -8,13 +8,13 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // Pod is what the index keeps of a pod.
@@ -27,8 +27,9 @@ type Pod struct {
 	Phase          kubeclient.PodPhase
 	// Deleting is true once the pod has a deletion timestamp.
 	Deleting bool
-	// Identity is spiffe://<trust domain>/ns/<namespace>/sa/<service account>.
-	Identity spiffeid.ID
+	// Identity is the identity Config.Scheme gives the pod's namespace and
+	// service account.
+	Identity pki.Identity
 }
 
 // Terminated reports whether the pod's phase is Succeeded or Failed: none of
@@ -43,25 +44,25 @@ func (p Pod) String() string { return p.Namespace + "/" + p.Name }
 // IdentityHandler is told when an identity gains its first pod on the node
 // and when it loses its last one.
 type IdentityHandler interface {
-	IdentityAdded(id spiffeid.ID)
-	IdentityRemoved(id spiffeid.ID)
+	IdentityAdded(id pki.Identity)
+	IdentityRemoved(id pki.Identity)
 }
 
 // HandlerFuncs adapts two functions to an IdentityHandler; a nil function is
 // not called.
 type HandlerFuncs struct {
-	Added, Removed func(id spiffeid.ID)
+	Added, Removed func(id pki.Identity)
 }
 
 // IdentityAdded calls Added.
-func (h HandlerFuncs) IdentityAdded(id spiffeid.ID) {
+func (h HandlerFuncs) IdentityAdded(id pki.Identity) {
 	if h.Added != nil {
 		h.Added(id)
 	}
 }
 
 // IdentityRemoved calls Removed.
-func (h HandlerFuncs) IdentityRemoved(id spiffeid.ID) {
+func (h HandlerFuncs) IdentityRemoved(id pki.Identity) {
 	if h.Removed != nil {
 		h.Removed(id)
 	}
@@ -73,8 +74,8 @@ type Config struct {
 	Pods PodSource
 	// NodeName is the node whose pods are kept. Required.
 	NodeName string
-	// TrustDomain is the trust domain of the pods' SPIFFE IDs. Required.
-	TrustDomain spiffeid.TrustDomain
+	// Scheme names the pods' identities. Required.
+	Scheme pki.Scheme
 	// Handler is told of identities arriving and leaving; nil means nobody.
 	Handler IdentityHandler
 	// Logger; nil means zap.NewNop().
@@ -97,9 +98,9 @@ type Index struct {
 	metrics  *metrics
 
 	mu      sync.Mutex
-	pods    map[string]Pod      // by UID
-	refs    map[spiffeid.ID]int // counted pods per identity
-	changed chan struct{}       // closed and replaced when a pod is added or updated
+	pods    map[string]Pod       // by UID
+	refs    map[pki.Identity]int // counted pods per identity
+	changed chan struct{}        // closed and replaced when a pod is added or updated
 }
 
 // New returns an Index of cfg.NodeName's pods. It starts nothing.
@@ -110,8 +111,8 @@ func New(cfg Config) (*Index, error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("podindex: NodeName is required")
 	}
-	if cfg.TrustDomain.IsZero() {
-		return nil, errors.New("podindex: TrustDomain is required")
+	if cfg.Scheme.IsZero() {
+		return nil, errors.New("podindex: Scheme is required")
 	}
 	if cfg.Handler == nil {
 		cfg.Handler = HandlerFuncs{}
@@ -128,7 +129,7 @@ func New(cfg Config) (*Index, error) {
 		log:     cfg.Logger.Named("podindex").With(zap.String(keyNode, cfg.NodeName)),
 		metrics: m,
 		pods:    map[string]Pod{},
-		refs:    map[spiffeid.ID]int{},
+		refs:    map[pki.Identity]int{},
 		changed: make(chan struct{}),
 	}
 	selector := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
@@ -186,10 +187,10 @@ func (x *Index) Wait(ctx context.Context, uid string) (Pod, error) {
 
 // Identities returns each identity with counted pods, and those pods
 // ("<namespace>/<name>", sorted).
-func (x *Index) Identities() map[spiffeid.ID][]string {
+func (x *Index) Identities() map[pki.Identity][]string {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	out := make(map[spiffeid.ID][]string, len(x.refs))
+	out := make(map[pki.Identity][]string, len(x.refs))
 	for _, p := range x.pods {
 		if counted(p) {
 			out[p.Identity] = append(out[p.Identity], p.String())
@@ -215,7 +216,7 @@ func (x *Index) upsert(obj any) {
 		x.log.Warn("pod ignored", zap.String(keyPod, k8sPod.Namespace+"/"+k8sPod.Name), zap.Error(err))
 		return
 	}
-	var added, removed []spiffeid.ID
+	var added, removed []pki.Identity
 	x.mu.Lock()
 	old, had := x.pods[p.UID]
 	x.pods[p.UID] = p
@@ -243,7 +244,7 @@ func (x *Index) delete(obj any) {
 	if !ok {
 		return
 	}
-	var removed []spiffeid.ID
+	var removed []pki.Identity
 	x.mu.Lock()
 	old, had := x.pods[string(k8sPod.UID)]
 	if had {
@@ -259,7 +260,7 @@ func (x *Index) delete(obj any) {
 
 // ref and unref adjust an identity's count and append it to events when it
 // crosses zero. x.mu must be held.
-func (x *Index) ref(id spiffeid.ID, events []spiffeid.ID) []spiffeid.ID {
+func (x *Index) ref(id pki.Identity, events []pki.Identity) []pki.Identity {
 	x.refs[id]++
 	if x.refs[id] == 1 {
 		events = append(events, id)
@@ -267,7 +268,7 @@ func (x *Index) ref(id spiffeid.ID, events []spiffeid.ID) []spiffeid.ID {
 	return events
 }
 
-func (x *Index) unref(id spiffeid.ID, events []spiffeid.ID) []spiffeid.ID {
+func (x *Index) unref(id pki.Identity, events []pki.Identity) []pki.Identity {
 	x.refs[id]--
 	if x.refs[id] <= 0 {
 		delete(x.refs, id)
@@ -276,7 +277,7 @@ func (x *Index) unref(id spiffeid.ID, events []spiffeid.ID) []spiffeid.ID {
 	return events
 }
 
-func cancel(added, removed []spiffeid.ID) ([]spiffeid.ID, []spiffeid.ID) {
+func cancel(added, removed []pki.Identity) ([]pki.Identity, []pki.Identity) {
 	if len(added) == 1 && len(removed) == 1 && added[0] == removed[0] {
 		return nil, nil
 	}
@@ -290,7 +291,7 @@ func (x *Index) setGauges() {
 
 // emit tells the handler, removals first. It runs on the informer's event
 // goroutine, without x.mu.
-func (x *Index) emit(added, removed []spiffeid.ID) {
+func (x *Index) emit(added, removed []pki.Identity) {
 	for _, id := range removed {
 		x.log.Info("identity left the node", zap.Stringer(keyIdentity, id))
 		x.cfg.Handler.IdentityRemoved(id)
@@ -306,9 +307,9 @@ func (x *Index) podOf(p *kubeclient.Pod) (Pod, error) {
 	if sa == "" {
 		sa = "default"
 	}
-	id, err := spiffeid.FromSegments(x.cfg.TrustDomain, "ns", p.Namespace, "sa", sa)
+	id, err := x.cfg.Scheme.Identity(p.Namespace, sa)
 	if err != nil {
-		return Pod{}, fmt.Errorf("building its SPIFFE ID: %w", err)
+		return Pod{}, fmt.Errorf("naming its identity: %w", err)
 	}
 	return Pod{
 		Namespace:      p.Namespace,

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -16,10 +15,11 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
-var td = spiffeid.RequireTrustDomainFromString("cluster.local")
+var scheme, _ = pki.IstioScheme("cluster.local")
 
 // event is one handler call.
 type event struct {
@@ -39,8 +39,8 @@ type recorder struct{ ch chan event }
 
 func newRecorder() *recorder { return &recorder{ch: make(chan event, 1000)} }
 
-func (r *recorder) IdentityAdded(id spiffeid.ID)   { r.ch <- event{true, id.String()} }
-func (r *recorder) IdentityRemoved(id spiffeid.ID) { r.ch <- event{false, id.String()} }
+func (r *recorder) IdentityAdded(id pki.Identity)   { r.ch <- event{true, id.String()} }
+func (r *recorder) IdentityRemoved(id pki.Identity) { r.ch <- event{false, id.String()} }
 
 // next returns the next event; it fails the test after a minute without one.
 func (r *recorder) next(t *testing.T) event {
@@ -87,7 +87,7 @@ func newFixture(t *testing.T, node string, serviceAccounts ...string) *fixture {
 			t.Fatal(err)
 		}
 	}
-	idx, err := New(Config{Pods: podClient(t, kube), NodeName: node, TrustDomain: td, Handler: f.ev})
+	idx, err := New(Config{Pods: podClient(t, kube), NodeName: node, Scheme: scheme, Handler: f.ev})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,10 +190,10 @@ func TestIdentityLifecycle(t *testing.T) {
 	f.ev.want(t, event{true, sa(f.ns, "m4")})
 
 	ids := f.idx.Identities()
-	if got := ids[spiffeid.RequireFromString(sa(f.ns, "cart"))]; len(got) != 1 || got[0] != f.ns+"/cart-2" {
+	if got := ids[pki.Identity{SPIFFEID: sa(f.ns, "cart")}]; len(got) != 1 || got[0] != f.ns+"/cart-2" {
 		t.Fatalf("pods of cart: %v, want [%s/cart-2]", got, f.ns)
 	}
-	if _, ok := ids[spiffeid.RequireFromString(sa(f.ns, "payments"))]; ok {
+	if _, ok := ids[pki.Identity{SPIFFEID: sa(f.ns, "payments")}]; ok {
 		t.Fatal("payments listed: its only pod is on another node")
 	}
 }
@@ -259,7 +259,7 @@ func TestManyPodsFewIdentities(t *testing.T) {
 		t.Fatalf("%d identities, want %d", len(ids), accounts+1)
 	}
 	for _, name := range names {
-		if n := len(ids[spiffeid.RequireFromString(sa(f.ns, name))]); n != perAccount {
+		if n := len(ids[pki.Identity{SPIFFEID: sa(f.ns, name)}]); n != perAccount {
 			t.Fatalf("%s has %d pods, want %d", name, n, perAccount)
 		}
 	}
@@ -306,7 +306,7 @@ func TestStoredPodsAreStripped(t *testing.T) {
 }
 
 func TestWaitEndsWithContext(t *testing.T) {
-	idx, err := New(Config{Pods: clientOfNothing(t), NodeName: "n", TrustDomain: td})
+	idx, err := New(Config{Pods: clientOfNothing(t), NodeName: "n", Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,8 +320,8 @@ func TestWaitEndsWithContext(t *testing.T) {
 func TestNewRequires(t *testing.T) {
 	pods := clientOfNothing(t)
 	for _, cfg := range []Config{
-		{NodeName: "n", TrustDomain: td},
-		{Pods: pods, TrustDomain: td},
+		{NodeName: "n", Scheme: scheme},
+		{Pods: pods, Scheme: scheme},
 		{Pods: pods, NodeName: "n"},
 	} {
 		if _, err := New(cfg); err == nil {

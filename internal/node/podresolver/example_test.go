@@ -4,13 +4,13 @@ import (
 	"context"
 	"net"
 
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sys/unix"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/node/peerpidfd"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/node/podresolver"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
@@ -23,14 +23,15 @@ func Example() {
 		client *kubeclient.Client // from the agent's kubeconfig or in-cluster config
 		conn   *net.UnixConn      // a connection the socket server accepted
 		cred   caller.Cred        // its SO_PEERCRED
+		scheme pki.Scheme         // pki.IstioScheme(TRUST_DOMAIN), or Linkerd's
 	)
 	idx, err := podindex.New(podindex.Config{
-		Pods:        client,
-		NodeName:    "node-1", // NODE_NAME
-		TrustDomain: spiffeid.RequireTrustDomainFromString("cluster.local"),
+		Pods:     client,
+		NodeName: "node-1", // NODE_NAME
+		Scheme:   scheme,
 		Handler: podindex.HandlerFuncs{
-			Added:   func(id spiffeid.ID) { /* fetch its certificate ahead */ },
-			Removed: func(id spiffeid.ID) { /* drop it */ },
+			Added:   func(id pki.Identity) { /* fetch its certificate ahead */ },
+			Removed: func(id pki.Identity) { /* drop it */ },
 		},
 	})
 	if err != nil {

@@ -95,7 +95,7 @@ func TestNodeCallers(t *testing.T) {
 	}
 
 	// The index is not running yet: the first lookup must wait for it.
-	idx, err := podindex.New(podindex.Config{Pods: agentClient(t, kube), NodeName: "node-1", TrustDomain: td})
+	idx, err := podindex.New(podindex.Config{Pods: agentClient(t, kube), NodeName: "node-1", Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestNodeCallers(t *testing.T) {
 	if res.err != nil {
 		t.Fatalf("pod that reached the informer late: %v", res.err)
 	}
-	want := caller.Info{Cred: caller.Cred{UID: 1000, PID: int32(cartProc.Process.Pid)}, Identity: "spiffe://cluster.local/ns/" + ns + "/sa/cart", Pod: ns + "/cart-0", PodUID: string(cart.UID)}
+	want := caller.Info{Cred: caller.Cred{UID: 1000, PID: int32(cartProc.Process.Pid)}, Identity: sid("spiffe://cluster.local/ns/" + ns + "/sa/cart"), Pod: ns + "/cart-0", PodUID: string(cart.UID)}
 	if res.info != want {
 		t.Fatalf("cart resolved to %+v, want %+v", res.info, want)
 	}
@@ -133,7 +133,7 @@ func TestNodeCallers(t *testing.T) {
 	// (waiting or not: the informer may not have delivered it yet).
 	info, err := r.Resolve(ctx, caller.Cred{UID: 1000, PID: int32(payProc.Process.Pid)})
 	drainWait(pods)
-	if err != nil || info.Identity != "spiffe://cluster.local/ns/"+ns+"/sa/payments" || info.PodUID != string(pay.UID) {
+	if err != nil || info.Identity.String() != "spiffe://cluster.local/ns/"+ns+"/sa/payments" || info.PodUID != string(pay.UID) {
 		t.Fatalf("payments resolved to %+v, %v", info, err)
 	}
 	// A pod the index has is answered without waiting.

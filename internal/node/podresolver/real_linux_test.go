@@ -39,7 +39,7 @@ func TestRealProcesses(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Resolve(pid %d): %v", tt.cmd.Process.Pid, err)
 		}
-		if info.Identity != tt.want {
+		if info.Identity.String() != tt.want {
 			t.Fatalf("pid %d resolved to %q, want %q", tt.cmd.Process.Pid, info.Identity, tt.want)
 		}
 	}
@@ -77,7 +77,7 @@ func TestRealPIDReuse(t *testing.T) {
 		uids[i] = string(p.UID)
 	}
 	uidAttacker, uidVictim := uids[0], uids[1]
-	idx, err := podindex.New(podindex.Config{Pods: agentClient(t, kube), NodeName: "node-reuse", TrustDomain: td})
+	idx, err := podindex.New(podindex.Config{Pods: agentClient(t, kube), NodeName: "node-reuse", Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestRealPIDReuse(t *testing.T) {
 	ctx := peerpidfd.NewContext(context.Background(), pidfd)
 
 	info, err := r.Resolve(ctx, cred)
-	if err != nil || info.Identity != "spiffe://cluster.local/ns/"+ns+"/sa/attacker" {
+	if err != nil || info.Identity.String() != "spiffe://cluster.local/ns/"+ns+"/sa/attacker" {
 		t.Fatalf("attacker resolved to %+v, %v; want its own identity", info, err)
 	}
 

@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.uber.org/zap"
 
 	"github.com/meshagent/meshagent/internal/node/podcgroup"
 	"github.com/meshagent/meshagent/internal/node/podindex"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
@@ -67,11 +67,7 @@ type Config struct {
 	Pods Pods
 	// NodeUIDs are the identities of processes outside any pod, by uid. A
 	// node process whose uid is not here is refused.
-	NodeUIDs map[uint32]spiffeid.ID
-	// IdentityOf names the identity of a pod's service account; nil means
-	// the pod's SPIFFE ID (podindex.Pod.Identity). Linkerd's DNS identities
-	// are made here.
-	IdentityOf func(namespace, serviceAccount string) string
+	NodeUIDs map[uint32]pki.Identity
 	// PodWait bounds the wait for a pod the informer has not seen yet (a
 	// container can start before the watch event arrives); 0 means 2s.
 	PodWait time.Duration
@@ -140,7 +136,7 @@ func (r *Resolver) Resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 		return caller.Info{}, err
 	}
 	r.metrics.resolved.WithLabelValues(kind).Inc()
-	r.log.Debug("caller resolved", zap.Stringer(keyCred, cred), zap.String(keyIdentity, info.Identity), zap.String(keyPod, info.Pod))
+	r.log.Debug("caller resolved", zap.Stringer(keyCred, cred), zap.Stringer(keyIdentity, info.Identity), zap.String(keyPod, info.Pod))
 	return info, nil
 }
 
@@ -158,7 +154,7 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 		if !ok {
 			return caller.Info{}, "", refuse(ReasonNodeProcess, "process %d is not in a pod and uid %d has no node identity", cred.PID, cred.UID)
 		}
-		return caller.Info{Cred: cred, Identity: id.String()}, kindNode, nil
+		return caller.Info{Cred: cred, Identity: id}, kindNode, nil
 	}
 	if err != nil {
 		return caller.Info{}, "", refuse(ReasonCgroup, "process %d: %v", cred.PID, err)
@@ -173,11 +169,7 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 	if pod.Terminated() {
 		return caller.Info{}, "", refuse(ReasonPodTerminated, "pod %s of process %d has terminated (%s)", where.UID, cred.PID, pod.Phase)
 	}
-	identity := pod.Identity.String()
-	if r.cfg.IdentityOf != nil {
-		identity = r.cfg.IdentityOf(pod.Namespace, pod.ServiceAccount)
-	}
-	return caller.Info{Cred: cred, Identity: identity, Pod: pod.String(), PodUID: pod.UID}, kindPod, nil
+	return caller.Info{Cred: cred, Identity: pod.Identity, Pod: pod.String(), PodUID: pod.UID}, kindPod, nil
 }
 
 // pod returns the pod with uid, waiting up to PodWait for the informer to

@@ -13,11 +13,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/node/podindex"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
@@ -27,7 +27,10 @@ const (
 	cid  = "9f2d6c1e0b8a4f3e2d1c0b9a8f7e6d5c4b3a29180f7e6d5c4b3a291807f6e5d4"
 )
 
-var td = spiffeid.RequireTrustDomainFromString("cluster.local")
+var scheme, _ = pki.IstioScheme("cluster.local")
+
+// sid is the identity of a SPIFFE ID.
+func sid(s string) pki.Identity { return pki.Identity{SPIFFEID: s} }
 
 // podMap is a fixed pod list for tests of the resolver's decisions on a
 // fake /proc; the tests against the real API server use podindex.
@@ -49,7 +52,7 @@ func (m podMap) Wait(ctx context.Context, uid string) (podindex.Pod, error) {
 func pod(ns, name, uid, sa string, phase corev1.PodPhase) podindex.Pod {
 	return podindex.Pod{
 		Namespace: ns, Name: name, UID: uid, ServiceAccount: sa, Phase: kubeclient.PodPhase(phase),
-		Identity: spiffeid.RequireFromSegments(td, "ns", ns, "sa", sa),
+		Identity: pki.SPIFFEIdentity("cluster.local", ns, sa),
 	}
 }
 
@@ -94,14 +97,14 @@ func TestResolveOnFakeProc(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "106"), nil, 0o644); err != nil { // not a directory
 		t.Fatal(err)
 	}
-	nodeID := spiffeid.RequireFromString("spiffe://cluster.local/ns/kube-system/sa/node-probe")
+	nodeID := sid("spiffe://cluster.local/ns/kube-system/sa/node-probe")
 	pods := podMap{
 		uidA:                                   pod("shop", "cart-0", uidA, "cart", corev1.PodPending),
 		uidB:                                   pod("shop", "pay-0", uidB, "payments", corev1.PodRunning),
 		"aaaaaaaa-2222-4333-8444-555555555555": pod("shop", "job-0", "aaaaaaaa-2222-4333-8444-555555555555", "batch", corev1.PodSucceeded),
 	}
 	reg := prometheus.NewPedanticRegistry()
-	r, err := New(Config{Pods: pods, ProcRoot: root, PodWait: time.Millisecond, NodeUIDs: map[uint32]spiffeid.ID{0: nodeID}, Registerer: reg})
+	r, err := New(Config{Pods: pods, ProcRoot: root, PodWait: time.Millisecond, NodeUIDs: map[uint32]pki.Identity{0: nodeID}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,10 +114,10 @@ func TestResolveOnFakeProc(t *testing.T) {
 		want   caller.Info
 		reason string
 	}{
-		{"cgroupfs pod", caller.Cred{UID: 1000, PID: 100}, caller.Info{Identity: "spiffe://cluster.local/ns/shop/sa/cart", Pod: "shop/cart-0", PodUID: uidA}, ""},
-		{"systemd pod", caller.Cred{UID: 1337, PID: 101}, caller.Info{Identity: "spiffe://cluster.local/ns/shop/sa/payments", Pod: "shop/pay-0", PodUID: uidB}, ""},
-		{"pod process running as root keeps its pod identity", caller.Cred{UID: 0, PID: 100}, caller.Info{Identity: "spiffe://cluster.local/ns/shop/sa/cart", Pod: "shop/cart-0", PodUID: uidA}, ""},
-		{"node process with a uid identity", caller.Cred{UID: 0, PID: 102}, caller.Info{Identity: nodeID.String()}, ""},
+		{"cgroupfs pod", caller.Cred{UID: 1000, PID: 100}, caller.Info{Identity: sid("spiffe://cluster.local/ns/shop/sa/cart"), Pod: "shop/cart-0", PodUID: uidA}, ""},
+		{"systemd pod", caller.Cred{UID: 1337, PID: 101}, caller.Info{Identity: sid("spiffe://cluster.local/ns/shop/sa/payments"), Pod: "shop/pay-0", PodUID: uidB}, ""},
+		{"pod process running as root keeps its pod identity", caller.Cred{UID: 0, PID: 100}, caller.Info{Identity: sid("spiffe://cluster.local/ns/shop/sa/cart"), Pod: "shop/cart-0", PodUID: uidA}, ""},
+		{"node process with a uid identity", caller.Cred{UID: 0, PID: 102}, caller.Info{Identity: nodeID}, ""},
 		{"node process without", caller.Cred{UID: 1000, PID: 102}, caller.Info{}, ReasonNodeProcess},
 		{"two pods in one cgroup file", caller.Cred{UID: 1000, PID: 103}, caller.Info{}, ReasonCgroup},
 		{"pod not on this node", caller.Cred{UID: 1000, PID: 104}, caller.Info{}, ReasonPodUnknown},
@@ -153,21 +156,19 @@ func TestResolveOnFakeProc(t *testing.T) {
 	}
 }
 
-func TestResolveIdentityOf(t *testing.T) {
+// TestResolveLinkerdIdentity: the caller gets its pod's identity as the
+// index named it, a Linkerd DNS name as well as a SPIFFE ID.
+func TestResolveLinkerdIdentity(t *testing.T) {
 	root := t.TempDir()
 	fakeProc(t, root, 100, 1, "0::/kubepods/pod"+uidA+"\n")
-	r, err := New(Config{
-		Pods:     podMap{uidA: pod("shop", "cart-0", uidA, "cart", corev1.PodRunning)},
-		ProcRoot: root,
-		IdentityOf: func(ns, sa string) string {
-			return sa + "." + ns + ".serviceaccount.identity.linkerd.cluster.local"
-		},
-	})
+	p := pod("shop", "cart-0", uidA, "cart", corev1.PodRunning)
+	p.Identity = pki.LinkerdIdentity("cluster.local", "shop", "cart", "linkerd")
+	r, err := New(Config{Pods: podMap{uidA: p}, ProcRoot: root})
 	if err != nil {
 		t.Fatal(err)
 	}
 	info, err := r.Resolve(context.Background(), caller.Cred{PID: 100})
-	if err != nil || info.Identity != "cart.shop.serviceaccount.identity.linkerd.cluster.local" {
+	if err != nil || info.Identity.String() != "cart.shop.serviceaccount.identity.linkerd.cluster.local" {
 		t.Fatalf("Resolve = %+v, %v", info, err)
 	}
 }

@@ -3,6 +3,8 @@ package caller
 import (
 	"context"
 	"strconv"
+
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // Cred is what the kernel reports of the process that connected to a Unix
@@ -23,9 +25,9 @@ type Info struct {
 	// Cred are the kernel's credentials of the connection.
 	Cred Cred
 	// Identity is the workload identity the caller is entitled to (a SPIFFE
-	// ID, or Linkerd's DNS identity). Empty means the agent's own identity
+	// ID, or Linkerd's DNS identity). Zero means the agent's own identity
 	// (a sidecar or VM agent serves one workload).
-	Identity string
+	Identity pki.Identity
 	// Pod is "<namespace>/<name>" of the caller's pod and PodUID its UID, in
 	// node mode; empty otherwise.
 	Pod, PodUID string
@@ -59,8 +61,8 @@ func (i Info) Key() string {
 	switch {
 	case i.PodUID != "":
 		return "pod:" + i.PodUID
-	case i.Identity != "":
-		return "identity:" + i.Identity
+	case !i.Identity.IsZero():
+		return "identity:" + i.Identity.String()
 	}
 	return ""
 }

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -25,6 +24,7 @@ import (
 	"github.com/meshagent/meshagent/internal/node/peerpidfd"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/node/podresolver"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/test/podproc"
 )
@@ -65,7 +65,7 @@ func (pidfdResolver) Resolve(ctx context.Context, cred caller.Cred) (caller.Info
 	if err != nil || pid != int(cred.PID) {
 		return caller.Info{}, fmt.Errorf("pidfd names pid %d (%v), want %d", pid, err, cred.PID)
 	}
-	return caller.Info{Identity: "spiffe://cluster.local/ns/a/sa/b"}, nil
+	return caller.Info{Identity: pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/a/sa/b"}}, nil
 }
 
 // pidfds counts the pidfds this process holds.
@@ -144,7 +144,7 @@ func TestPIDReusedBeforeFirstRPC(t *testing.T) {
 	const uidAttacker, uidVictim = "6f1c0a52-8d4e-4b7a-9c21-3e5d7f9a1b01", "6f1c0a52-8d4e-4b7a-9c21-3e5d7f9a1b02"
 	pod := func(uid, sa string) podindex.Pod {
 		return podindex.Pod{Namespace: "shop", Name: sa + "-0", UID: uid, ServiceAccount: sa, NodeName: "n",
-			Phase: "Running", Identity: spiffeid.RequireFromString("spiffe://cluster.local/ns/shop/sa/" + sa)}
+			Phase: "Running", Identity: pki.SPIFFEIdentity("cluster.local", "shop", sa)}
 	}
 	r, err := podresolver.New(podresolver.Config{Pods: mapPods{uidAttacker: pod(uidAttacker, "attacker"), uidVictim: pod(uidVictim, "vault")}})
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
@@ -53,7 +54,7 @@ func describe(ctx context.Context) string {
 	if !ok {
 		return "no caller"
 	}
-	return fmt.Sprintf("%s identity=%q pod=%q", info.Cred, info.Identity, info.Pod)
+	return fmt.Sprintf("%s identity=%q pod=%q", info.Cred, info.Identity.String(), info.Pod)
 }
 
 func registerWho(gs *grpc.Server) {
@@ -261,7 +262,7 @@ func (r *resolver) learn(pid int32, info caller.Info) {
 
 func TestResolverOncePerConnection(t *testing.T) {
 	r := &resolver{known: map[int32]caller.Info{}}
-	r.learn(me().PID, caller.Info{Identity: "spiffe://cluster.local/ns/a/sa/b", Pod: "a/p1", PodUID: "u1",
+	r.learn(me().PID, caller.Info{Identity: pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/a/sa/b"}, Pod: "a/p1", PodUID: "u1",
 		Cred: caller.Cred{UID: 4242}}) // a resolver cannot change the credentials
 	f := start(t, func(c *Config) { c.Resolver = r })
 	want := fmt.Sprintf("%s identity=%q pod=%q", me(), "spiffe://cluster.local/ns/a/sa/b", "a/p1")
@@ -311,7 +312,7 @@ func TestResolverRefusal(t *testing.T) {
 		t.Errorf("refused{unresolved} = %v, want 2", got)
 	}
 	// A refusal is not kept: once the pod is known, the same connection is served.
-	r.learn(me().PID, caller.Info{Identity: "spiffe://cluster.local/ns/a/sa/late"})
+	r.learn(me().PID, caller.Info{Identity: pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/a/sa/late"}})
 	if got, err := unary(t, f.conn); err != nil || !strings.Contains(got, "sa/late") {
 		t.Fatalf("after the pod became known: %q, %v", got, err)
 	}
