@@ -6,19 +6,21 @@ import (
 	"io"
 	"text/tabwriter"
 
+	"github.com/meshagent/meshagent/internal/app"
 	"github.com/meshagent/meshagent/internal/settings"
 )
 
 // configReport is `meshagent config -o json`.
 type configReport struct {
-	Settings []settings.Row `json:"settings"`
-	Mode     ModeDecision   `json:"mode"`
+	Settings []settings.Row     `json:"settings"`
+	Mode     app.SourceDecision `json:"mode"`
 	// Warnings name the settings whose value has no effect.
 	Warnings []string `json:"warnings,omitempty"`
 }
 
-// printConfig writes every setting with its value and source, and the mode.
-func printConfig(w io.Writer, cfg *settings.Config, mode ModeDecision, format string) error {
+// printConfig writes every setting with its value and source, and the
+// certificate source (reported as "mode").
+func printConfig(w io.Writer, cfg *settings.Config, mode app.SourceDecision, format string) error {
 	if format == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -43,6 +45,6 @@ func printConfig(w io.Writer, cfg *settings.Config, mode ModeDecision, format st
 	for _, wn := range cfg.Warnings() {
 		fmt.Fprintf(w, "\nwarning: %s", wn)
 	}
-	_, err := fmt.Fprintf(w, "\nmode: %s (%s)\n", mode.Mode, mode.Reason)
+	_, err := fmt.Fprintf(w, "\nmode: %s (%s)\n", mode.Source, mode.Reason)
 	return err
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/meshagent/meshagent/internal/app"
 	"github.com/meshagent/meshagent/internal/settings"
 )
 
@@ -139,7 +140,7 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 			if err != nil {
 				return err
 			}
-			return printConfig(stdout, cfg, selectMode(cmd.Context(), cfg), output)
+			return printConfig(stdout, cfg, app.SelectSource(cmd.Context(), cfg), output)
 		},
 	}
 	addSettingFlags(configCmd.Flags())

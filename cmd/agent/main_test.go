@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/app"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/test/podproc"
 )
@@ -94,7 +95,7 @@ func TestConfigJSON(t *testing.T) {
 	if sources["CA_PROVIDER"] != settings.SourceEnv || sources["MESHAGENT_LOG_LEVEL"] != settings.SourceFlag || sources["SECRET_TTL"] != settings.SourceDefault {
 		t.Errorf("sources %v", sources)
 	}
-	if rep.Mode.Mode != ModeCA || rep.Mode.Provider != "Linkerd" || !strings.Contains(rep.Mode.Reason, "linkerd-identity.linkerd.svc.cluster.local:8080") {
+	if rep.Mode.Source != app.SourceCA || rep.Mode.Provider != "Linkerd" || !strings.Contains(rep.Mode.Reason, "linkerd-identity.linkerd.svc.cluster.local:8080") {
 		t.Errorf("mode %+v", rep.Mode)
 	}
 }

@@ -142,10 +142,10 @@ func (r *resolution) derive(in Input) error {
 	if c.CARoot == "" {
 		switch {
 		case c.PilotCertProvider == CertProviderCustom:
-			c.CARoot = filepath.Join(c.FileMountedCertsDir, "root-cert.pem")
+			c.CARoot = filepath.Join(c.FileMountedCertsDir, pki.RootCertFile)
 			r.notes["CA_ROOT_CA"] = "PILOT_CERT_PROVIDER=custom"
 		case c.ProvCert != "":
-			c.CARoot = filepath.Join(c.ProvCert, "root-cert.pem")
+			c.CARoot = filepath.Join(c.ProvCert, pki.RootCertFile)
 			r.notes["CA_ROOT_CA"] = "from PROV_CERT"
 		case c.PilotCertProvider == CertProviderNone:
 			r.notes["CA_ROOT_CA"] = "PILOT_CERT_PROVIDER=none: no default"
@@ -157,7 +157,7 @@ func (r *resolution) derive(in Input) error {
 		}
 	}
 	if c.XDSRoot == "" {
-		mounted := filepath.Join(c.FileMountedCertsDir, "root-cert.pem")
+		mounted := filepath.Join(c.FileMountedCertsDir, pki.RootCertFile)
 		if in.FileExists(mounted) {
 			c.XDSRoot = mounted
 			r.notes["XDS_ROOT_CA"] = mounted + " exists"

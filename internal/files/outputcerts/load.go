@@ -27,7 +27,7 @@ var (
 // A mismatched pair may be a write in progress, so Load reads again a few
 // times, for at most about 100 ms, before reporting it.
 func Load(dir string, id pki.Identity, now time.Time) (*certfile.Pair, error) {
-	chainPath, keyPath := filepath.Join(dir, CertChainFile), filepath.Join(dir, KeyFile)
+	chainPath, keyPath := filepath.Join(dir, pki.CertChainFile), filepath.Join(dir, pki.KeyFile)
 	var (
 		p   *certfile.Pair
 		err error

@@ -38,10 +38,10 @@ func TestLoad(t *testing.T) {
 			dir := t.TempDir()
 			if tt.files != nil {
 				// Written directly: the writer refuses a mismatched pair.
-				if err := os.WriteFile(filepath.Join(dir, CertChainFile), tt.files.CertChain, 0o644); err != nil {
+				if err := os.WriteFile(filepath.Join(dir, pki.CertChainFile), tt.files.CertChain, 0o644); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.WriteFile(filepath.Join(dir, KeyFile), tt.files.Key, 0o600); err != nil {
+				if err := os.WriteFile(filepath.Join(dir, pki.KeyFile), tt.files.Key, 0o600); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -75,7 +75,7 @@ func TestWriteThenLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rootPEM, err := os.ReadFile(filepath.Join(dir, RootCertFile))
+	rootPEM, err := os.ReadFile(filepath.Join(dir, pki.RootCertFile))
 	if err != nil {
 		t.Fatal(err)
 	}

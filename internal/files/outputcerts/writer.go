@@ -15,13 +15,6 @@ import (
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
-// File names in the output directory (pilot-agent's).
-const (
-	CertChainFile = "cert-chain.pem"
-	KeyFile       = "key.pem"
-	RootCertFile  = "root-cert.pem"
-)
-
 // File modes.
 const (
 	KeyMode  fs.FileMode = 0o600
@@ -158,9 +151,9 @@ func (w *Writer) write(f Files) ([]string, error) {
 		data []byte
 		mode fs.FileMode
 	}{
-		{KeyFile, f.Key, KeyMode},
-		{CertChainFile, f.CertChain, CertMode},
-		{RootCertFile, f.Root, CertMode},
+		{pki.KeyFile, f.Key, KeyMode},
+		{pki.CertChainFile, f.CertChain, CertMode},
+		{pki.RootCertFile, f.Root, CertMode},
 	} {
 		if file.data == nil {
 			continue

@@ -1,0 +1,250 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/utils/clock"
+
+	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/settings"
+	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/secretmanager"
+)
+
+// Config is what New needs: the resolved settings, and the seams a test (or
+// another program) replaces. Zero values get the defaults noted on each
+// field.
+type Config struct {
+	// Settings is the resolved configuration; the App reads it and never
+	// changes it. Required. Relative paths in it are relative to the
+	// process's working directory.
+	Settings *settings.Config
+	// Logger is given to every component, which names its own; the App
+	// logs under "agent". Nil means zap.NewNop().
+	Logger *zap.Logger
+	// Clock times every certificate expiry and renewal, retry backoff, file
+	// debounce and token refresh, and is the "now" certificates are checked
+	// against. Nil means the real clock.
+	Clock clock.Clock
+	// Registry receives every metric and is what the status server serves
+	// on /stats/prometheus. Nil means a new registry with the Go and
+	// process collectors.
+	Registry *prometheus.Registry
+	// KubeClient makes the Kubernetes API client, for node mode and
+	// TokenRequest tokens; it is called at most once. Nil means
+	// kubeclient.New with Settings.Kubeconfig.
+	KubeClient func() (*kubeclient.Client, error)
+	// OnStatusListen is called with the status server's address once it
+	// listens (STATUS_PORT=0 picks a free port). Nil means nobody is told.
+	OnStatusListen func(net.Addr)
+	// Version is the agent's version, in its log, its meshagent_agent_info
+	// metric and its user agent towards the API server. Empty means "dev".
+	Version string
+}
+
+// ConfigError is a configuration New refuses: the settings, taken together,
+// cannot make an agent. Nothing was started when New returns one.
+type ConfigError struct{ Err error }
+
+func (e ConfigError) Error() string { return e.Err.Error() }
+func (e ConfigError) Unwrap() error { return e.Err }
+
+// configError wraps err as a ConfigError.
+func configError(err error) error { return ConfigError{Err: err} }
+
+// App is the agent: every component the settings call for, built and
+// checked, not yet running.
+type App struct {
+	cfg   Config
+	s     *settings.Config
+	clock clock.Clock
+	// log is the App's own logger; base is given to components.
+	log    *zap.Logger
+	base   *zap.Logger
+	reg    *prometheus.Registry
+	status *status.Server
+	source SourceDecision
+
+	components []component
+	// preconnect, when set, starts the CA connection: the first thing Run does.
+	preconnect func()
+
+	kube    *kubeclient.Client
+	kubeErr error
+	// tokens is the bearer token source, built by tokenFetcher.
+	tokens credfetcher.Fetcher
+	// firstCert is closed when the manager first publishes a workload
+	// certificate (noteFirstCert).
+	firstCert     chan struct{}
+	firstCertOnce sync.Once
+	// node is node mode's wiring; nil in a sidecar.
+	node *nodeWiring
+
+	ran atomic.Bool
+}
+
+// component is one long-running part of the agent.
+type component struct {
+	name string
+	// run blocks until ctx ends (then returns nil) or the component fails.
+	run func(ctx context.Context) error
+	// finite components may finish with nil without stopping the agent (a
+	// one-shot writer); any other component returning stops the agent.
+	finite bool
+}
+
+// ErrRunning is returned by a second call of Run.
+var ErrRunning = errors.New("the agent runs already (Run is called once)")
+
+// New checks the configuration and builds every component. It starts
+// nothing: no goroutine, socket, connection or file is made or changed until
+// Run (it only reads the settings' files and probes the SDS socket to decide
+// where certificates come from, and logs the decision). A configuration that
+// cannot work is a ConfigError.
+func New(cfg Config) (*App, error) {
+	if cfg.Settings == nil {
+		return nil, configError(errors.New("app: no settings"))
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	a := &App{
+		cfg:       cfg,
+		s:         cfg.Settings,
+		clock:     cfg.Clock,
+		base:      cfg.Logger,
+		log:       cfg.Logger.Named("agent"),
+		reg:       cfg.Registry,
+		firstCert: make(chan struct{}),
+	}
+	// The settings that need no other part come first.
+	if err := a.checkNode(); err != nil {
+		return nil, configError(err)
+	}
+	a.source = SelectSource(context.Background(), a.s)
+	a.log.Info("starting meshagent", zap.String(keyVersion, cfg.Version), zap.String(keyMode, string(a.source.Source)), zap.String(keyReason, a.source.Reason))
+	for _, w := range a.s.Warnings() {
+		a.log.Warn("setting has no effect", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
+	}
+	if err := a.checkNodeSource(); err != nil {
+		return nil, configError(err)
+	}
+	if a.reg == nil {
+		a.reg = prometheus.NewRegistry()
+		a.reg.MustRegister(
+			collectors.NewGoCollector(),
+			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		)
+	}
+	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "meshagent_agent_info",
+		Help: "Always 1; labels carry the version and the certificate source mode.",
+	}, []string{"version", "mode"})
+	info.WithLabelValues(cfg.Version, string(a.source.Source)).Set(1)
+	if err := a.reg.Register(info); err != nil {
+		return nil, err
+	}
+	a.status = status.New(status.Config{Addr: a.s.StatusAddr(), Gatherer: a.reg, Logger: a.base, OnListen: cfg.OnStatusListen})
+
+	src, err := a.certificateSource()
+	if err != nil {
+		return nil, err
+	}
+	a.components = append(a.components, src.components...)
+	serving, err := a.servingComponents(src)
+	if err != nil {
+		return nil, err
+	}
+	a.components = append(a.components, serving...)
+	a.components = append(a.components, component{name: "status", run: a.status.Run})
+	return a, nil
+}
+
+// Source is where the App's certificates come from, and why.
+func (a *App) Source() SourceDecision { return a.source }
+
+// Run runs every component until ctx ends, a loopback caller POSTs
+// /quitquitquit (both return nil) or a component fails: the first failure
+// stops the others and is returned with the component's name. Run is called
+// once.
+func (a *App) Run(ctx context.Context) error {
+	if !a.ran.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	if a.preconnect != nil {
+		// The handshakes with the CA then run while the servers start and
+		// the key is made, not after them on the way to the first CSR.
+		a.preconnect()
+	}
+	if a.source.StaleSocket {
+		removeStaleSocket(ctx, a.log, a.s.SDSSocket)
+	}
+	return runComponents(ctx, a.log, a.components)
+}
+
+// runComponents runs every component until the first one returns. A failure
+// is returned with the component's name; a nil return (e.g. /quitquitquit)
+// stops the others cleanly. Components stopped because another returned may
+// report context.Canceled; that is not a failure.
+func runComponents(ctx context.Context, log *zap.Logger, cs []component) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var g errgroup.Group
+	for _, c := range cs {
+		g.Go(func() error {
+			err := c.run(ctx)
+			stopping := ctx.Err() != nil
+			switch {
+			case err == nil && c.finite && !stopping:
+				log.Debug("component finished", zap.String(keyComponent, c.name))
+				return nil
+			case err == nil || (stopping && errors.Is(err, context.Canceled)):
+				log.Debug("component stopped", zap.String(keyComponent, c.name))
+				cancel()
+				return nil
+			}
+			cancel()
+			return fmt.Errorf("%s: %w", c.name, err)
+		})
+	}
+	return g.Wait()
+}
+
+// noteFirstCert is the managers' OnPublish: it closes firstCert at the first
+// workload certificate.
+func (a *App) noteFirstCert(s *secretmanager.Secret) {
+	if !s.IsRoot() {
+		a.firstCertOnce.Do(func() { close(a.firstCert) })
+	}
+}
+
+// kubeClient returns the one Kubernetes API client, made at the first call.
+func (a *App) kubeClient() (*kubeclient.Client, error) {
+	if a.kube == nil && a.kubeErr == nil {
+		if a.cfg.KubeClient != nil {
+			a.kube, a.kubeErr = a.cfg.KubeClient()
+		} else {
+			a.kube, a.kubeErr = kubeclient.New(kubeclient.Config{Kubeconfig: a.s.Kubeconfig, UserAgent: "meshagent/" + a.cfg.Version})
+		}
+	}
+	return a.kube, a.kubeErr
+}
+
+// nodeMode reports whether the agent serves every pod of its node.
+func (a *App) nodeMode() bool { return a.s.Mode == settings.ModeNode }

@@ -1,0 +1,132 @@
+package app
+
+import (
+	"crypto/tls"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/caclient/istio"
+	"github.com/meshagent/meshagent/caclient/linkerd"
+	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/files/certfile"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/settings"
+)
+
+// caClient builds the CA client for CA_PROVIDER: Linkerd's identity
+// service, or Istio's certificate service (SPEC 6).
+func (a *App) caClient(roots caclient.RootSource) (caclient.Client, error) {
+	c := a.s
+	t := caclient.TransportConfig{Addr: c.CAAddr, Roots: roots, Metadata: map[string]string{}}
+	for k, v := range c.CAHeaders {
+		t.Metadata[k] = v
+	}
+	if c.Scheme().IsLinkerd() {
+		return a.linkerdClient(t)
+	}
+	tokens, err := a.tokenFetcher()
+	if err != nil {
+		return nil, err
+	}
+	t.Token = tokens
+	t.ServerName = c.IstiodSAN
+	t.Plaintext = istio.PlaintextPort(c.CAAddr)
+	if c.ClusterID != "" {
+		t.Metadata["ClusterID"] = c.ClusterID
+	}
+	if c.ProvCert != "" {
+		dir := c.ProvCert
+		t.ClientCertificate = func() (*tls.Certificate, error) {
+			p, err := certfile.LoadPair(filepath.Join(dir, pki.CertChainFile), filepath.Join(dir, pki.KeyFile), a.clock.Now())
+			if err != nil {
+				return nil, err
+			}
+			return p.TLSCertificate(), nil
+		}
+		t.TokenOptional = true
+	}
+	ic := istio.Config{Transport: t, CertSigner: c.CertSigner, Logger: a.base, Registerer: a.reg}
+	if a.node != nil {
+		// The token is the agent's own: pods' certificates are asked on
+		// their behalf (ImpersonatedIdentity).
+		if ic.Identity, err = c.Identity(); err != nil {
+			return nil, configError(err)
+		}
+	}
+	return istio.New(ic)
+}
+
+// linkerdClient builds the client of Linkerd's identity service, which
+// presents the scheme's server name unless
+// MESHAGENT_LINKERD_IDENTITY_SERVICE_NAME says otherwise. In node mode each
+// identity's CSR carries a token of its own service account
+// (nodeWiring.linkerdTokens); a sidecar sends its own token.
+func (a *App) linkerdClient(t caclient.TransportConfig) (caclient.Client, error) {
+	c := a.s
+	t.ServerName = c.LinkerdIdentityServiceName
+	lc := linkerd.Config{Transport: t, Scheme: c.Scheme(), Logger: a.base, Registerer: a.reg}
+	if a.node != nil {
+		tokenFor, err := a.node.linkerdTokens()
+		if err != nil {
+			return nil, err
+		}
+		lc.TokenFor = tokenFor
+	} else {
+		tokens, err := a.tokenFetcher()
+		if err != nil {
+			return nil, err
+		}
+		lc.Token = tokens
+	}
+	return linkerd.New(lc)
+}
+
+// tokenFetcher returns the source of the bearer token sent to the CA and to
+// the control plane (CREDENTIAL_FETCHER_TYPE). It is built once, so both
+// share one cached TokenRequest token and a refusal by either renews it.
+func (a *App) tokenFetcher() (credfetcher.Fetcher, error) {
+	if a.tokens != nil {
+		return a.tokens, nil
+	}
+	c := a.s
+	if c.CredentialFetcherType != settings.FetcherTokenRequest {
+		a.tokens = credfetcher.File{Path: c.TokenPath}
+		return a.tokens, nil
+	}
+	if c.PodName == "" {
+		return nil, configError(fmt.Errorf("CREDENTIAL_FETCHER_TYPE=%s needs POD_NAME: tokens are bound to the pod", settings.FetcherTokenRequest))
+	}
+	if c.PodNamespace == "" || c.ServiceAccount == "" {
+		return nil, configError(fmt.Errorf("CREDENTIAL_FETCHER_TYPE=%s needs POD_NAMESPACE and SERVICE_ACCOUNT: tokens are asked for that service account", settings.FetcherTokenRequest))
+	}
+	kube, err := a.kubeClient()
+	if err != nil {
+		return nil, configError(fmt.Errorf("CREDENTIAL_FETCHER_TYPE=%s: %w", settings.FetcherTokenRequest, err))
+	}
+	f, err := credfetcher.NewTokenRequest(credfetcher.TokenRequestConfig{
+		Client:         kube,
+		Namespace:      c.PodNamespace,
+		ServiceAccount: c.ServiceAccount,
+		PodName:        c.PodName,
+		PodUID:         types.UID(c.PodUID),
+		Audiences:      strings.Split(c.CredentialIdentityProvider, ","),
+		Lifetime:       c.TokenLifetime,
+		RefreshRatio:   c.TokenRefreshRatio,
+		Clock:          a.clock,
+		Logger:         a.base,
+	})
+	if err != nil {
+		return nil, configError(err)
+	}
+	a.log.Info("bearer tokens come from the Kubernetes TokenRequest API",
+		zap.String(keyServiceAccount, c.PodNamespace+"/"+c.ServiceAccount),
+		zap.String(keyPod, c.PodName), zap.String(keyAudience, c.CredentialIdentityProvider),
+		zap.Duration(keyLifetime, c.TokenLifetime))
+	a.tokens = f
+	return f, nil
+}

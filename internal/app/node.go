@@ -1,0 +1,198 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/node/podindex"
+	"github.com/meshagent/meshagent/internal/node/podresolver"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/uds/caller"
+	"github.com/meshagent/meshagent/secretmanager"
+)
+
+// nodeWiring is what node mode adds (SPEC 15): one agent serves every pod
+// of its node from one socket. The pod index names each pod's identity; its
+// arrivals and departures hold and release certificates in the manager; the
+// resolver gives each socket caller its pod's identity; with Linkerd, each
+// identity's CSR carries a token of its own service account.
+type nodeWiring struct {
+	a *App
+	// uids are node processes' identities (MESHAGENT_NODE_UID_IDENTITIES).
+	uids map[uint32]pki.Identity
+	// idx is the pod index, set by callers: the CA client is built before
+	// it, and its token source lists no pods until then.
+	idx atomic.Pointer[podindex.Index]
+	// podTokens: with Linkerd, the tokens of each service account with pods
+	// on the node (linkerdTokens).
+	podTokens *credfetcher.PodTokens
+}
+
+// checkNode checks node mode's settings, before anything is built.
+func (a *App) checkNode() error {
+	c := a.s
+	if !a.nodeMode() {
+		return nil
+	}
+	if c.NodeName == "" {
+		return errors.New("MESHAGENT_MODE=node needs NODE_NAME: only the pods of this node are served")
+	}
+	if c.DisableEnvoy {
+		return errors.New("MESHAGENT_MODE=node needs the SDS socket to serve the pods' certificates (DISABLE_ENVOY is set)")
+	}
+	uids, err := podresolver.ParseNodeUIDs(c.NodeUIDIdentities)
+	if err != nil {
+		return fmt.Errorf("MESHAGENT_NODE_UID_IDENTITIES: %w", err)
+	}
+	a.node = &nodeWiring{a: a, uids: uids}
+	return nil
+}
+
+// checkNodeSource refuses a node agent whose certificate source is another
+// agent's socket.
+func (a *App) checkNodeSource() error {
+	if a.node != nil && a.source.Source == SourceExternal {
+		return fmt.Errorf("MESHAGENT_MODE=node needs a CA to sign the pods' certificates and the SDS socket to serve them: %s", a.source.Reason)
+	}
+	return nil
+}
+
+// fileResources reports whether file-cert: and file-root: resources are
+// served. Node mode serves many pods from one socket: the node's files are
+// not served, so one pod cannot read what is meant for another, unless the
+// operator says every pod may read them.
+func (n *nodeWiring) fileResources() bool {
+	if n.a.s.NodeFileResources {
+		n.a.log.Warn("node mode: file-cert: and file-root: resources are served (MESHAGENT_NODE_FILE_RESOURCES): any pod on the node can read the files the agent can read")
+	}
+	return n.a.s.NodeFileResources
+}
+
+// callers builds the pod index, whose arrivals and departures of identities
+// hold and release their certificates in m, and the resolver that gives
+// each socket caller its pod's identity.
+func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []component, error) {
+	a, c := n.a, n.a.s
+	kube, err := a.kubeClient()
+	if err != nil {
+		return nil, nil, configError(fmt.Errorf("MESHAGENT_MODE=node: %w", err))
+	}
+	log := a.base.Named("node")
+	idx, err := podindex.New(podindex.Config{
+		Pods:     kube,
+		NodeName: c.NodeName,
+		Scheme:   c.Scheme(),
+		Handler: podindex.HandlerFuncs{
+			Added: func(id pki.Identity) {
+				if err := m.Prefetch(id); err != nil {
+					log.Warn("certificate not fetched ahead", zap.Stringer(keyIdentity, id), zap.Error(err))
+				}
+			},
+			Removed: func(id pki.Identity) {
+				m.Release(id)
+				n.dropTokens(id)
+			},
+		},
+		Logger:     a.base,
+		Registerer: a.reg,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	n.idx.Store(idx)
+	r, err := podresolver.New(podresolver.Config{
+		Pods:       idx,
+		NodeUIDs:   n.uids,
+		Logger:     a.base,
+		Registerer: a.reg,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	podsOf := func() map[string][]string {
+		ids := idx.Identities()
+		out := make(map[string][]string, len(ids))
+		for id, pods := range ids {
+			out[id.String()] = pods
+		}
+		return out
+	}
+	a.status.AddCertLister(managerLister{m: m, pods: podsOf})
+	if err := a.reg.Register(nodeIdentityCollector{m: m, pods: podsOf}); err != nil {
+		return nil, nil, err
+	}
+	a.status.AddReadiness("pod_index", func() error {
+		if !idx.HasSynced() {
+			return errors.New("the node's pods are not listed yet")
+		}
+		return nil
+	})
+	a.log.Info("node mode: serving the pods of this node", zap.String(keyNode, c.NodeName), zap.Int(keyNodeUIDs, len(n.uids)))
+	return r, []component{{name: "pod_index", run: idx.Run}}, nil
+}
+
+// PodsOf lists a service account's pods on the node from the pod index;
+// before the index is built it lists none.
+func (n *nodeWiring) PodsOf(namespace, serviceAccount string) []credfetcher.PodRef {
+	idx := n.idx.Load()
+	if idx == nil {
+		return nil
+	}
+	pods := idx.PodsOf(namespace, serviceAccount)
+	out := make([]credfetcher.PodRef, len(pods))
+	for i, p := range pods {
+		out[i] = credfetcher.PodRef{Name: p.Name, UID: types.UID(p.UID)}
+	}
+	return out
+}
+
+// linkerdTokens returns the token source of a node agent's Linkerd client:
+// Linkerd's identity service has no impersonation, so each identity's CSR
+// carries a token of that identity's own service account, bound to one of
+// its pods on this node.
+func (n *nodeWiring) linkerdTokens() (func(pki.Identity) (credfetcher.Fetcher, error), error) {
+	a, c := n.a, n.a.s
+	kube, err := a.kubeClient()
+	if err != nil {
+		return nil, configError(fmt.Errorf("MESHAGENT_MODE=node with CA_PROVIDER=Linkerd: %w", err))
+	}
+	pt, err := credfetcher.NewPodTokens(credfetcher.PodTokensConfig{
+		Client:       kube,
+		Pods:         n,
+		Audiences:    strings.Split(c.CredentialIdentityProvider, ","),
+		Lifetime:     c.TokenLifetime,
+		RefreshRatio: c.TokenRefreshRatio,
+		Clock:        a.clock,
+		Logger:       a.base,
+	})
+	if err != nil {
+		return nil, configError(err)
+	}
+	n.podTokens = pt
+	a.log.Info("node mode: each identity's CSR carries a token of its own service account, bound to one of its pods on this node",
+		zap.String(keyAudience, c.CredentialIdentityProvider), zap.Duration(keyLifetime, c.TokenLifetime))
+	scheme := c.Scheme()
+	return func(id pki.Identity) (credfetcher.Fetcher, error) {
+		ns, sa, ok := scheme.Account(id)
+		if !ok {
+			return nil, fmt.Errorf("%s is not a service-account identity of %s", id, scheme)
+		}
+		return pt.For(ns, sa)
+	}, nil
+}
+
+// dropTokens forgets the tokens of a released identity's account.
+func (n *nodeWiring) dropTokens(id pki.Identity) {
+	if n.podTokens == nil {
+		return
+	}
+	if ns, sa, ok := n.a.s.Scheme().Account(id); ok {
+		n.podTokens.Drop(ns, sa)
+	}
+}

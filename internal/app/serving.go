@@ -1,0 +1,217 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/caclient/istio"
+	"github.com/meshagent/meshagent/internal/files/certfile"
+	"github.com/meshagent/meshagent/internal/files/grpcbootstrap"
+	"github.com/meshagent/meshagent/internal/files/outputcerts"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/settings"
+	"github.com/meshagent/meshagent/internal/uds/udsserver"
+	"github.com/meshagent/meshagent/sds"
+	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/workloadapi"
+	"github.com/meshagent/meshagent/xdsproxy"
+)
+
+// servingComponents are what serves the certificates src made: the local
+// socket (unless another agent serves SDS or no Envoy runs) and, beside one
+// workload, the per-workload outputs (sidecarOutputs).
+func (a *App) servingComponents(src certSource) ([]component, error) {
+	var cs []component
+	if src.manager != nil && !a.s.DisableEnvoy {
+		socket, err := a.localSocket(src.manager)
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, socket...)
+	}
+	if a.node != nil {
+		a.log.Info("node mode: the xDS proxy, OUTPUT_CERTS and the gRPC bootstrap are per-pod features and are off")
+		return cs, nil
+	}
+	outputs, err := a.sidecarOutputs(src)
+	if err != nil {
+		return nil, err
+	}
+	return append(cs, outputs...), nil
+}
+
+// localSocket is the Unix socket serving SDS and, unless turned off, the
+// SPIFFE Workload API from m. In node mode its callers are resolved to
+// their pods (nodeWiring.callers) and its directory is open to every uid.
+func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
+	c := a.s
+	srv, err := sds.New(sds.Config{
+		Secrets: m, MaxStreams: c.SDSMaxStreams, MaxStreamsPerCaller: c.SDSMaxStreamsPerPod,
+		MaxFileNamesPerCaller: c.SDSMaxFileResourcesPerCaller,
+		Clock:                 a.clock, Logger: a.base, Registerer: a.reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	services := []func(*grpc.Server){srv.Register}
+	if c.WorkloadAPI {
+		wl, err := workloadapi.New(workloadapi.Config{Secrets: m, Logger: a.base, Registerer: a.reg})
+		if err != nil {
+			return nil, err
+		}
+		services = append(services, wl.Register)
+	}
+	uc := udsserver.Config{
+		SocketPath: c.SDSSocket, Services: services,
+		MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
+	}
+	var cs []component
+	if a.node != nil {
+		resolver, nodeCs, err := a.node.callers(m)
+		if err != nil {
+			return nil, err
+		}
+		uc.Resolver = resolver
+		// The directory is mounted into pods whose processes run as any
+		// uid; the kernel, not the mode, says who they are.
+		uc.DirMode = 0o755
+		cs = append(cs, nodeCs...)
+	}
+	socket, err := udsserver.New(uc)
+	if err != nil {
+		return nil, err
+	}
+	return append(cs, component{name: "sds", run: socket.Run}), nil
+}
+
+// sidecarOutputs are what an agent beside one workload adds: the xDS
+// proxy, the OUTPUT_CERTS writer and the gRPC bootstrap writer, as
+// configured.
+func (a *App) sidecarOutputs(src certSource) ([]component, error) {
+	c := a.s
+	var cs []component
+	if c.XDSProxy {
+		xp, rootFeed, err := a.xdsProxy(src)
+		if err != nil {
+			return nil, err
+		}
+		a.status.AddReadiness("xds_upstream", xp.Ready)
+		cs = append(cs, component{name: "xdsproxy", run: xp.Run})
+		if rootFeed != nil {
+			cs = append(cs, component{name: "xds_root_watcher", run: rootFeed.Run})
+		}
+	}
+	if src.manager != nil && c.OutputCerts != "" {
+		w, err := outputcerts.New(outputcerts.Config{Dir: c.OutputCerts, Logger: a.base, Registerer: a.reg})
+		if err != nil {
+			return nil, err
+		}
+		sync, err := outputcerts.NewSync(outputcerts.SyncConfig{Secrets: src.manager, Writer: w, Logger: a.base})
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, component{name: "outputcerts", run: sync.Run})
+	}
+	if c.DisableEnvoy || settingSet(c, "GRPC_XDS_BOOTSTRAP") {
+		cs = append(cs, component{name: "grpc_bootstrap", run: a.writeBootstrap, finite: true})
+	}
+	return cs, nil
+}
+
+// xdsProxy builds the proxy and, when the xDS root is a file of its own, the
+// feed that follows it (SPEC 7). The proxy presents the workload certificate
+// of src's manager to the control plane.
+func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, error) {
+	c := a.s
+	md := map[string]string{}
+	for k, v := range c.XDSHeaders {
+		md[k] = v
+	}
+	if c.ClusterID != "" {
+		md["ClusterID"] = c.ClusterID
+	}
+	var (
+		roots    caclient.RootSource
+		rootFeed *certfile.RootFeed
+	)
+	if c.XDSRoot == c.CARoot && src.caRoots != nil {
+		roots = src.caRoots
+	} else if f, err := a.rootFeed("xds_root", c.XDSRoot); err == nil {
+		roots, rootFeed = f.Roots(), f
+	} else {
+		// Not fatal: the proxy then cannot verify the control plane and
+		// says so at every attempt.
+		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(keyPath, c.XDSRoot), zap.Error(err))
+		roots = caclient.StaticRoots{Pool: pki.CertPool(nil)}
+	}
+	tokens, err := a.tokenFetcher()
+	if err != nil {
+		return nil, nil, err
+	}
+	clientCert := workloadCertificate(nil)
+	// With a manager, the connection made at start waits for the first
+	// certificate: see xdsproxy.Config.ConnectAfter.
+	var connectAfter <-chan struct{}
+	if src.manager != nil {
+		clientCert = workloadCertificate(src.manager)
+		connectAfter = a.firstCert
+	}
+	xp, err := xdsproxy.New(xdsproxy.Config{
+		SocketPath: c.XDSSocket,
+		Upstream: caclient.TransportConfig{
+			Addr:              c.DiscoveryAddress,
+			ServerName:        c.IstiodSAN,
+			Roots:             roots,
+			Plaintext:         istio.PlaintextPort(c.DiscoveryAddress),
+			Token:             tokens,
+			TokenOptional:     true,
+			Metadata:          md,
+			ClientCertificate: clientCert,
+		},
+		ConnectAfter: connectAfter,
+		Clock:        a.clock,
+		Logger:       a.base,
+		Registerer:   a.reg,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return xp, rootFeed, nil
+}
+
+// writeBootstrap writes the gRPC xDS bootstrap once (SPEC 11).
+func (a *App) writeBootstrap(context.Context) error {
+	c := a.s
+	ns := c.PodNamespace
+	pod := c.PodName
+	if pod == "" {
+		pod, _ = os.Hostname()
+	}
+	_, err := grpcbootstrap.WriteFile(c.GRPCXDSBootstrap, grpcbootstrap.Config{
+		XDSSocket:    c.XDSSocket,
+		NodeID:       grpcbootstrap.SidecarNodeID(c.InstanceIP, pod, ns, ""),
+		NodeMetadata: map[string]any{"CLUSTER_ID": c.ClusterID, "NAMESPACE": ns},
+		CertDir:      c.OutputCerts,
+		SecretTTL:    c.SecretTTL,
+	})
+	if err != nil {
+		return fmt.Errorf("writing the gRPC bootstrap: %w", err)
+	}
+	a.log.Info("wrote the gRPC xDS bootstrap", zap.String(keyPath, c.GRPCXDSBootstrap))
+	return nil
+}
+
+// settingSet reports whether the user set the named setting.
+func settingSet(c *settings.Config, name string) bool {
+	for _, r := range c.Table() {
+		if r.Name == name {
+			return r.Source != settings.SourceDefault
+		}
+	}
+	return false
+}

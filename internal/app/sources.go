@@ -1,0 +1,253 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"go.uber.org/zap"
+
+	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/caclient/devca"
+	"github.com/meshagent/meshagent/internal/files/certfile"
+	"github.com/meshagent/meshagent/internal/files/fileprovider"
+	"github.com/meshagent/meshagent/internal/files/outputcerts"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/secretmanager"
+)
+
+// certSource is what the certificate source chosen at start-up made, as
+// the serving components need it.
+type certSource struct {
+	// manager serves the secrets; nil with SourceExternal.
+	manager *secretmanager.Manager
+	// caRoots verifies the CA (CA_ROOT_CA); nil without a CA. The xDS proxy
+	// shares it when XDS_ROOT_CA names the same file.
+	caRoots *secretmanager.Roots
+	// components run the manager and whatever feeds it.
+	components []component
+}
+
+// errSourceUnavailable: a source without a way to make it (a source added
+// to SelectSource but not to certificateSource).
+var errSourceUnavailable = errors.New("no certificate source for this mode")
+
+// certificateSource builds the secret manager and the components that
+// produce workload certificates from the chosen source.
+func (a *App) certificateSource() (certSource, error) {
+	switch a.source.Source {
+	case SourceDev:
+		return a.devSource()
+	case SourceExternal:
+		a.status.AddReadiness("certificate_source", func() error { return nil })
+		return certSource{}, nil
+	case SourceCA:
+		return a.caSource()
+	case SourceWorkloadCredentials:
+		return a.fileSource(a.s.WorkloadCredentialsDir, "workload-credentials")
+	case SourceFileMounted:
+		return a.fileSource(a.s.FileMountedCertsDir, "file-mounted")
+	}
+	return certSource{}, fmt.Errorf("%w: %s (%s)", errSourceUnavailable, a.source.Source, a.source.Reason)
+}
+
+// managerConfig fills the parts of a secret manager's configuration common to
+// every source.
+func (a *App) managerConfig(id pki.Identity, roots secretmanager.RootSource, source string) secretmanager.Config {
+	c := a.s
+	renewal := c.Scheme().Renewal()
+	mc := secretmanager.Config{
+		Identity:    id,
+		KeyType:     c.KeyType,
+		Roots:       roots,
+		TTL:         c.SecretTTL,
+		GraceRatio:  c.GraceRatio,
+		GraceJitter: c.GraceJitter,
+		// The scheme's clamp of the renewal delay (Linkerd's [10s, 24h]).
+		MinRenewDelay: renewal.MinDelay,
+		MaxRenewDelay: renewal.MaxDelay,
+		// Sidecar: one identity; the bound matters once callers carry their own.
+		MaxConcurrentCSRs: c.CAMaxConcurrentCSRs,
+		IdleGrace:         c.IdentityIdleGrace,
+		Source:            source,
+		Clock:             a.clock,
+		Logger:            a.base,
+		Registerer:        a.reg,
+		OnPublish:         a.noteFirstCert,
+	}
+	if mc.GraceJitter == 0 {
+		mc.GraceJitter = -1 // zero means none; the manager reads 0 as "default"
+	}
+	return mc
+}
+
+// newManager makes the secret manager of mc, with the provider of
+// file-cert: and file-root: resources, and registers its health and
+// certificate listing. It returns the manager and the components that run
+// it and the provider. client, when not nil, is closed when the manager
+// stops (or now, if it cannot be made).
+func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secretmanager.Manager, []component, error) {
+	files := fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
+	if a.node == nil || a.node.fileResources() {
+		mc.Providers = map[string]secretmanager.Provider{
+			secretmanager.FileCertPrefix: files,
+			secretmanager.FileRootPrefix: files,
+		}
+	}
+	m, err := secretmanager.New(mc)
+	if err != nil {
+		if client != nil {
+			_ = client.Close()
+		}
+		return nil, nil, configError(err)
+	}
+	a.status.AddReadiness("workload_certificate", m.Ready)
+	a.status.AddLiveness("workload_certificate", m.Live)
+	if a.node == nil { // node mode lists the pods of each identity too (nodeWiring.callers)
+		a.status.AddCertLister(managerLister{m: m})
+	}
+	return m, []component{{name: "secretmanager", run: func(ctx context.Context) error {
+		if client != nil {
+			defer client.Close()
+		}
+		return m.Run(ctx)
+	}}, {name: "file_resources", run: files.Run}}, nil
+}
+
+// managerLister lists the manager's certificates for /debug/certs; with
+// pods (node mode), each workload certificate with the pods using its
+// identity.
+type managerLister struct {
+	m    *secretmanager.Manager
+	pods func() map[string][]string
+}
+
+func (l managerLister) Certs() []status.CertInfo {
+	in := l.m.Certs()
+	var pods map[string][]string
+	if l.pods != nil {
+		pods = l.pods()
+	}
+	out := make([]status.CertInfo, len(in))
+	for i, c := range in {
+		out[i] = status.CertInfo{
+			ResourceName: c.ResourceName, Identity: c.Identity, Serial: c.Serial,
+			NotBefore: c.NotBefore, NotAfter: c.NotAfter, RenewAt: c.RenewAt, Source: c.Source,
+		}
+		if c.ResourceName == secretmanager.WorkloadCertName {
+			out[i].Pods = pods[c.Identity]
+		}
+	}
+	return out
+}
+
+// devSource makes the in-memory development CA (SPEC 5.5) and a secret
+// manager that asks it.
+func (a *App) devSource() (certSource, error) {
+	id, err := a.s.Identity()
+	if err != nil {
+		return certSource{}, configError(err)
+	}
+	ca, err := localca.New(localca.Config{Name: "meshagent dev CA", Intermediate: true, Now: a.clock.Now})
+	if err != nil {
+		return certSource{}, fmt.Errorf("creating the dev CA: %w", err)
+	}
+	a.log.Warn("dev mode: certificates come from an in-memory CA with a fresh root; not for production",
+		zap.String(keyIdentity, id.String()), zap.String(keyRoot, ca.Root().SerialNumber.Text(16)))
+	client, err := devca.New(devca.Config{CA: ca})
+	if err != nil {
+		return certSource{}, err
+	}
+	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	if err != nil {
+		return certSource{}, err
+	}
+	mc := a.managerConfig(id, roots, "dev-ca")
+	mc.CA = client
+	m, cs, err := a.newManager(mc, client)
+	return certSource{manager: m, components: cs}, err
+}
+
+// caSource asks the CA named by CA_PROVIDER (SPEC 5.4, 6).
+func (a *App) caSource() (certSource, error) {
+	id, err := a.s.Identity()
+	if err != nil {
+		return certSource{}, configError(err)
+	}
+	rootFeed, err := a.rootFeed("ca_root", a.s.CARoot)
+	if err != nil {
+		return certSource{}, err
+	}
+	roots := rootFeed.Roots()
+	client, err := a.caClient(roots)
+	if err != nil {
+		return certSource{}, err
+	}
+	if p, ok := client.(caclient.Preconnecter); ok {
+		a.preconnect = p.Preconnect
+	}
+	mc := a.managerConfig(id, roots, "ca")
+	mc.CA = client
+	mc.Initial = a.outputCertsInitial(id)
+	m, cs, err := a.newManager(mc, client)
+	if err != nil {
+		return certSource{}, err
+	}
+	cs = append(cs, component{name: "ca_root_watcher", run: rootFeed.Run})
+	return certSource{manager: m, caRoots: roots, components: cs}, nil
+}
+
+// outputCertsInitial returns a still-valid certificate for id found in
+// OUTPUT_CERTS (SPEC 11), to serve at once after a restart.
+func (a *App) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
+	if a.s.OutputCerts == "" {
+		return nil
+	}
+	p, err := outputcerts.Load(a.s.OutputCerts, id, a.clock.Now())
+	if err != nil {
+		a.log.Info("no reusable certificate in OUTPUT_CERTS", zap.String(keyPath, a.s.OutputCerts), zap.Error(err))
+		return nil
+	}
+	return &secretmanager.Secret{
+		Name: secretmanager.WorkloadCertName, Identity: id,
+		CertChain: p.ChainPEM, PrivateKey: p.KeyPEM, Leaf: p.Leaf(), NotAfter: p.Leaf().NotAfter,
+		Source: "output-certs",
+	}
+}
+
+// fileSource serves certificate files from dir (workload credentials or
+// file-mounted certificates, SPEC 5.2 and 5.3), watching them.
+func (a *App) fileSource(dir, source string) (certSource, error) {
+	rootFeed, err := a.rootFeed(source+"_root", filepath.Join(dir, pki.RootCertFile))
+	if err != nil {
+		return certSource{}, err
+	}
+	m, cs, err := a.newManager(a.managerConfig(pki.Identity{}, rootFeed.Roots(), source), nil)
+	if err != nil {
+		return certSource{}, err
+	}
+	pairFeed, err := certfile.NewPairFeed(certfile.PairFeedConfig{
+		CertPath: filepath.Join(dir, pki.CertChainFile), KeyPath: filepath.Join(dir, pki.KeyFile),
+		Label: source, Into: m, Source: a.fileConfig(),
+	})
+	if err != nil {
+		return certSource{}, err
+	}
+	cs = append(cs,
+		component{name: source + "_root_watcher", run: rootFeed.Run},
+		component{name: source + "_watcher", run: pairFeed.Run})
+	return certSource{manager: m, components: cs}, nil
+}
+
+func (a *App) fileConfig() certfile.SourceConfig {
+	return certfile.SourceConfig{Debounce: a.s.FileDebounce, Clock: a.clock, Logger: a.base, Registerer: a.reg}
+}
+
+// rootFeed reads the root bundle at path (a file, or the system roots) for
+// the setting name, to be followed while the agent runs.
+func (a *App) rootFeed(name, path string) (*certfile.RootFeed, error) {
+	return certfile.NewRootFeed(certfile.RootFeedConfig{Name: name, Path: path, Source: a.fileConfig()})
+}
