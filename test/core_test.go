@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -14,22 +15,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/meshagent/meshagent/caclient"
-	"github.com/meshagent/meshagent/caclient/istio"
-	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/internal/uds/udsserver"
-	"github.com/meshagent/meshagent/sds"
-	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/sdsclient"
 )
@@ -38,43 +29,24 @@ const coreToken = "token-ns1-sa1"
 
 var coreSA = istioca.ServiceAccount{Namespace: "ns1", Name: "sa1"}
 
-// coreAgent is the certificate half of the agent as cmd/agent wires it: the
-// Istio CA client over TLS to a test CA, the secret manager on a fake clock,
-// and the SDS server on a Unix socket.
+// coreAgent is the agent (internal/app, as cmd/agent runs it) in CA mode
+// against the Istio test CA over TLS, on a fake clock, serving SDS on a Unix
+// socket.
 type coreAgent struct {
-	t      testing.TB
-	dirs   []string
-	socket string
-	clock  *clocktesting.FakeClock
-	ca     *istioca.Server
-	id     pki.Identity
-	mgr    *secretmanager.Manager
-	roots  *secretmanager.Roots
-	reg    *prometheus.Registry
-	logs   *observer.ObservedLogs
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	*appAgent
+	ca *istioca.Server
+	id pki.Identity
+	// rootFile is CA_ROOT_CA.
+	rootFile string
 }
 
 type coreOpts struct {
-	ttl        time.Duration
-	holdAgent  bool // start the manager only when startManager is called
-	realClock  bool // benchmarks: no fake clock
-	quietLogs  bool
-	sharedCA   *istioca.Server
-	caClientFn func(*istio.Config)
-}
-
-func coreTempDir(t testing.TB) string {
-	t.Helper()
-	// Short, so the socket path fits a Unix socket address.
-	dir, err := os.MkdirTemp("", "core")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
+	ttl       time.Duration
+	realClock bool // benchmarks: no fake clock
+	quietLogs bool
+	sharedCA  *istioca.Server
+	// caDown starts the agent with the CA stopped.
+	caDown bool
 }
 
 func newCoreAgent(t testing.TB, o coreOpts) *coreAgent {
@@ -82,126 +54,45 @@ func newCoreAgent(t testing.TB, o coreOpts) *coreAgent {
 	if o.ttl == 0 {
 		o.ttl = time.Hour
 	}
-	a := &coreAgent{t: t, reg: prometheus.NewRegistry()}
-	a.clock = clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
-	now := a.clock.Now
+	// The CA and the agent share one fake clock, made here for the CA and
+	// handed to the agent.
+	a := &coreAgent{ca: o.sharedCA}
+	clock := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
+	now := clock.Now
 	if o.realClock {
 		now = time.Now
 	}
-	a.ca = o.sharedCA
 	if a.ca == nil {
 		a.ca = istioca.Start(t, istioca.Config{Tokens: map[string]istioca.ServiceAccount{coreToken: coreSA}, Now: now})
 	}
 	a.id = a.ca.Identity(coreSA)
-
-	run, tokens := coreTempDir(t), coreTempDir(t)
-	a.dirs = []string{run, tokens}
-	a.socket = filepath.Join(run, "workload-spiffe-uds", "socket")
-	tokenPath := filepath.Join(tokens, "istio-token")
-	if err := os.WriteFile(tokenPath, []byte(coreToken+"\n"), 0o600); err != nil {
-		t.Fatal(err)
+	if o.caDown {
+		a.ca.Stop()
 	}
 
-	var logger *zap.Logger
-	if o.quietLogs {
-		logger = zap.NewNop()
-	} else {
-		core, logs := observer.New(zapcore.InfoLevel)
-		logger, a.logs = zap.New(core), logs
-	}
-	roots, err := secretmanager.NewRoots(a.ca.RootPEM(), "ca-root")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.roots = roots
-	icfg := istio.Config{
-		Transport: caclient.TransportConfig{
-			Addr:       a.ca.Addr(),
-			ServerName: a.ca.ServerName(),
-			Roots:      roots,
-			Token:      credfetcher.File{Path: tokenPath},
-			Metadata:   map[string]string{"ClusterID": "Kubernetes"},
-		},
-		Logger:     logger,
-		Registerer: a.reg,
-	}
-	if o.caClientFn != nil {
-		o.caClientFn(&icfg)
-	}
-	client, err := istio.New(icfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Close() })
-	mcfg := secretmanager.Config{
-		Identity:   a.id,
-		CA:         client,
-		Roots:      roots,
-		TTL:        o.ttl,
-		Clock:      a.clock,
-		Rand:       func() float64 { return 0.5 },
-		Logger:     logger,
-		Registerer: a.reg,
-	}
-	if o.realClock {
-		mcfg.Clock, mcfg.Rand = nil, nil
-	}
-	a.mgr, err = secretmanager.New(mcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := sds.New(sds.Config{Secrets: a.mgr, Logger: logger, Registerer: a.reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	socket, err := udsserver.New(udsserver.Config{SocketPath: a.socket, Services: []func(*grpc.Server){srv.Register}, Logger: logger, Registerer: a.reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.ctx, a.cancel = context.WithCancel(context.Background())
-	a.run("sds", socket.Run)
-	if !o.holdAgent {
-		a.startManager()
-	}
-	t.Cleanup(a.stop)
-	return a
-}
-
-func (a *coreAgent) run(name string, fn func(context.Context) error) {
-	a.wg.Go(func() {
-		if err := fn(a.ctx); err != nil {
-			a.t.Errorf("%s: Run returned %v", name, err)
+	files := shortTempDir(t)
+	tokenPath := filepath.Join(files, "istio-token")
+	a.rootFile = filepath.Join(files, "root-cert.pem")
+	for path, b := range map[string][]byte{tokenPath: []byte(coreToken + "\n"), a.rootFile: a.ca.RootPEM()} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
 		}
+	}
+	a.appAgent = startApp(t, appOpts{
+		env: []string{
+			"CA_ADDR=" + a.ca.Addr(), "ISTIOD_SAN=" + a.ca.ServerName(), "CA_ROOT_CA=" + a.rootFile,
+			"MESHAGENT_TOKEN_PATH=" + tokenPath, "ISTIO_META_CLUSTER_ID=Kubernetes",
+			"POD_NAMESPACE=" + coreSA.Namespace, "SERVICE_ACCOUNT=" + coreSA.Name,
+			"SECRET_TTL=" + o.ttl.String(),
+			// No jitter: renewal at exactly half the life.
+			"SECRET_GRACE_PERIOD_RATIO_JITTER=0",
+		},
+		clock:     clock,
+		realClock: o.realClock,
+		quietLogs: o.quietLogs,
 	})
-}
-
-func (a *coreAgent) startManager() { a.run("secretmanager", a.mgr.Run) }
-
-func (a *coreAgent) stop() {
-	a.cancel()
-	a.wg.Wait()
-}
-
-func (a *coreAgent) dial() *sdsclient.Client {
-	a.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := sdsclient.Dial(ctx, a.socket)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	a.t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func (a *coreAgent) stream(c *sdsclient.Client, names ...string) *sdsclient.Stream {
-	a.t.Helper()
-	s, err := c.Stream(context.Background(), sdsclient.StreamConfig{Names: names})
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	a.t.Cleanup(s.Close)
-	return s
+	a.dirs = append(a.dirs, files)
+	return a
 }
 
 func coreNext(t testing.TB, s *sdsclient.Stream) *sdsclient.Response {
@@ -213,35 +104,6 @@ func coreNext(t testing.TB, s *sdsclient.Stream) *sdsclient.Response {
 		t.Fatalf("waiting for an SDS response: %v", err)
 	}
 	return r
-}
-
-// noResponse checks that nothing arrived on s (a pushed response would have
-// arrived by the time the manager set its next timer).
-func noResponse(t testing.TB, s *sdsclient.Stream, what string) {
-	t.Helper()
-	select {
-	case r := <-s.Responses():
-		t.Fatalf("unexpected SDS response %v: %s", r.Names, what)
-	default:
-	}
-}
-
-// waitTimer waits until the manager waits on the fake clock.
-func (a *coreAgent) waitTimer() {
-	a.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !a.clock.HasWaiters() {
-		if time.Now().After(deadline) {
-			a.t.Fatal("the secret manager set no timer")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-func (a *coreAgent) step(d time.Duration) {
-	a.t.Helper()
-	a.waitTimer()
-	a.clock.Step(d)
 }
 
 // checkDefault checks a served default secret: the SPIFFE SAN of the caller,
@@ -292,8 +154,8 @@ func TestCoreDefaultAndROOTCA(t *testing.T) {
 	if toks := a.ca.Tokens(); len(toks) != 1 || toks[0] != "Bearer "+coreToken {
 		t.Errorf("tokens at the CA: %v", toks)
 	}
-	if err := a.mgr.Ready(); err != nil {
-		t.Errorf("not ready: %v", err)
+	if code := a.health("ready"); code != http.StatusOK {
+		t.Errorf("/healthz/ready answers %d with a certificate held", code)
 	}
 }
 
@@ -302,10 +164,7 @@ func TestCoreRotationOnSameStream(t *testing.T) {
 	s := a.stream(a.dial(), "default")
 	oldLeaf, oldExpiry := a.checkDefault(coreNext(t, s))
 
-	a.step(14 * time.Second)
-	a.waitTimer()
-	noResponse(t, s, "before renew_at")
-
+	a.stepFiringNothing(14*time.Second, "before renew_at")
 	a.step(time.Second) // 15 s of a 30 s life
 	newLeaf, _ := a.checkDefault(coreNext(t, s))
 	if bytes.Equal(oldLeaf, newLeaf) {
@@ -330,20 +189,20 @@ func TestCoreCAOutage(t *testing.T) {
 	start := a.clock.Now()
 	for a.clock.Since(start) < 20*time.Second {
 		a.step(time.Second)
-		if err := a.mgr.Ready(); err != nil {
-			t.Fatalf("not ready during the outage: %v", err)
+		if code := a.health("ready"); code != http.StatusOK {
+			t.Fatalf("/healthz/ready answers %d during the outage", code)
 		}
 	}
-	a.waitTimer()
-	noResponse(t, s, "during the outage")
+	// Nothing is pushed during the outage: the first response on s after
+	// it must carry a new certificate (checked below).
 	// A new Envoy stream still gets the held certificate.
 	during, _ := a.checkDefault(coreNext(t, a.stream(c, "default")))
 	if !bytes.Equal(during, oldLeaf) {
 		t.Fatal("a different certificate was served during the outage")
 	}
-	if n := a.logs.FilterMessage("certificate request failed").Len(); n < 4 {
-		t.Fatalf("%d failed requests logged in 20 s of outage, want at least 4", n)
-	}
+	waitFor(t, "4 failed requests logged in 20 s of outage", func() bool {
+		return a.logs.FilterMessage("certificate request failed").Len() >= 4
+	})
 
 	a.ca.Restart(t)
 	for range 60 {
@@ -379,8 +238,7 @@ func TestCoreBadAnswersRejected(t *testing.T) {
 
 			a.ca.SetMode(tt.mode)
 			a.step(30 * time.Minute)
-			a.waitTimer()
-			noResponse(t, s, "a bad answer was pushed")
+			waitFor(t, "the rejection", func() bool { return a.logs.FilterMessage("CA answer rejected").Len() > 0 })
 			logs := a.logs.FilterMessage("CA answer rejected").All()
 			if len(logs) != 1 || logs[0].ContextMap()["reason"] != tt.reason {
 				t.Fatalf("rejection logs %v, want one with reason %s", logs, tt.reason)
@@ -388,10 +246,12 @@ func TestCoreBadAnswersRejected(t *testing.T) {
 			if got := coreCounter(t, a.reg, "meshagent_ca_answers_rejected_total", "reason", tt.reason); got != 1 {
 				t.Errorf("meshagent_ca_answers_rejected_total{reason=%q} = %v, want 1", tt.reason, got)
 			}
-			if err := a.mgr.Ready(); err != nil {
-				t.Fatalf("the held certificate was dropped: %v", err)
+			if code := a.health("ready"); code != http.StatusOK {
+				t.Fatalf("/healthz/ready answers %d: the held certificate was dropped", code)
 			}
 
+			// The bad answer was not pushed: the next response on s is
+			// the good one (checkDefault fails on any other).
 			a.ca.SetMode(istioca.ModeOK)
 			a.step(time.Second)
 			newLeaf, _ := a.checkDefault(coreNext(t, s))
@@ -424,7 +284,7 @@ func coreCounter(t testing.TB, reg *prometheus.Registry, name, label, value stri
 }
 
 func TestCoreManyStreamsOneCSR(t *testing.T) {
-	a := newCoreAgent(t, coreOpts{holdAgent: true})
+	a := newCoreAgent(t, coreOpts{caDown: true})
 	const n = 100
 	streams := make([]*sdsclient.Stream, n)
 	var wg sync.WaitGroup
@@ -439,10 +299,36 @@ func TestCoreManyStreamsOneCSR(t *testing.T) {
 			t.Fatalf("first response holds %v, want ROOTCA alone", r.Names)
 		}
 	}
-	a.startManager()
+	// The CA comes up; the manager's retry reaches it.
+	a.ca.Restart(t)
+	got := make(chan *sdsclient.Response, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if r, err := streams[0].Next(ctx); err == nil {
+			got <- r
+		}
+		close(got)
+	}()
+	var firstResponse *sdsclient.Response
+	for firstResponse == nil {
+		a.step(time.Second)
+		select {
+		case r, ok := <-got:
+			if !ok {
+				t.Fatal("no certificate after the CA came up")
+			}
+			firstResponse = r
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	var first []byte
-	for _, s := range streams {
-		leaf, _ := a.checkDefault(coreNext(t, s))
+	for i, s := range streams {
+		r := firstResponse
+		if i > 0 {
+			r = coreNext(t, s)
+		}
+		leaf, _ := a.checkDefault(r)
 		if first == nil {
 			first = leaf
 		} else if !bytes.Equal(first, leaf) {
@@ -459,11 +345,8 @@ func TestCoreManyStreamsOneCSR(t *testing.T) {
 // again until a new certificate exists.
 func TestCoreRootChangeWhileCertificateExpired(t *testing.T) {
 	a := newCoreAgent(t, coreOpts{ttl: time.Hour})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := a.mgr.Secret(ctx, "default"); err != nil {
-		t.Fatal(err)
-	}
+	// The first response holds both once the certificate exists.
+	a.waitHealth("ready", http.StatusOK)
 	s := a.stream(a.dial(), "default", "ROOTCA")
 	r := coreNext(t, s)
 	_, notAfter := a.checkDefault(r)
@@ -472,19 +355,31 @@ func TestCoreRootChangeWhileCertificateExpired(t *testing.T) {
 	for a.clock.Now().Before(notAfter) {
 		a.step(10 * time.Minute)
 	}
-	a.waitTimer()
-	if err := a.mgr.Live(); err == nil {
-		t.Fatal("live with an expired certificate")
-	}
+	a.waitHealth("live", http.StatusServiceUnavailable)
 	next, err := localca.New(localca.Config{Name: "next root"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// CA_ROOT_CA gains a root; the agent sees the file change once its
+	// debounce (FILE_DEBOUNCE_DURATION, on the fake clock) has passed.
 	bundle := append(append([]byte{}, a.ca.RootPEM()...), next.RootPEM()...)
-	if err := a.roots.Set(bundle, "ca-root"); err != nil {
+	if err := os.WriteFile(a.rootFile+".tmp", bundle, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r = coreNext(t, s)
+	if err := os.Rename(a.rootFile+".tmp", a.rootFile); err != nil {
+		t.Fatal(err)
+	}
+	r = nil
+	for deadline := time.Now().Add(10 * time.Second); r == nil; {
+		a.clock.Step(100 * time.Millisecond)
+		select {
+		case r = <-s.Responses():
+		case <-time.After(20 * time.Millisecond):
+			if time.Now().After(deadline) {
+				t.Fatal("the new root bundle was not pushed")
+			}
+		}
+	}
 	if got, ok := r.TrustedCA("ROOTCA"); !ok || !bytes.Equal(got, bundle) {
 		t.Fatalf("response %v does not carry the new bundle", r.Names)
 	}

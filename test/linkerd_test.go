@@ -6,11 +6,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -18,23 +16,21 @@ import (
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/internal/uds/udsserver"
-	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/linkerdca"
 	"github.com/meshagent/meshagent/test/sdsclient"
 )
 
-// linkerdAgent is the CA path of the agent wired for CA_PROVIDER=Linkerd: the
-// Linkerd identity client, the secret manager with Linkerd's rotation policy
-// (refresh at 70 %, delay clamped to [10s, 24h]) on a fake clock, and the SDS
-// server on a Unix socket, against a test identity service over TLS.
+// linkerdAgent is the agent (internal/app, as cmd/agent runs it) with
+// CA_PROVIDER=Linkerd and nothing else of Linkerd's said: the identity, the
+// rotation policy (refresh at 70 %, delay clamped to [10s, 24h]), the token
+// audience and the identity service's name are the production defaults. It
+// runs on a fake clock against a test identity service over TLS and serves
+// SDS on a Unix socket.
 type linkerdAgent struct {
-	ca      *linkerdca.Server
-	clock   *clocktesting.FakeClock
-	manager *secretmanager.Manager
-	socket  string
-	id      pki.Identity
+	*appAgent
+	ca *linkerdca.Server
+	id pki.Identity
 }
 
 const linkerdToken = "projected-token-of-web"
@@ -51,78 +47,23 @@ func startLinkerdAgent(t *testing.T, lifetime time.Duration) *linkerdAgent {
 	})
 	dir := t.TempDir()
 	tokFile := filepath.Join(dir, "linkerd-token")
-	if err := os.WriteFile(tokFile, []byte(linkerdToken), 0o600); err != nil {
-		t.Fatal(err)
+	rootFile := filepath.Join(dir, "trust-anchors.pem")
+	for path, b := range map[string][]byte{tokFile: []byte(linkerdToken), rootFile: ca.RootPEM()} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := linkerd.New(linkerd.Config{
-		Transport: caclient.TransportConfig{Addr: ca.Addr(), Roots: roots},
-		Token:     credfetcher.File{Path: tokFile},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Close() })
-	m, err := secretmanager.New(secretmanager.Config{
-		Identity:      id,
-		CA:            client,
-		Roots:         roots,
-		GraceRatio:    0.3,
-		GraceJitter:   -1, // none: Linkerd's proxy refreshes at exactly 70 %
-		MinRenewDelay: 10 * time.Second,
-		MaxRenewDelay: 24 * time.Hour,
-		Clock:         fc,
-		SignTimeout:   10 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	socket := filepath.Join(dir, "sds", "socket")
-	srv, err := sds.New(sds.Config{Secrets: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	uds, err := udsserver.New(udsserver.Config{SocketPath: socket, Services: []func(*grpc.Server){srv.Register}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{m.Run, uds.Run} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := run(ctx); err != nil {
-				t.Errorf("component stopped: %v", err)
-			}
-		}()
-	}
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-	})
-	return &linkerdAgent{ca: ca, clock: fc, manager: m, socket: socket, id: id}
+	a := startApp(t, appOpts{clock: fc, env: []string{
+		"CA_PROVIDER=Linkerd", "CA_ADDR=" + ca.Addr(), "CA_ROOT_CA=" + rootFile,
+		"MESHAGENT_TOKEN_PATH=" + tokFile, "POD_NAMESPACE=default", "SERVICE_ACCOUNT=web",
+	}})
+	return &linkerdAgent{appAgent: a, ca: ca, id: id}
 }
 
 // stream opens an Envoy-like SDS stream for the workload certificate.
 func (a *linkerdAgent) stream(t *testing.T) *sdsclient.Stream {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := sdsclient.Dial(ctx, a.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	s, err := c.Stream(context.Background(), sdsclient.StreamConfig{Names: []string{secretmanager.WorkloadCertName}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	return s
+	return a.appAgent.stream(a.dial(), secretmanager.WorkloadCertName)
 }
 
 // nextCert waits for the next response on s and checks the workload
@@ -158,32 +99,9 @@ func (a *linkerdAgent) nextCert(t *testing.T, s *sdsclient.Stream) *x509.Certifi
 	return leaf
 }
 
-// waitFor polls cond until it holds or 10 s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// held is the workload certificate the manager holds now.
-func (a *linkerdAgent) held(t *testing.T) *secretmanager.Secret {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	sec, err := a.manager.Secret(ctx, secretmanager.WorkloadCertName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sec
-}
-
 // SDS serves a Linkerd-issued certificate with the DNS SAN, and replaces it
-// on the same stream at 70 % of its lifetime.
+// on the same stream at 70 % of its lifetime (with the default jitter of
+// SECRET_GRACE_PERIOD_RATIO_JITTER, ±1 % of the life).
 func TestLinkerdCertificateServedAndRotatedAt70Percent(t *testing.T) {
 	const life = 100 * time.Second
 	a := startLinkerdAgent(t, life)
@@ -194,28 +112,27 @@ func TestLinkerdCertificateServedAndRotatedAt70Percent(t *testing.T) {
 	if !first.NotAfter.Equal(start.Add(life)) {
 		t.Fatalf("first NotAfter %s, want %s", first.NotAfter, start.Add(life))
 	}
-	if got, want := a.held(t).RenewAt, start.Add(70*time.Second); !got.Equal(want) {
-		t.Fatalf("renewal scheduled at %s, want %s (70 %% of %s)", got, want, life)
+	renewAt := a.workloadCert().RenewAt
+	if earliest, latest := start.Add(69*time.Second), start.Add(71*time.Second); renewAt.Before(earliest) || renewAt.After(latest) {
+		t.Fatalf("renewal scheduled at %s, want 70 %% of %s ±1 %% (%s to %s)", renewAt, life, earliest, latest)
 	}
 	reqs := a.ca.Requests()
 	if len(reqs) != 1 || reqs[0].Token != linkerdToken || reqs[0].Identity != a.id.DNSName {
 		t.Fatalf("identity service saw %+v", reqs)
 	}
-
-	// One second before 70 %: the timer is still pending and nothing is asked.
-	waitFor(t, "the renewal timer", a.clock.HasWaiters)
-	a.clock.Step(69 * time.Second)
-	if !a.clock.HasWaiters() || a.ca.Issued() != 1 {
-		t.Fatalf("renewed before 70 %% (timer pending %v, issued %d)", a.clock.HasWaiters(), a.ca.Issued())
+	if got := a.ca.Issued(); got != 1 {
+		t.Fatalf("identity service issued %d certificates, want 1", got)
 	}
 
-	// At 70 %: a new certificate on the same stream.
-	a.clock.Step(time.Second)
+	// Up to just before renew_at no timer fires; at renew_at a new
+	// certificate comes on the same stream.
+	a.stepFiringNothing(renewAt.Sub(a.clock.Now())-time.Millisecond, "before renew_at")
+	a.clock.Step(time.Millisecond)
 	second := a.nextCert(t, s)
 	if second.SerialNumber.Cmp(first.SerialNumber) == 0 {
 		t.Fatal("the same certificate was pushed again")
 	}
-	if want := start.Add(70*time.Second + life); !second.NotAfter.Equal(want) {
+	if want := renewAt.Add(life).Truncate(time.Second); !second.NotAfter.Equal(want) {
 		t.Fatalf("second NotAfter %s, want %s", second.NotAfter, want)
 	}
 	if a.ca.Issued() != 2 {
@@ -229,7 +146,7 @@ func TestLinkerdRenewalDelayClampedToTenSeconds(t *testing.T) {
 	start := a.clock.Now()
 	s := a.stream(t)
 	a.nextCert(t, s)
-	if got, want := a.held(t).RenewAt, start.Add(10*time.Second); !got.Equal(want) {
+	if got, want := a.workloadCert().RenewAt, start.Add(10*time.Second); !got.Equal(want) {
 		t.Fatalf("renewal scheduled at %s, want %s", got, want)
 	}
 }
@@ -241,29 +158,26 @@ func TestLinkerdWrongIdentityAnswerRejected(t *testing.T) {
 	a := startLinkerdAgent(t, life)
 	s := a.stream(t)
 	first := a.nextCert(t, s)
-	held := a.held(t).Leaf.SerialNumber
+	held := a.workloadCert()
 
 	a.ca.SetMode(linkerdca.ModeWrongIdentity)
-	waitFor(t, "the renewal timer", a.clock.HasWaiters)
-	a.clock.Step(70 * time.Second)
+	a.step(held.RenewAt.Sub(a.clock.Now()))
 	// The identity service answers the renewal with a certificate for another
-	// identity; the manager rejects it and schedules a retry.
+	// identity; the manager rejects it, keeps the one it holds and schedules a
+	// retry.
 	waitFor(t, "the rejected renewal", func() bool {
 		reqs := a.ca.Requests()
-		return len(reqs) == 2 && reqs[1].Code == codes.OK && a.clock.HasWaiters()
+		return len(reqs) == 2 && reqs[1].Code == codes.OK && a.logs.FilterMessage("CA answer rejected").Len() == 1
 	})
-	if got := a.held(t).Leaf.SerialNumber; got.Cmp(held) != 0 {
+	if got := a.workloadCert().Serial; got != held.Serial {
 		t.Fatalf("held certificate changed to %s after a wrong-identity answer", got)
 	}
-	select {
-	case r := <-s.Responses():
-		t.Fatalf("a response was pushed after a rejected answer: %v", r.Names)
-	case <-time.After(100 * time.Millisecond):
-	}
 
-	// The service mends; the retry (backoff at most 500 ms) brings a good one.
+	// The service mends; the retry (backoff at most 500 ms) brings a good
+	// one. It is the next response on s: nextCert would fail on a pushed
+	// wrong-identity certificate.
 	a.ca.SetMode(linkerdca.ModeOK)
-	a.clock.Step(time.Second)
+	a.step(time.Second)
 	second := a.nextCert(t, s)
 	if second.SerialNumber.Cmp(first.SerialNumber) == 0 {
 		t.Fatal("the old certificate was pushed again")

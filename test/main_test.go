@@ -1,5 +1,6 @@
-// Package test holds the end-to-end tests: the agent's components wired as
-// cmd/agent wires them, against real servers on loopback (test CAs, an xDS
+// Package test holds the end-to-end tests: the agent as cmd/agent runs it
+// (its wiring, package internal/app, in the test's process on a fake clock,
+// or the built binary), against real servers on loopback (test CAs, an xDS
 // server) and Envoy-like clients on real Unix sockets.
 package test
 
