@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -776,21 +777,23 @@ func TestConfigChecks(t *testing.T) {
 	tests := []struct {
 		name string
 		cfg  Config
+		want string
 	}{
-		{"no roots", Config{Identity: testID, CA: dev}},
-		{"malformed identity", Config{Identity: pki.Identity{SPIFFEID: "http://x"}, CA: dev, Roots: roots}},
-		{"ratio above 1 is refused, not clamped", Config{Identity: testID, CA: dev, Roots: roots, GraceRatio: 1.0001}},
-		{"ratio above 1", Config{Identity: testID, CA: dev, Roots: roots, GraceRatio: 1.5}},
-		{"jitter above 1", Config{Identity: testID, CA: dev, Roots: roots, GraceJitter: 2}},
-		{"clamp not a range", Config{Identity: testID, CA: dev, Roots: roots, MinRenewDelay: time.Hour, MaxRenewDelay: time.Minute}},
-		{"tiny TTL", Config{Identity: testID, CA: dev, Roots: roots, TTL: time.Millisecond}},
-		{"empty provider prefix", Config{Identity: testID, CA: dev, Roots: roots, Providers: map[string]Provider{"": &staticProvider{}}}},
-		{"provider shadows default", Config{Identity: testID, CA: dev, Roots: roots, Providers: map[string]Provider{"default": &staticProvider{}}}},
+		{"no roots", Config{Identity: testID, CA: dev}, "secret manager: no trust roots"},
+		{"malformed identity", Config{Identity: pki.Identity{SPIFFEID: "http://x"}, CA: dev, Roots: roots}, `secret manager: workload identity: SPIFFE ID "http://x"`},
+		{"ratio above 1 is refused, not clamped", Config{Identity: testID, CA: dev, Roots: roots, GraceRatio: 1.0001}, "grace ratio 1.0001 is outside (0, 1]"},
+		{"ratio above 1", Config{Identity: testID, CA: dev, Roots: roots, GraceRatio: 1.5}, "grace ratio 1.5 is outside (0, 1]"},
+		{"jitter above 1", Config{Identity: testID, CA: dev, Roots: roots, GraceJitter: 2}, "grace jitter 2 is outside [0, 1]"},
+		{"clamp not a range", Config{Identity: testID, CA: dev, Roots: roots, MinRenewDelay: time.Hour, MaxRenewDelay: time.Minute}, "renewal delay clamp [1h0m0s, 1m0s] is not a range"},
+		{"tiny TTL", Config{Identity: testID, CA: dev, Roots: roots, TTL: time.Millisecond}, "TTL 1ms is shorter than a second"},
+		{"empty provider prefix", Config{Identity: testID, CA: dev, Roots: roots, Providers: map[string]Provider{"": &staticProvider{}}}, `provider for prefix "": empty prefix or nil provider`},
+		{"provider shadows default", Config{Identity: testID, CA: dev, Roots: roots, Providers: map[string]Provider{"default": &staticProvider{}}}, `provider prefix "default" shadows a built-in resource`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := New(tt.cfg); err == nil {
-				t.Fatal("New accepted a bad config")
+			_, err := New(tt.cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New = %v, want an error saying %q", err, tt.want)
 			}
 		})
 	}
@@ -798,8 +801,10 @@ func TestConfigChecks(t *testing.T) {
 	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg}); err == nil {
-		t.Fatal("registering the metrics twice went unnoticed")
+	_, err = New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg})
+	var dup prometheus.AlreadyRegisteredError
+	if !errors.As(err, &dup) || !strings.HasPrefix(err.Error(), "registering secret manager metrics: ") {
+		t.Fatalf("registering the metrics twice: %v, want prometheus.AlreadyRegisteredError", err)
 	}
 }
 
