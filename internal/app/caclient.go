@@ -19,7 +19,7 @@ import (
 )
 
 // caClient builds the CA client for CA_PROVIDER: Linkerd's identity
-// service, or Istio's certificate service (SPEC 6).
+// service, or Istio's certificate service.
 func (a *App) caClient(roots caclient.RootSource) (caclient.Client, error) {
 	c := a.s
 	t := caclient.TransportConfig{Addr: c.CAAddr, Roots: roots, Metadata: map[string]string{}}

@@ -17,7 +17,7 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
-// nodeWiring is what node mode adds (SPEC 15): one agent serves every pod
+// nodeWiring is what node mode adds (docs/node-mode.md): one agent serves every pod
 // of its node from one socket. The pod index names each pod's identity; its
 // arrivals and departures hold and release certificates in the manager; the
 // resolver gives each socket caller its pod's identity; with Linkerd, each

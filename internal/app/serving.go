@@ -124,7 +124,7 @@ func (a *App) sidecarOutputs(src certSource) ([]component, error) {
 }
 
 // xdsProxy builds the proxy and, when the xDS root is a file of its own, the
-// feed that follows it (SPEC 7). The proxy presents the workload certificate
+// feed that follows it. The proxy presents the workload certificate
 // of src's manager to the control plane.
 func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, error) {
 	c := a.s
@@ -184,7 +184,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 	return xp, rootFeed, nil
 }
 
-// writeBootstrap writes the gRPC xDS bootstrap once (SPEC 11).
+// writeBootstrap writes the gRPC xDS bootstrap once (docs/vm.md).
 func (a *App) writeBootstrap(context.Context) error {
 	c := a.s
 	ns := c.PodNamespace

@@ -15,7 +15,7 @@ import (
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
 
-// Source is where workload certificates come from (SPEC 5). It is not the
+// Source is where workload certificates come from (docs/modes.md). It is not the
 // agent's mode (settings.ModeSidecar or settings.ModeNode: whom it serves).
 type Source string
 
@@ -37,7 +37,7 @@ const (
 // credentialFiles are the three files a credentials directory must hold.
 var credentialFiles = []string{pki.CertChainFile, pki.KeyFile, pki.RootCertFile}
 
-// sdsProbeTimeout is how long an existing SDS socket has to answer (SPEC 5.1).
+// sdsProbeTimeout is how long an existing SDS socket has to answer.
 const sdsProbeTimeout = time.Second
 
 // SourceDecision is the certificate source chosen at start-up and why.
@@ -62,7 +62,7 @@ func missingFiles(dir string) []string {
 	return missing
 }
 
-// SelectSource decides where certificates come from (SPEC 5), in this order:
+// SelectSource decides where certificates come from (docs/modes.md), in this order:
 // a healthy socket at the SDS path (another agent serves SDS), --dev, the
 // workload credentials directory holding all three files,
 // FILE_MOUNTED_CERTS=true, and otherwise the CA. It only looks: a stale
@@ -110,7 +110,7 @@ func SelectSource(ctx context.Context, cfg *settings.Config) SourceDecision {
 }
 
 // removeStaleSocket deletes the socket at the SDS path if it still answers
-// no gRPC dial (SPEC 5.1).
+// no gRPC dial.
 func removeStaleSocket(ctx context.Context, log *zap.Logger, path string) {
 	removed, err := sockprobe.RemoveStale(ctx, path, sdsProbeTimeout, sockprobe.GRPC)
 	if err != nil {

@@ -144,7 +144,7 @@ func (l managerLister) Certs() []status.CertInfo {
 	return out
 }
 
-// devSource makes the in-memory development CA (SPEC 5.5) and a secret
+// devSource makes the in-memory development CA and a secret
 // manager that asks it.
 func (a *App) devSource() (certSource, error) {
 	id, err := a.s.Identity()
@@ -171,7 +171,7 @@ func (a *App) devSource() (certSource, error) {
 	return certSource{manager: m, components: cs}, err
 }
 
-// caSource asks the CA named by CA_PROVIDER (SPEC 5.4, 6).
+// caSource asks the CA named by CA_PROVIDER.
 func (a *App) caSource() (certSource, error) {
 	id, err := a.s.Identity()
 	if err != nil {
@@ -201,7 +201,7 @@ func (a *App) caSource() (certSource, error) {
 }
 
 // outputCertsInitial returns a still-valid certificate for id found in
-// OUTPUT_CERTS (SPEC 11), to serve at once after a restart.
+// OUTPUT_CERTS, to serve at once after a restart.
 func (a *App) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 	if a.s.OutputCerts == "" {
 		return nil
@@ -219,7 +219,7 @@ func (a *App) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 }
 
 // fileSource serves certificate files from dir (workload credentials or
-// file-mounted certificates, SPEC 5.2 and 5.3), watching them.
+// file-mounted certificates, docs/modes.md), watching them.
 func (a *App) fileSource(dir, source string) (certSource, error) {
 	rootFeed, err := a.rootFeed(source+"_root", filepath.Join(dir, pki.RootCertFile))
 	if err != nil {

@@ -4,7 +4,7 @@
 // owns the rules that follow from the mesh (renewal policy, token audience,
 // the CA's server name); workload key generation, CSRs carrying a SPIFFE URI
 // SAN or a DNS SAN, PEM and PKCS#8 encoding, strict parsing of PEM bundles,
-// and the checks a certificate must pass before the agent uses it (SPEC 6).
+// and the checks a certificate must pass before the agent uses it.
 //
 // Identities are parsed once where they enter the agent (the configuration,
 // the pod index, a CA's answer) and passed as values from there on.

@@ -195,7 +195,7 @@ func (c *Config) StatusAddr() string {
 func (c *Config) Scheme() pki.Scheme { return c.scheme }
 
 // Identity is the workload identity of POD_NAMESPACE and SERVICE_ACCOUNT in
-// the scheme (SPEC 4). It fails when the namespace or the service account
+// the scheme. It fails when the namespace or the service account
 // is not set or cannot name an identity.
 func (c *Config) Identity() (pki.Identity, error) {
 	if c.PodNamespace == "" {
