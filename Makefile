@@ -28,6 +28,14 @@ image: build
 	cd tools/image && GOWORK=off $(GO) build -o ../../bin/image-tool .
 	bin/image-tool -binary $(BIN) -tag $(IMAGE) $(if $(IMAGE_PUSH),-push,-o $(IMAGE_TAR))
 
+## e2e: the end-to-end tests on a real single-node cluster (root; see test/e2e): installs
+## containerd, runc, CNI plugins and iptables with apt-get when missing, builds the node's tools
+## (scripts/tools.sh -node) and the image, then runs test/e2e. Never at the same time as `make test`.
+e2e: image
+	bash scripts/e2e-deps.sh
+	bash scripts/tools.sh -node
+	$(GO) test -tags e2e -count=1 -v -timeout 20m ./test/e2e/
+
 ## run: start the agent in dev mode (in-memory CA) in ./.run, status on $(STATUS_PORT)
 run: build
 	mkdir -p $(RUN_DIR)

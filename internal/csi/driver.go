@@ -122,7 +122,7 @@ func (d *Driver) NodePublishVolume(_ context.Context, req *csipb.NodePublishVolu
 				return nil, status.Errorf(codes.Internal, "%v", err)
 			}
 		}
-		log.Debug("volume already published")
+		log.Info("volume already published: nothing mounted")
 		return &csipb.NodePublishVolumeResponse{}, nil
 	}
 	if err := unix.Mount(d.cfg.SocketDir, target, "", unix.MS_BIND, ""); err != nil {
