@@ -58,7 +58,7 @@ func run(t *testing.T, tool string, args ...string) string {
 // startCA serves the Istio CA protocol on the node address inside the cluster's
 // network namespace: istiod's node authorizer over the real API server, trusting the
 // node agent's service account to ask for its pods' identities.
-func startCA(t *testing.T) *istioca.Server {
+func startCA(t *testing.T, trusted ...istioca.ServiceAccount) *istioca.Server {
 	t.Helper()
 	var ca *istioca.Server
 	err := kube.InNetns(func() error {
@@ -66,7 +66,7 @@ func startCA(t *testing.T) *istioca.Server {
 			Addr:                net.JoinHostPort(cluster.NodeIP, "15012"),
 			ServerNames:         []string{caServerName},
 			Kube:                kube.Client(),
-			TrustedNodeAccounts: []istioca.ServiceAccount{{Namespace: agentNamespace, Name: release}},
+			TrustedNodeAccounts: trusted,
 		})
 		return nil
 	})
@@ -265,7 +265,7 @@ func debugCerts(t *testing.T, agent *corev1.Pod) string {
 
 func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	ctx := context.Background()
-	ca := startCA(t)
+	ca := startCA(t, istioca.ServiceAccount{Namespace: agentNamespace, Name: release})
 	core := kube.Client().CoreV1()
 
 	// The node agent, installed as docs/kubernetes.md says, with the image of make image.
@@ -380,6 +380,77 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 	waitServed(t, pods["alice"], "alice", time.Now())
+
+	// The apps go first (their volumes need the driver to be unmounted), then the release.
+	if err := core.Namespaces().Delete(ctx, appsNamespace, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, "the apps' pods", func() bool {
+		l, err := core.Pods(appsNamespace).List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0 && csiMounts(t, pods["alice"]) == 0
+	})
+	run(t, "helm", "uninstall", release, "--namespace", agentNamespace, "--wait", "--timeout", "2m")
+	checkNothingLeft(t, agentNamespace, release)
+}
+
+func waitGone(t *testing.T, what string, gone func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for !gone() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still there after 2 minutes", what)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// checkNothingLeft checks that an uninstalled release left no object of its own, no
+// CSI driver registration and no CSI mount on the node.
+func checkNothingLeft(t *testing.T, ns, rel string) {
+	t.Helper()
+	ctx := context.Background()
+	c := kube.Client()
+	sel := metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + rel}
+	waitGone(t, "the release's pods", func() bool {
+		l, err := c.CoreV1().Pods(ns).List(ctx, sel)
+		return err == nil && len(l.Items) == 0
+	})
+	var left []string
+	if l, _ := c.CoreV1().ServiceAccounts(ns).List(ctx, sel); len(l.Items) > 0 {
+		left = append(left, "service accounts")
+	}
+	if l, _ := c.AppsV1().DaemonSets(ns).List(ctx, sel); len(l.Items) > 0 {
+		left = append(left, "daemonsets")
+	}
+	if l, _ := c.AppsV1().Deployments(ns).List(ctx, sel); len(l.Items) > 0 {
+		left = append(left, "deployments")
+	}
+	if l, _ := c.RbacV1().Roles(ns).List(ctx, sel); len(l.Items) > 0 {
+		left = append(left, "roles")
+	}
+	if l, _ := c.RbacV1().ClusterRoles().List(ctx, sel); len(l.Items) > 0 {
+		left = append(left, "cluster roles")
+	}
+	if l, _ := c.RbacV1().ClusterRoleBindings().List(ctx, sel); len(l.Items) > 0 {
+		left = append(left, "cluster role bindings")
+	}
+	if _, err := c.StorageV1().CSIDrivers().Get(ctx, "csi.meshagent.io", metav1.GetOptions{}); err == nil {
+		left = append(left, "the CSIDriver")
+	}
+	for _, p := range []string{
+		filepath.Join(cluster.KubeletDir, "plugins_registry", "csi.meshagent.io-reg.sock"),
+		filepath.Join(cluster.KubeletDir, "plugins", "csi.meshagent.io", "csi.sock"),
+	} {
+		if _, err := os.Stat(p); err == nil {
+			left = append(left, p)
+		}
+	}
+	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), "kubernetes.io~csi") {
+		left = append(left, "CSI mounts")
+	}
+	if len(left) > 0 {
+		t.Fatalf("helm uninstall %s left: %s", rel, strings.Join(left, ", "))
+	}
 }
 
 // logCgroup logs the cgroup path the kubelet made for a pod's container, as the node
