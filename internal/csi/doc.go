@@ -17,5 +17,6 @@
 // container. The agent itself stays unprivileged (docs/kubernetes.md).
 //
 // Server runs both gRPC services until its context ends. Driver methods are safe for
-// concurrent use: publish and unpublish of one target are serialised by a per-target lock.
+// concurrent use: calls on one target path are serialised (a fixed set of locks chosen
+// by the path's hash).
 package csi

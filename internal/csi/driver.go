@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,8 +46,9 @@ type Driver struct {
 	cfg DriverConfig
 	log *zap.Logger
 
-	mu      sync.Mutex
-	targets map[string]*sync.Mutex // per-target locks; entries are never removed (one per pod volume)
+	// targets serialises calls on one target path: a path always takes the same lock,
+	// and the set of locks is fixed, so nothing grows with the pods a node has seen.
+	targets [64]sync.Mutex
 }
 
 // NewDriver checks cfg and returns a Driver.
@@ -62,7 +64,7 @@ func NewDriver(cfg DriverConfig) (*Driver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Driver{cfg: cfg, log: cfg.Logger, targets: map[string]*sync.Mutex{}}, nil
+	return &Driver{cfg: cfg, log: cfg.Logger}, nil
 }
 
 // GetPluginInfo names the driver.
@@ -207,13 +209,9 @@ func (d *Driver) checkTarget(p string) (string, error) {
 }
 
 func (d *Driver) lock(target string) (unlock func()) {
-	d.mu.Lock()
-	m, ok := d.targets[target]
-	if !ok {
-		m = &sync.Mutex{}
-		d.targets[target] = m
-	}
-	d.mu.Unlock()
+	h := fnv.New32a()
+	h.Write([]byte(target))
+	m := &d.targets[h.Sum32()%uint32(len(d.targets))]
 	m.Lock()
 	return m.Unlock
 }
