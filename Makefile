@@ -9,11 +9,32 @@ RUN_DIR   := .run
 FUZZTIME  ?= 5s
 FUZZ_PKGS ?= ./...
 
-.PHONY: build run test tools vet fmt-check bench soak docs fuzz proto clean
+# The image `make image` builds: the chart's default (deploy/helm/meshagent: image.repository
+# and appVersion). IMAGE_PUSH=1 pushes it to IMAGE's registry instead of writing the archive.
+CHART_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' deploy/helm/meshagent/Chart.yaml)
+IMAGE     ?= meshagent/meshagent:$(CHART_VERSION)
+IMAGE_TAR := bin/meshagent-image.tar
+IMAGE_PUSH ?=
+
+.PHONY: build run test tools vet fmt-check bench soak docs fuzz proto clean image e2e
 
 ## build: compile the agent into bin/meshagent (static; flags as in test/agentproc.BuildCommand)
 build:
 	CGO_ENABLED=0 $(GO) build -tags grpcnotrace -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/agent
+
+## image: bin/meshagent-image.tar, an image of the static agent (non-root, the binary as entry point,
+## nothing else) built without a container daemon by tools/image; IMAGE_PUSH=1 pushes IMAGE instead
+image: build
+	cd tools/image && GOWORK=off $(GO) build -o ../../bin/image-tool .
+	bin/image-tool -binary $(BIN) -tag $(IMAGE) $(if $(IMAGE_PUSH),-push,-o $(IMAGE_TAR))
+
+## e2e: the end-to-end tests on a real single-node cluster (root; see test/e2e): installs
+## containerd, runc, CNI plugins and iptables with apt-get when missing, builds the node's tools
+## (scripts/tools.sh -node) and the image, then runs test/e2e. Never at the same time as `make test`.
+e2e: image
+	bash scripts/e2e-deps.sh
+	bash scripts/tools.sh -node
+	$(GO) test -tags e2e -count=1 -v -timeout 20m ./test/e2e/
 
 ## run: start the agent in dev mode (in-memory CA) in ./.run, status on $(STATUS_PORT)
 run: build

@@ -23,6 +23,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -174,7 +175,7 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 	}, {
 		name:   "node",
 		values: "sidecar:\n  enabled: false\nnode:\n  enabled: true\n",
-		kinds:  []string{"ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"},
+		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"},
 		check: func(t *testing.T, objs objects) {
 			checkNodePod(t, objs, "istio-ca")
 			role := objs.clusterRole(t)
@@ -193,7 +194,7 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 	}, {
 		name:   "node-tokenrequest",
 		values: "credentialFetcherType: TokenRequest\nsidecar:\n  enabled: false\nnode:\n  enabled: true\n",
-		kinds:  []string{"ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role", "RoleBinding", "ServiceAccount"},
+		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role", "RoleBinding", "ServiceAccount"},
 		check: func(t *testing.T, objs objects) {
 			checkNodePod(t, objs, "")
 		},
@@ -205,7 +206,7 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 	}, {
 		name:   "node-linkerd-and-sidecar",
 		values: "caProvider: Linkerd\nnode:\n  enabled: true\n",
-		kinds:  []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount"},
+		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount"},
 		check: func(t *testing.T, objs objects) {
 			checkNodePod(t, objs, "identity.l5d.io")
 		},
@@ -566,6 +567,82 @@ func checkNodePod(t *testing.T, objs objects, audience string) {
 		})
 	}
 	checkProbes(t, agent)
+	checkCSI(t, objs, pod)
+}
+
+// checkCSI checks the CSI driver's container and object: the only privileged part,
+// mounting the kubelet's pods directory with Bidirectional propagation and the socket
+// directory read-only; ephemeral inline volumes only.
+func checkCSI(t *testing.T, objs objects, pod corev1.PodSpec) {
+	t.Helper()
+	c := container(t, pod, "csi")
+	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Errorf("csi container security context %+v: Bidirectional propagation needs privileged", sc)
+	}
+	if sc := container(t, pod, "meshagent").SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
+		t.Error("the agent container is privileged")
+	}
+	if len(c.Args) == 0 || c.Args[0] != "csi" {
+		t.Errorf("csi container args %v, want the csi subcommand", c.Args)
+	}
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = m
+	}
+	if m := mounts["/var/lib/kubelet/pods"]; m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
+		t.Errorf("csi container mounts the kubelet's pods directory as %+v, want Bidirectional", m)
+	}
+	if m, ok := mounts["/var/run/secrets/workload-spiffe-uds"]; !ok || !m.ReadOnly {
+		t.Errorf("csi container mounts the socket directory as %+v, want read-only", m)
+	}
+	for _, p := range []string{"/var/lib/kubelet/plugins/csi.meshagent.io", "/var/lib/kubelet/plugins_registry"} {
+		if _, ok := mounts[p]; !ok {
+			t.Errorf("csi container does not mount %s", p)
+		}
+	}
+	var d storagev1.CSIDriver
+	objs.find(t, "CSIDriver", &d)
+	if d.Name != "csi.meshagent.io" || d.Spec.AttachRequired == nil || *d.Spec.AttachRequired ||
+		!slices.Equal(d.Spec.VolumeLifecycleModes, []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral}) {
+		t.Errorf("CSIDriver %s %+v, want csi.meshagent.io, no attach, Ephemeral only", d.Name, d.Spec)
+	}
+}
+
+// TestChartFixesFromARealNode renders what a real node showed to be wrong: the release
+// name the docs use doubled "-node", a boolean in extraEnv failed the install, the Envoy
+// image followed the agent's pull policy, and the sidecar could not run without the xDS
+// proxy (so it was never ready without a control plane).
+func TestChartFixesFromARealNode(t *testing.T) {
+	ns := newNamespace(t, "fixes")
+	values := "node:\n  enabled: true\nistiodSAN: istiod.istio-system.svc\n" +
+		"extraEnv:\n  - name: MESHAGENT_NODE_FILE_RESOURCES\n    value: true\n  - name: SECRET_TTL\n    value: 12h\n" +
+		"image:\n  pullPolicy: Never\nsidecar:\n  xdsProxy: false\n  envoy:\n    pullPolicy: Always\n"
+	objs, err := render(t, "meshagent-node", ns, values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(context.Background(), ns, objs, true); err != nil {
+		t.Fatalf("API server refused the chart:\n%v", err)
+	}
+	var ds appsv1.DaemonSet
+	objs.find(t, "DaemonSet", &ds)
+	if ds.Name != "meshagent-node" {
+		t.Errorf("release meshagent-node named its DaemonSet %q", ds.Name)
+	}
+	agent := container(t, ds.Spec.Template.Spec, "meshagent")
+	checkEnv(t, agent, "MESHAGENT_NODE_FILE_RESOURCES", "true")
+	checkEnv(t, agent, "SECRET_TTL", "12h")
+	checkEnv(t, agent, "ISTIOD_SAN", "istiod.istio-system.svc")
+	var dep appsv1.Deployment
+	objs.find(t, "Deployment", &dep)
+	pod := dep.Spec.Template.Spec
+	checkEnv(t, container(t, pod, "meshagent"), "MESHAGENT_XDS_PROXY", "false")
+	if p := container(t, pod, "meshagent").ImagePullPolicy; p != corev1.PullNever {
+		t.Errorf("agent pull policy %s, want Never", p)
+	}
+	if p := container(t, pod, "envoy").ImagePullPolicy; p != corev1.PullAlways {
+		t.Errorf("envoy pull policy %s, want its own Always", p)
+	}
 }
 
 func checkProbes(t *testing.T, c corev1.Container) {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the programs the tests run besides the agent: etcd and kube-apiserver (the
 # tests' own Kubernetes API server, test/kubeenv), helm (renders and lints the chart)
-# and spiffe-helper (a Workload API client nobody here wrote). Each is built from its Go
+# and spiffe-helper (a Workload API client nobody here wrote). `scripts/tools.sh -node`
+# also builds kubelet, kube-controller-manager, kube-scheduler and kubectl for the
+# end-to-end tests' single-node cluster (test/e2e, `make e2e`). Each is built from its Go
 # module at the version pinned in test/tools (kube-apiserver and etcd, which must agree),
 # test/tools/helm and test/tools/spiffe-helper, never from anything else.
 #
@@ -11,6 +13,7 @@
 # not built again. test/kubeenv (ToolPath) computes the same directory.
 #
 # Usage: scripts/tools.sh          build what is missing
+#        scripts/tools.sh -node    the same, and the node's programs
 #        scripts/tools.sh -dir     print the directory and exit
 set -euo pipefail
 
@@ -35,11 +38,18 @@ dir=${MESHAGENT_TOOLS_DIR:-"${HOME:?HOME is not set}/.cache/meshagent/tools/$(ke
 # A relative MESHAGENT_TOOLS_DIR is relative to the repository root, for the tests too.
 case $dir in /*) ;; *) dir="$root/$dir" ;; esac
 
-if [ "${1:-}" = "-dir" ]; then
+node=false
+case "${1:-}" in
+-dir)
 	echo "$dir"
 	exit 0
-fi
-[ $# -eq 0 ] || die "unknown argument $1 (usage: scripts/tools.sh [-dir])"
+	;;
+-node)
+	node=true
+	shift
+	;;
+esac
+[ $# -eq 0 ] || die "unknown argument $1 (usage: scripts/tools.sh [-node|-dir])"
 
 mkdir -p "$dir"
 # One build at a time per directory: parallel `make test` runs wait instead of racing.
@@ -76,3 +86,10 @@ build kube-apiserver test/tools ./kube-apiserver \
 build helm test/tools/helm helm.sh/helm/v3/cmd/helm \
 	-ldflags "-X helm.sh/helm/v3/internal/version.version=$helm_version"
 build spiffe-helper test/tools/spiffe-helper github.com/spiffe/spiffe-helper/cmd/spiffe-helper
+
+if $node; then
+	for name in kubelet kube-controller-manager kube-scheduler kubectl; do
+		build "$name" test/tools "./$name" \
+			-ldflags "-X k8s.io/component-base/version.gitVersion=$kube_version"
+	done
+fi

@@ -27,7 +27,8 @@ var keyFiles = []string{
 }
 
 // ToolPath returns the path of a tool built by scripts/tools.sh: "etcd",
-// "kube-apiserver", "helm" or "spiffe-helper". A tool that is not there is an error
+// "kube-apiserver", "helm" or "spiffe-helper", and with scripts/tools.sh -node
+// "kubelet", "kube-controller-manager", "kube-scheduler" or "kubectl". A tool that is not there is an error
 // telling the reader to run `make tools`.
 func ToolPath(name string) (string, error) {
 	dir, err := ToolsDir()

@@ -38,8 +38,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.sidecar.serviceAccount.name | default (include "meshagent.sidecarName" .) -}}
 {{- end -}}
 
+{{/* <fullname>-node, or the fullname alone when it already ends in -node (release meshagent-node). */}}
 {{- define "meshagent.nodeName" -}}
-{{- printf "%s-node" (include "meshagent.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- $full := include "meshagent.fullname" . -}}
+{{- if hasSuffix "-node" $full -}}
+{{- $full -}}
+{{- else -}}
+{{- printf "%s-node" $full | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "meshagent.nodeServiceAccount" -}}
@@ -102,6 +108,10 @@ default paths of its settings land on the mounted volumes.
 - name: CA_ADDR
   value: {{ . | quote }}
 {{- end }}
+{{- with .Values.istiodSAN }}
+- name: ISTIOD_SAN
+  value: {{ . | quote }}
+{{- end }}
 - name: TRUST_DOMAIN
   value: {{ .Values.trustDomain | quote }}
 {{- with .Values.clusterID }}
@@ -122,8 +132,13 @@ default paths of its settings land on the mounted volumes.
   value: {{ dict "discoveryAddress" .Values.discoveryAddress "statusPort" (int .Values.statusPort) | toJson | quote }}
 - name: MESHAGENT_LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
-{{- with .Values.extraEnv }}
-{{ toYaml . }}
+{{- range .Values.extraEnv }}
+{{- if hasKey . "value" }}
+- name: {{ .name | quote }}
+  value: {{ .value | toString | quote }}
+{{- else }}
+- {{ toYaml . | nindent 2 | trim }}
+{{- end }}
 {{- end }}
 {{- end -}}
 

@@ -1,0 +1,227 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// DriverName is the CSI driver's name: the CSIDriver object's name and what pods write
+// in their csi volume's driver field.
+const DriverName = "csi.meshagent.io"
+
+// DriverConfig configures a Driver.
+type DriverConfig struct {
+	// NodeID is the name of the node (NodeGetInfo). Required.
+	NodeID string
+	// SocketDir is the directory holding the agent's socket, as this process sees it:
+	// the source of every bind mount. Required.
+	SocketDir string
+	// TargetRoot is the directory every target path must be under: the kubelet's pods
+	// directory (/var/lib/kubelet/pods). Required.
+	TargetRoot string
+	// Version is reported by GetPluginInfo.
+	Version string
+	// Logger; nil logs nothing.
+	Logger *zap.Logger
+}
+
+// Driver implements the CSI Identity and Node services of csi.meshagent.io for
+// ephemeral inline volumes.
+type Driver struct {
+	csipb.UnimplementedIdentityServer
+	csipb.UnimplementedNodeServer
+
+	cfg DriverConfig
+	log *zap.Logger
+
+	// targets serialises calls on one target path: a path always takes the same lock,
+	// and the set of locks is fixed, so nothing grows with the pods a node has seen.
+	targets [64]sync.Mutex
+}
+
+// NewDriver checks cfg and returns a Driver.
+func NewDriver(cfg DriverConfig) (*Driver, error) {
+	if cfg.NodeID == "" {
+		return nil, errors.New("csi: node ID is required")
+	}
+	for name, p := range map[string]string{"socket directory": cfg.SocketDir, "target root": cfg.TargetRoot} {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+			return nil, fmt.Errorf("csi: %s %q: want a clean absolute path", name, p)
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	return &Driver{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// GetPluginInfo names the driver.
+func (d *Driver) GetPluginInfo(context.Context, *csipb.GetPluginInfoRequest) (*csipb.GetPluginInfoResponse, error) {
+	v := d.cfg.Version
+	if v == "" {
+		v = "dev"
+	}
+	return &csipb.GetPluginInfoResponse{Name: DriverName, VendorVersion: v}, nil
+}
+
+// GetPluginCapabilities reports none: there is no Controller service.
+func (d *Driver) GetPluginCapabilities(context.Context, *csipb.GetPluginCapabilitiesRequest) (*csipb.GetPluginCapabilitiesResponse, error) {
+	return &csipb.GetPluginCapabilitiesResponse{}, nil
+}
+
+// Probe is ready once the socket directory exists.
+func (d *Driver) Probe(context.Context, *csipb.ProbeRequest) (*csipb.ProbeResponse, error) {
+	if _, err := os.Stat(d.cfg.SocketDir); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "socket directory: %v", err)
+	}
+	return &csipb.ProbeResponse{}, nil
+}
+
+// NodeGetInfo names the node; the driver attaches nothing, so there is no volume limit.
+func (d *Driver) NodeGetInfo(context.Context, *csipb.NodeGetInfoRequest) (*csipb.NodeGetInfoResponse, error) {
+	return &csipb.NodeGetInfoResponse{NodeId: d.cfg.NodeID}, nil
+}
+
+// NodeGetCapabilities reports none: no staging, no stats, no expansion.
+func (d *Driver) NodeGetCapabilities(context.Context, *csipb.NodeGetCapabilitiesRequest) (*csipb.NodeGetCapabilitiesResponse, error) {
+	return &csipb.NodeGetCapabilitiesResponse{}, nil
+}
+
+// NodePublishVolume bind-mounts the socket directory read-only at the target path,
+// whatever the pod asked (read-only or not, any attributes). A target that is already a
+// mount point is left as it is, made read-only if it is not: never a second mount.
+func (d *Driver) NodePublishVolume(_ context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
+	target, err := d.checkPublish(req)
+	if err != nil {
+		return nil, err
+	}
+	log := d.log.With(zap.String("volume_id", req.GetVolumeId()), zap.String("target_path", target))
+	unlock := d.lock(target)
+	defer unlock()
+
+	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, status.Errorf(codes.Internal, "creating target: %v", err)
+	}
+	mounts, err := mountsAt(target)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "reading the mount table: %v", err)
+	}
+	if len(mounts) > 0 {
+		if !mounts[len(mounts)-1].readOnly() {
+			if err := remountReadOnly(target); err != nil {
+				return nil, status.Errorf(codes.Internal, "%v", err)
+			}
+		}
+		log.Info("volume already published: nothing mounted")
+		return &csipb.NodePublishVolumeResponse{}, nil
+	}
+	if err := unix.Mount(d.cfg.SocketDir, target, "", unix.MS_BIND, ""); err != nil {
+		return nil, status.Errorf(codes.Internal, "bind-mounting %s: %v", d.cfg.SocketDir, err)
+	}
+	if err := remountReadOnly(target); err != nil {
+		// Never leave a writable view of the socket directory behind.
+		if uerr := unix.Unmount(target, unix.MNT_DETACH); uerr != nil {
+			log.Error("undoing a writable bind mount failed", zap.Error(uerr))
+		}
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	log.Info("volume published")
+	return &csipb.NodePublishVolumeResponse{}, nil
+}
+
+// NodeUnpublishVolume unmounts every mount at the target path and removes the directory.
+// A target that is not mounted, or gone, is already unpublished.
+func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublishVolumeRequest) (*csipb.NodeUnpublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	target, err := d.checkTarget(req.GetTargetPath())
+	if err != nil {
+		return nil, err
+	}
+	unlock := d.lock(target)
+	defer unlock()
+	for {
+		mounts, err := mountsAt(target)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "reading the mount table: %v", err)
+		}
+		if len(mounts) == 0 {
+			break
+		}
+		// One at a time: a target stacked by an older driver is cleaned up too.
+		if err := unix.Unmount(target, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			return nil, status.Errorf(codes.Internal, "unmounting: %v", err)
+		}
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, status.Errorf(codes.Internal, "removing target: %v", err)
+	}
+	d.log.Info("volume unpublished", zap.String("volume_id", req.GetVolumeId()), zap.String("target_path", target))
+	return &csipb.NodeUnpublishVolumeResponse{}, nil
+}
+
+// checkPublish validates a publish request and returns its target path. Only what the
+// driver needs is checked; volume attributes and the pod's read-only flag are ignored
+// (the mount is read-only whatever they say).
+func (d *Driver) checkPublish(req *csipb.NodePublishVolumeRequest) (string, error) {
+	if req.GetVolumeId() == "" {
+		return "", status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	capability := req.GetVolumeCapability()
+	if capability == nil {
+		return "", status.Error(codes.InvalidArgument, "volume_capability is required")
+	}
+	if capability.GetMount() == nil {
+		return "", status.Error(codes.InvalidArgument, "only filesystem volumes are served (no block access)")
+	}
+	if req.GetStagingTargetPath() != "" {
+		return "", status.Error(codes.InvalidArgument, "the driver has no staging step")
+	}
+	return d.checkTarget(req.GetTargetPath())
+}
+
+// checkTarget accepts a clean absolute path strictly under the target root.
+func (d *Driver) checkTarget(p string) (string, error) {
+	if p == "" {
+		return "", status.Error(codes.InvalidArgument, "target_path is required")
+	}
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p || strings.ContainsRune(p, 0) {
+		return "", status.Errorf(codes.InvalidArgument, "target_path %q: want a clean absolute path", p)
+	}
+	rel, err := filepath.Rel(d.cfg.TargetRoot, p)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", status.Errorf(codes.InvalidArgument, "target_path %q is not under %s", p, d.cfg.TargetRoot)
+	}
+	return p, nil
+}
+
+func (d *Driver) lock(target string) (unlock func()) {
+	h := fnv.New32a()
+	h.Write([]byte(target))
+	m := &d.targets[h.Sum32()%uint32(len(d.targets))]
+	m.Lock()
+	return m.Unlock
+}
+
+// remountReadOnly makes the bind mount at target read-only, without set-user-ID,
+// devices or execution.
+func remountReadOnly(target string) error {
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+	if err := unix.Mount("", target, "", flags, ""); err != nil {
+		return fmt.Errorf("remounting %s read-only: %w", target, err)
+	}
+	return nil
+}
