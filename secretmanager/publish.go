@@ -1,0 +1,228 @@
+package secretmanager
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/meshagent/meshagent/internal/pki"
+)
+
+func rootSecret(b *Bundle, version uint64) *Secret {
+	return &Secret{Name: RootCertName, Roots: b.PEM, NotAfter: b.NotAfter, Source: b.Source, Version: version}
+}
+
+func (m *Manager) observe(s *Secret) {
+	m.metrics.expiry.WithLabelValues(s.Name).Set(float64(s.NotAfter.Unix()))
+	if !s.RenewAt.IsZero() {
+		m.metrics.renewAt.WithLabelValues(s.Name).Set(float64(s.RenewAt.Unix()))
+	}
+}
+
+// announce hands the secrets held when Run starts to OnPublish.
+func (m *Manager) announce() {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	m.mu.Lock()
+	var out []*Secret
+	if m.own != nil && m.own.cert != nil {
+		out = append(out, m.own.cert.secret)
+	}
+	out = append(out, m.roots)
+	m.mu.Unlock()
+	for _, s := range out {
+		m.observe(s)
+		if m.cfg.OnPublish != nil {
+			m.cfg.OnPublish(s)
+		}
+	}
+}
+
+// refreshRoots publishes ROOTCA anew if the root source changed, and reports
+// whether it did. It touches no certificate.
+func (m *Manager) refreshRoots() bool {
+	b := m.cfg.Roots.Bundle()
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	m.mu.Lock()
+	if b == nil || b == m.rootsBundle || bytes.Equal(b.PEM, m.rootsBundle.PEM) {
+		m.mu.Unlock()
+		return false
+	}
+	m.version++
+	s := rootSecret(b, m.version)
+	m.roots, m.rootsBundle = s, b
+	m.mu.Unlock()
+	m.log.Info("trust roots changed", zap.Int(keyRoots, len(b.Certs)), zap.String(keySource, b.Source))
+	m.observe(s)
+	if m.cfg.OnPublish != nil {
+		m.cfg.OnPublish(s)
+	}
+	m.mu.Lock()
+	notifyAll(m.rootSubs)
+	m.mu.Unlock()
+	return true
+}
+
+func notifyAll(subs map[chan struct{}]struct{}) {
+	for ch := range subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// recheckLeaves re-verifies every held CA certificate against the current
+// roots, outside the lock, and makes those that no longer chain due now.
+func (m *Manager) recheckLeaves() {
+	if m.cfg.CA == nil {
+		return
+	}
+	type check struct {
+		e *entry
+		h *held
+	}
+	m.mu.Lock()
+	pool := m.rootsBundle.Pool
+	var checks []check
+	for _, e := range m.entries {
+		if e.cert != nil {
+			checks = append(checks, check{e, e.cert})
+		}
+	}
+	m.mu.Unlock()
+	now := m.clock.Now()
+	var stale []check
+	for _, c := range checks {
+		err := pki.VerifyIssued(c.h.chain, c.h.chain[0].PublicKey, c.e.id, pool, now)
+		if errors.Is(err, pki.ErrUntrustedChain) {
+			stale = append(stale, c)
+		}
+	}
+	if len(stale) == 0 {
+		return
+	}
+	m.mu.Lock()
+	for _, c := range stale {
+		if c.e.cert == c.h && m.entries[c.e.id] == c.e {
+			c.e.due, c.e.failures = time.Time{}, 0
+			if !c.e.inFlight {
+				m.enqueueLocked(c.e)
+			}
+			m.log.Warn("certificate does not chain to the new roots; renewing", zap.String(keyIdentity, c.e.id.String()))
+		}
+	}
+	m.mu.Unlock()
+	m.poke()
+}
+
+// Publish makes an externally loaded certificate and key (workload
+// credentials or file-mounted certificates) the own workload certificate. It
+// is refused when a CA manages the certificate, and when the pair does not
+// parse, the key does not match or the certificate is not valid now; the
+// held certificate then stays. Publishing the same pair again does nothing.
+func (m *Manager) Publish(s *Secret) error {
+	switch {
+	case s == nil:
+		return errors.New("publishing a nil secret")
+	case s.Name == RootCertName:
+		return errors.New("trust roots are published through the root source")
+	case s.Name != WorkloadCertName:
+		return fmt.Errorf("publishing %w: %.200q", ErrUnknownResource, s.Name)
+	case m.cfg.CA != nil:
+		return ErrManagedByCA
+	}
+	h, err := m.checkPair(s.CertChain, s.PrivateKey, false)
+	if err != nil {
+		m.log.Warn("certificate not published", zap.String(keySource, s.Source), zap.String(keyReason, pki.Reason(err)), zap.Error(err))
+		return err
+	}
+	if s.Source != "" {
+		h.secret.Source = s.Source
+	}
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	m.mu.Lock()
+	e := m.own
+	if cur := e.cert; cur != nil && bytes.Equal(cur.secret.CertChain, h.secret.CertChain) && bytes.Equal(cur.secret.PrivateKey, h.secret.PrivateKey) {
+		m.mu.Unlock()
+		return nil
+	}
+	m.version++
+	h.secret.Version = m.version
+	e.cert, e.lastErr = h, nil
+	m.mu.Unlock()
+	m.observe(h.secret)
+	if m.cfg.OnPublish != nil {
+		m.cfg.OnPublish(h.secret)
+	}
+	m.mu.Lock()
+	e.notify()
+	m.mu.Unlock()
+	m.log.Info("certificate published", certFields(h.secret)...)
+	return nil
+}
+
+// checkPair parses a PEM chain and key and checks them. With verify, the
+// leaf must be for the configured identity and chain to the roots; without,
+// the identity is read from the leaf.
+func (m *Manager) checkPair(chainPEM, keyPEM []byte, verify bool) (*held, error) {
+	chain, err := pki.ParseCertificates(chainPEM)
+	if err != nil {
+		return nil, fmt.Errorf("parsing certificate chain: %w", err)
+	}
+	key, err := pki.ParseKeyPEM(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("parsing private key: %w", err)
+	}
+	leaf, now := chain[0], m.clock.Now()
+	id := m.cfg.Identity
+	if verify {
+		if err := pki.VerifyIssued(chain, key.Public(), id, m.cfg.Roots.Bundle().Pool, now); err != nil {
+			return nil, err
+		}
+	} else {
+		if !pki.PublicKeysEqual(key.Public(), leaf.PublicKey) {
+			return nil, pki.ErrKeyMismatch
+		}
+		if now.Before(leaf.NotBefore) || !now.Before(leaf.NotAfter) {
+			return nil, fmt.Errorf("%w: valid from %s to %s", pki.ErrNotValidNow, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
+		}
+		id, _ = pki.IdentityOf(leaf)
+	}
+	normKey, err := pki.EncodeKeyPEM(key)
+	if err != nil {
+		return nil, err
+	}
+	s := &Secret{
+		Name:       WorkloadCertName,
+		Identity:   id,
+		CertChain:  pki.EncodeCertificates(chain),
+		PrivateKey: normKey,
+		Leaf:       leaf,
+		NotAfter:   leaf.NotAfter,
+		Source:     m.cfg.Source,
+	}
+	return &held{secret: s, chain: chain}, nil
+}
+
+func certFields(s *Secret) []zap.Field {
+	f := []zap.Field{
+		zap.String(keyName, s.Name),
+		zap.String(keyIdentity, s.Identity.String()),
+		zap.Time(keyNotAfter, s.NotAfter),
+		zap.String(keySource, s.Source),
+		zap.Uint64(keyVersion, s.Version),
+	}
+	if s.Leaf != nil {
+		f = append(f, zap.String(keySerial, s.Leaf.SerialNumber.Text(16)))
+	}
+	if !s.RenewAt.IsZero() {
+		f = append(f, zap.Time(keyRenewAt, s.RenewAt))
+	}
+	return f
+}

@@ -1,0 +1,311 @@
+package secretmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/utils/clock"
+
+	"github.com/meshagent/meshagent/internal/pki"
+)
+
+// priority orders the identities that are due when fewer CSR slots are free
+// than identities wait for one.
+type priority int
+
+const (
+	// prioRenewal: a valid certificate is held; this is its scheduled
+	// renewal (or a retry of it).
+	prioRenewal priority = iota
+	// prioWarmup: no valid certificate yet, but nobody blocks on it (a
+	// subscriber, Prefetch, the own identity at start-up).
+	prioWarmup
+	// prioWaiting: a caller is blocked in Secret for this identity.
+	prioWaiting
+)
+
+func (e *entry) priority(now time.Time) priority {
+	switch {
+	case e.valid(now) != nil:
+		return prioRenewal
+	case e.waiters > 0:
+		return prioWaiting
+	default:
+		return prioWarmup
+	}
+}
+
+// poke asks Run to look at the entries again. It never blocks.
+func (m *Manager) poke() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// enqueueLocked (re)queues e at its due time; items queued for it before
+// are stale from now on. Called with mu held whenever e's due time or its
+// claim on a slot changes: made, used again, finished, roots changed.
+func (m *Manager) enqueueLocked(e *entry) {
+	if m.cfg.CA == nil {
+		return // nothing is ever requested
+	}
+	e.gen++
+	m.timers.push(timed{e: e, gen: e.gen, at: e.due})
+}
+
+// Run keeps the certificates of every identity in use fresh, drops the
+// identities nobody uses and follows root changes until ctx ends (then it
+// waits for the requests in flight to end and returns nil). Without a CA it
+// only follows root changes. Only one Run may be active at a time.
+func (m *Manager) Run(ctx context.Context) error {
+	if !m.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer m.running.Store(false)
+	rootsCh, stopRoots := m.cfg.Roots.Watch()
+	defer stopRoots()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	m.announce()
+	if m.refreshRoots() {
+		m.recheckLeaves()
+	}
+	for {
+		next, ok := m.schedule(ctx, &wg)
+		var (
+			timer  clock.Timer
+			timerC <-chan time.Time
+		)
+		if ok {
+			timer = m.clock.NewTimer(max(next.Sub(m.clock.Now()), 0))
+			timerC = timer.C()
+		}
+		select {
+		case <-ctx.Done():
+			stopTimer(timer)
+			return nil
+		case <-timerC:
+		case <-m.wake:
+			stopTimer(timer)
+		case <-rootsCh:
+			stopTimer(timer)
+			if m.refreshRoots() {
+				m.recheckLeaves()
+			}
+		}
+	}
+}
+
+func stopTimer(t clock.Timer) {
+	if t != nil {
+		t.Stop()
+	}
+}
+
+// schedule drops the entries idle past the grace period and starts a
+// request for each due entry while fewer than MaxConcurrentCSRs are in
+// flight: highest priority first, then earliest due. It returns when it
+// must look again (ok false: only when woken). It works on three queues
+// (by due time, ready by rank, idle by drop time) with lazy deletion, so a
+// pass costs O(log n) per entry it moves, not a scan of every identity.
+func (m *Manager) schedule(ctx context.Context, wg *sync.WaitGroup) (next time.Time, ok bool) {
+	now := m.clock.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Drop the entries unused for the grace period.
+	for m.idle.len() > 0 {
+		it := m.idle.peek()
+		e := it.e
+		if m.entries[e.id] != e || e.used() || !e.idleSince.Add(m.cfg.IdleGrace).Equal(it.at) {
+			m.idle.pop() // stale: dropped already, used again, or idle since later
+			continue
+		}
+		if it.at.After(now) {
+			next, ok = it.at, true
+			break
+		}
+		m.idle.pop()
+		delete(m.entries, e.id)
+		m.metrics.dropped.Inc()
+		m.log.Debug("identity dropped: unused", zap.String(keyIdentity, e.id.String()))
+	}
+	m.metrics.identities.Set(float64(len(m.entries)))
+	if m.cfg.CA == nil {
+		return next, ok
+	}
+	// Move the entries that fell due to the ready queue, ranked now.
+	for m.timers.len() > 0 {
+		it := m.timers.peek()
+		if it.gen != it.e.gen || !m.startable(it.e) {
+			m.timers.pop()
+			continue
+		}
+		if it.at.After(now) {
+			if !ok || it.at.Before(next) {
+				next, ok = it.at, true
+			}
+			break
+		}
+		m.timers.pop()
+		m.ready.push(ranked{e: it.e, gen: it.gen, prio: it.e.priority(now), due: it.e.due})
+	}
+	// Start the best of them while slots are free; the rest wait for a
+	// slot (every finished request wakes Run).
+	for m.inFlight < m.cfg.MaxConcurrentCSRs && m.ready.len() > 0 {
+		it := m.ready.pop()
+		e := it.e
+		if it.gen != e.gen || !m.startable(e) {
+			continue
+		}
+		if p := e.priority(now); p != it.prio {
+			it.prio = p // ranked when it fell due; re-rank
+			m.ready.push(it)
+			continue
+		}
+		e.inFlight = true
+		m.inFlight++
+		wg.Go(func() { m.sign(ctx, e) })
+	}
+	m.metrics.inFlight.Set(float64(m.inFlight))
+	return next, ok
+}
+
+// startable reports whether a request may start for e: it is still held,
+// in use and has none out. Called with mu held.
+func (m *Manager) startable(e *entry) bool {
+	return !e.inFlight && e.used() && m.entries[e.id] == e
+}
+
+// sign runs one request for e outside any lock and records its result.
+func (m *Manager) sign(ctx context.Context, e *entry) {
+	defer m.poke()
+	s, h, err := m.request(ctx, e.id)
+	if ctx.Err() != nil {
+		m.mu.Lock()
+		e.inFlight = false
+		m.inFlight--
+		m.mu.Unlock()
+		return
+	}
+	m.finish(e, s, h, err)
+}
+
+// request asks the CA for a certificate for id with a new key and checks
+// the answer. It takes no lock.
+func (m *Manager) request(ctx context.Context, id pki.Identity) (*Secret, *held, error) {
+	key, err := pki.GenerateKey(m.cfg.KeyType)
+	if err != nil {
+		m.metrics.renewals.WithLabelValues(resultKeyError).Inc()
+		return nil, nil, fmt.Errorf("generating key: %w", err)
+	}
+	csr, err := pki.NewCSR(key, id)
+	if err != nil {
+		m.metrics.renewals.WithLabelValues(resultKeyError).Inc()
+		return nil, nil, err
+	}
+	keyPEM, err := pki.EncodeKeyPEM(key)
+	if err != nil {
+		m.metrics.renewals.WithLabelValues(resultKeyError).Inc()
+		return nil, nil, err
+	}
+	sctx, cancel := ctx, context.CancelFunc(func() {})
+	if m.cfg.SignTimeout > 0 {
+		sctx, cancel = context.WithTimeout(ctx, m.cfg.SignTimeout)
+	}
+	start := time.Now()
+	chain, err := m.cfg.CA.Sign(sctx, csr, id, m.cfg.TTL)
+	cancel()
+	if ctx.Err() != nil {
+		return nil, nil, ctx.Err()
+	}
+	latency := time.Since(start)
+	m.metrics.caLatency.Observe(latency.Seconds())
+	if err != nil {
+		m.metrics.renewals.WithLabelValues(resultCAError).Inc()
+		return nil, nil, fmt.Errorf("requesting certificate for %s: %w", id, err)
+	}
+	now := m.clock.Now()
+	if err := pki.VerifyIssued(chain, key.Public(), id, m.cfg.Roots.Bundle().Pool, now); err != nil {
+		m.metrics.renewals.WithLabelValues(resultRejected).Inc()
+		m.metrics.rejected.WithLabelValues(pki.Reason(err)).Inc()
+		return nil, nil, fmt.Errorf("%w: %w", ErrRejected, err)
+	}
+	leaf := chain[0]
+	s := &Secret{
+		Name:       WorkloadCertName,
+		Identity:   id,
+		CertChain:  pki.EncodeCertificates(chain),
+		PrivateKey: keyPEM,
+		Leaf:       leaf,
+		NotAfter:   leaf.NotAfter,
+		RenewAt:    RenewAt(now, leaf.NotAfter, m.policy, m.rand()),
+		Source:     m.cfg.Source,
+	}
+	m.log.Debug("CA answered", zap.String(keyIdentity, id.String()), zap.Duration(keyLatency, latency))
+	return s, &held{secret: s, chain: chain}, nil
+}
+
+// finish records the result of a request for e: a new certificate is
+// published, a failure sets the identity's next attempt by its backoff. A
+// result for an entry dropped meanwhile is discarded.
+func (m *Manager) finish(e *entry, s *Secret, h *held, err error) {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	m.mu.Lock()
+	e.inFlight = false
+	m.inFlight--
+	if m.entries[e.id] != e {
+		m.mu.Unlock()
+		if err == nil {
+			m.metrics.renewals.WithLabelValues(resultDiscarded).Inc()
+		}
+		m.log.Debug("CA answer discarded: identity dropped meanwhile", zap.String(keyIdentity, e.id.String()))
+		return
+	}
+	now := m.clock.Now()
+	if err != nil {
+		e.lastErr = err
+		wait := m.backoff.Delay(e.failures, m.rand())
+		e.failures++
+		e.due = now.Add(wait)
+		m.enqueueLocked(e)
+		attempt := e.failures
+		m.mu.Unlock()
+		m.logFailure(e.id, err, attempt, wait)
+		return
+	}
+	m.version++
+	s.Version = m.version
+	e.cert, e.lastErr, e.failures, e.due = h, nil, 0, s.RenewAt
+	m.enqueueLocked(e)
+	own := e.own
+	m.mu.Unlock()
+	m.metrics.renewals.WithLabelValues(resultSuccess).Inc()
+	m.log.Info("certificate issued", certFields(s)...)
+	if own {
+		m.observe(s)
+		if m.cfg.OnPublish != nil {
+			m.cfg.OnPublish(s)
+		}
+	}
+	m.mu.Lock()
+	e.notify()
+	m.mu.Unlock()
+}
+
+func (m *Manager) logFailure(id pki.Identity, err error, attempt int, retryIn time.Duration) {
+	fields := []zap.Field{zap.String(keyIdentity, id.String()), zap.Int(keyAttempt, attempt), zap.Duration(keyRetryIn, retryIn), zap.Error(err)}
+	if errors.Is(err, ErrRejected) {
+		m.log.Warn("CA answer rejected", append([]zap.Field{zap.String(keyReason, pki.Reason(err))}, fields...)...)
+		return
+	}
+	m.log.Warn("certificate request failed", fields...)
+}
