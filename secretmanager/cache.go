@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"sync"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -26,12 +28,12 @@ type entry struct {
 	due      time.Time // when the next request may start (zero: now)
 	failures int       // consecutive failed requests: its own backoff
 
-	gen uint64 // bumped at every (re)queueing: older queue items are stale
+	// tickets are its places in the scheduler's queues (see ticket).
+	tickets [numQueues]uint64
 
-	subs      map[chan struct{}]struct{} // Watch subscribers and waiting callers
-	waiters   int                        // callers blocked in Secret
-	pins      int                        // Prefetch holds
-	idleSince time.Time                  // when it last became unused
+	subs    notify.Set // Watch subscribers and waiting callers
+	waiters int        // callers blocked in Secret
+	pins    int        // Prefetch holds
 }
 
 // used reports whether anyone holds on to the entry.
@@ -45,24 +47,20 @@ func (e *entry) valid(now time.Time) *Secret {
 	return nil
 }
 
-// notify signals every subscriber of e without blocking. Called with mu held.
-func (e *entry) notify() {
-	for ch := range e.subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
-}
-
 // entryLocked returns the entry of id, making it if needed. Called with mu
 // held (or before the manager is shared).
 func (m *Manager) entryLocked(id pki.Identity, now time.Time) *entry {
 	if e := m.entries[id]; e != nil {
 		return e
 	}
-	e := &entry{id: id, subs: make(map[chan struct{}]struct{})}
-	m.entries[id] = e
+	return m.addLocked(&entry{id: id, subs: notify.Set{}}, now)
+}
+
+// addLocked holds e from now on: queued for its first certificate and, as
+// long as nobody uses it, for being dropped. Called with mu held (or before
+// the manager is shared).
+func (m *Manager) addLocked(e *entry, now time.Time) *entry {
+	m.entries[e.id] = e
 	m.metrics.identities.Set(float64(len(m.entries)))
 	m.enqueueLocked(e)
 	m.released(e, now)
@@ -75,6 +73,9 @@ func (m *Manager) entryLocked(id pki.Identity, now time.Time) *entry {
 // (the queues forget unused entries); one without a valid certificate too,
 // since its rank may have risen. A renewal already queued stays as it is.
 func (m *Manager) acquired(e *entry, wasUsed bool) {
+	if !wasUsed {
+		e.stamp(idleQueue) // no longer idle: its drop is called off
+	}
 	if !e.inFlight && (!wasUsed || e.valid(m.clock.Now()) == nil) {
 		m.enqueueLocked(e)
 		m.poke()
@@ -84,17 +85,36 @@ func (m *Manager) acquired(e *entry, wasUsed bool) {
 // released records that someone let go of e. Called with mu held.
 func (m *Manager) released(e *entry, now time.Time) {
 	if !e.used() {
-		e.idleSince = now
-		m.idle.push(timed{e: e, at: now.Add(m.cfg.IdleGrace)})
+		m.idle.push(timed{e: e, ticket: e.stamp(idleQueue), at: now.Add(m.cfg.IdleGrace)})
 		m.poke() // the sweep needs a timer for it
 	}
 }
 
-func (m *Manager) workloadSecret(ctx context.Context) (*Secret, error) {
-	id, err := m.identityFor(ctx)
-	if err != nil {
-		return nil, err
+// currentCert returns the valid certificate of id, never waiting. Without
+// one it returns an error wrapping ErrNoCertificate or ErrExpired, and the
+// last request's error if there was one. A new identity is held from now on
+// (and its first certificate requested) until the idle grace period ends.
+func (m *Manager) currentCert(id pki.Identity) (*Secret, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	e := m.entryLocked(id, now)
+	if s := e.valid(now); s != nil {
+		return s, nil
 	}
+	err := fmt.Errorf("%w for %s", ErrNoCertificate, id)
+	if e.cert != nil {
+		err = fmt.Errorf("%w for %s at %s", ErrExpired, id, e.cert.secret.NotAfter.UTC().Format(time.RFC3339))
+	}
+	if e.lastErr != nil {
+		return nil, fmt.Errorf("%w (last error: %w)", err, e.lastErr)
+	}
+	return nil, err
+}
+
+// waitCert returns the valid certificate of id, waiting (bounded by ctx)
+// while none is held.
+func (m *Manager) waitCert(ctx context.Context, id pki.Identity) (*Secret, error) {
 	m.mu.Lock()
 	now := m.clock.Now()
 	e := m.entryLocked(id, now)
@@ -107,15 +127,14 @@ func (m *Manager) workloadSecret(ctx context.Context) (*Secret, error) {
 		m.mu.Unlock()
 		return nil, waitError(id, ctx.Err(), lastErr)
 	}
-	ch := make(chan struct{}, 1)
 	was := e.used()
-	e.subs[ch] = struct{}{}
+	ch := e.subs.Add()
 	e.waiters++
 	m.acquired(e, was)
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
-		delete(e.subs, ch)
+		e.subs.Remove(ch)
 		e.waiters--
 		m.released(e, m.clock.Now())
 		m.mu.Unlock()
@@ -135,6 +154,26 @@ func (m *Manager) workloadSecret(ctx context.Context) (*Secret, error) {
 			m.mu.Unlock()
 			return nil, waitError(id, ctx.Err(), lastErr)
 		}
+	}
+}
+
+// watchCert subscribes to the certificates of id and holds it until the
+// returned function is called.
+func (m *Manager) watchCert(id pki.Identity) (<-chan struct{}, func()) {
+	m.mu.Lock()
+	e := m.entryLocked(id, m.clock.Now())
+	was := e.used()
+	ch := e.subs.Add()
+	m.acquired(e, was)
+	m.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			m.mu.Lock()
+			e.subs.Remove(ch)
+			m.released(e, m.clock.Now())
+			m.mu.Unlock()
+		})
 	}
 }
 

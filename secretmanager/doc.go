@@ -47,8 +47,9 @@
 // ROOTCA), so signals merge, a slow subscriber never delays the others, and
 // no goroutine is started per subscriber. Secret never waits on the network:
 // it reads the entry and, without a valid certificate, waits on its own
-// channel for a publication, bounded by its context; a done context answers
-// at once.
+// channel for a publication, bounded by its context. Current reads what is
+// held now and never waits (SDS streams read every name with it, so no name
+// waits for another).
 //
 // Locking: Manager.mu guards the entries, the queues, the in-flight count,
 // the version counter and the roots; it is never held across key

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/internal/backoff"
+	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -156,7 +157,7 @@ type Manager struct {
 	version     uint64
 	roots       *Secret
 	rootsBundle *Bundle
-	rootSubs    map[chan struct{}]struct{}
+	rootSubs    notify.Set
 }
 
 // New checks cfg, fills in defaults and returns a Manager. It starts nothing.
@@ -256,19 +257,19 @@ func New(cfg Config) (*Manager, error) {
 		timers:   heap[timed]{less: timedLess},
 		ready:    heap[ranked]{less: rankedLess},
 		idle:     heap[timed]{less: timedLess},
-		rootSubs: make(map[chan struct{}]struct{}),
+		rootSubs: notify.Set{},
 	}
 	b := cfg.Roots.Bundle()
 	if b == nil {
 		return nil, errors.New("secret manager: root source has no bundle")
 	}
 	m.version++
-	m.roots, m.rootsBundle = rootSecret(b, m.version), b
+	m.roots, m.rootsBundle = rootSecret(b), b
+	m.roots.Version = m.version
 	if !cfg.Identity.IsZero() || cfg.CA == nil {
 		// Without a CA the own entry holds whatever Publish brings, whose
 		// identity is read from the certificate.
-		m.own = m.entryLocked(cfg.Identity, m.clock.Now())
-		m.own.own = true
+		m.own = m.addLocked(&entry{id: cfg.Identity, own: true, subs: notify.Set{}}, m.clock.Now())
 	}
 	if cfg.Initial != nil && m.own != nil {
 		m.loadInitial(cfg.Initial)

@@ -8,17 +8,46 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
-func rootSecret(b *Bundle, version uint64) *Secret {
-	return &Secret{Name: RootCertName, Roots: b.PEM, NotAfter: b.NotAfter, Source: b.Source, Version: version}
+// publish is the one way a secret becomes visible. Under pubMu (so every
+// publication is seen in version order) and mu, install checks the change
+// and makes it: it returns the new secret (nil: nothing to publish), the
+// subscribers to signal and whether OnPublish gets the secret. publish then
+// stamps the next version on the secret, releases mu, hands the secret over
+// and signals the subscribers, and returns it.
+func (m *Manager) publish(install func() (s *Secret, subs notify.Set, handOver bool)) *Secret {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	m.mu.Lock()
+	s, subs, handOver := install()
+	if s == nil {
+		m.mu.Unlock()
+		return nil
+	}
+	m.version++
+	s.Version = m.version
+	m.mu.Unlock()
+	if handOver {
+		m.handOver(s)
+	}
+	m.mu.Lock()
+	subs.Signal()
+	m.mu.Unlock()
+	return s
 }
 
-func (m *Manager) observe(s *Secret) {
+// handOver records s in the metrics and gives it to OnPublish. Called with
+// pubMu held.
+func (m *Manager) handOver(s *Secret) {
 	m.metrics.expiry.WithLabelValues(s.Name).Set(float64(s.NotAfter.Unix()))
 	if !s.RenewAt.IsZero() {
 		m.metrics.renewAt.WithLabelValues(s.Name).Set(float64(s.RenewAt.Unix()))
+	}
+	if m.cfg.OnPublish != nil {
+		m.cfg.OnPublish(s)
 	}
 }
 
@@ -34,46 +63,31 @@ func (m *Manager) announce() {
 	out = append(out, m.roots)
 	m.mu.Unlock()
 	for _, s := range out {
-		m.observe(s)
-		if m.cfg.OnPublish != nil {
-			m.cfg.OnPublish(s)
-		}
+		m.handOver(s)
 	}
+}
+
+func rootSecret(b *Bundle) *Secret {
+	return &Secret{Name: RootCertName, Roots: b.PEM, NotAfter: b.NotAfter, Source: b.Source}
 }
 
 // refreshRoots publishes ROOTCA anew if the root source changed, and reports
 // whether it did. It touches no certificate.
 func (m *Manager) refreshRoots() bool {
 	b := m.cfg.Roots.Bundle()
-	m.pubMu.Lock()
-	defer m.pubMu.Unlock()
-	m.mu.Lock()
-	if b == nil || b == m.rootsBundle || bytes.Equal(b.PEM, m.rootsBundle.PEM) {
-		m.mu.Unlock()
+	pub := m.publish(func() (*Secret, notify.Set, bool) {
+		if b == nil || b == m.rootsBundle || bytes.Equal(b.PEM, m.rootsBundle.PEM) {
+			return nil, nil, false
+		}
+		s := rootSecret(b)
+		m.roots, m.rootsBundle = s, b
+		return s, m.rootSubs, true
+	})
+	if pub == nil {
 		return false
 	}
-	m.version++
-	s := rootSecret(b, m.version)
-	m.roots, m.rootsBundle = s, b
-	m.mu.Unlock()
 	m.log.Info("trust roots changed", zap.Int(keyRoots, len(b.Certs)), zap.String(keySource, b.Source))
-	m.observe(s)
-	if m.cfg.OnPublish != nil {
-		m.cfg.OnPublish(s)
-	}
-	m.mu.Lock()
-	notifyAll(m.rootSubs)
-	m.mu.Unlock()
 	return true
-}
-
-func notifyAll(subs map[chan struct{}]struct{}) {
-	for ch := range subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
 }
 
 // recheckLeaves re-verifies every held CA certificate against the current
@@ -106,6 +120,7 @@ func (m *Manager) recheckLeaves() {
 	if len(stale) == 0 {
 		return
 	}
+	var renewing []pki.Identity
 	m.mu.Lock()
 	for _, c := range stale {
 		if c.e.cert == c.h && m.entries[c.e.id] == c.e {
@@ -113,11 +128,14 @@ func (m *Manager) recheckLeaves() {
 			if !c.e.inFlight {
 				m.enqueueLocked(c.e)
 			}
-			m.log.Warn("certificate does not chain to the new roots; renewing", zap.String(keyIdentity, c.e.id.String()))
+			renewing = append(renewing, c.e.id)
 		}
 	}
 	m.mu.Unlock()
 	m.poke()
+	for _, id := range renewing {
+		m.log.Warn("certificate does not chain to the new roots; renewing", zap.String(keyIdentity, id.String()))
+	}
 }
 
 // Publish makes an externally loaded certificate and key (workload
@@ -144,25 +162,17 @@ func (m *Manager) Publish(s *Secret) error {
 	if s.Source != "" {
 		h.secret.Source = s.Source
 	}
-	m.pubMu.Lock()
-	defer m.pubMu.Unlock()
-	m.mu.Lock()
-	e := m.own
-	if cur := e.cert; cur != nil && bytes.Equal(cur.secret.CertChain, h.secret.CertChain) && bytes.Equal(cur.secret.PrivateKey, h.secret.PrivateKey) {
-		m.mu.Unlock()
+	pub := m.publish(func() (*Secret, notify.Set, bool) {
+		e := m.own
+		if cur := e.cert; cur != nil && bytes.Equal(cur.secret.CertChain, h.secret.CertChain) && bytes.Equal(cur.secret.PrivateKey, h.secret.PrivateKey) {
+			return nil, nil, false
+		}
+		e.cert, e.lastErr = h, nil
+		return h.secret, e.subs, true
+	})
+	if pub == nil {
 		return nil
 	}
-	m.version++
-	h.secret.Version = m.version
-	e.cert, e.lastErr = h, nil
-	m.mu.Unlock()
-	m.observe(h.secret)
-	if m.cfg.OnPublish != nil {
-		m.cfg.OnPublish(h.secret)
-	}
-	m.mu.Lock()
-	e.notify()
-	m.mu.Unlock()
 	m.log.Info("certificate published", certFields(h.secret)...)
 	return nil
 }

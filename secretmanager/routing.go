@@ -18,6 +18,9 @@ type Provider interface {
 	// (bounded by ctx). Names it cannot serve give an error wrapping
 	// ErrUnknownResource.
 	Secret(ctx context.Context, name string) (*Secret, error)
+	// Current returns the secret for name as it is now, never waiting: an
+	// error when none is available yet, as Secret's.
+	Current(name string) (*Secret, error)
 	// Watch signals changes of name on a channel with a one-slot buffer; the
 	// function ends the subscription. A nil channel refuses the name (it
 	// cannot be loaded, or over a limit); a later Secret may still load it
@@ -47,22 +50,57 @@ func (m *Manager) identityFor(ctx context.Context) (pki.Identity, error) {
 
 // Secret returns the current secret for name. "default" is the workload
 // certificate of the caller's identity (see identityFor); Secret waits,
-// bounded by ctx, while none is held for it or the held one has expired, and
-// with a ctx already done it returns at once. Names nobody serves give an
-// error wrapping ErrUnknownResource.
+// bounded by ctx, while none is held for it or the held one has expired.
+// Names nobody serves give an error wrapping ErrUnknownResource. To read
+// without waiting, use Current.
 func (m *Manager) Secret(ctx context.Context, name string) (*Secret, error) {
 	switch name {
 	case WorkloadCertName:
-		return m.workloadSecret(ctx)
+		id, err := m.identityFor(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return m.waitCert(ctx, id)
 	case RootCertName:
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return m.roots, nil
+		return m.currentRoots(), nil
 	}
 	if p := m.provider(name); p != nil {
 		return p.Secret(ctx, name)
 	}
-	return nil, fmt.Errorf("%w: %.200q", ErrUnknownResource, name)
+	return nil, unknown(name)
+}
+
+// Current returns the secret held now for name and never waits: without
+// one (no certificate yet for the caller's identity, or it expired; a file
+// not loaded yet) it returns an error saying why (wrapping ErrNoCertificate
+// or ErrExpired for "default"). ctx only carries the caller, as in Secret;
+// whether it is done does not matter. Asking for an identity not held yet
+// holds it for the idle grace period and requests its certificate. Errors
+// that mean the name can never be served wrap ErrUnknownResource or
+// ErrNoIdentity, as Secret's.
+func (m *Manager) Current(ctx context.Context, name string) (*Secret, error) {
+	switch name {
+	case WorkloadCertName:
+		id, err := m.identityFor(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return m.currentCert(id)
+	case RootCertName:
+		return m.currentRoots(), nil
+	}
+	if p := m.provider(name); p != nil {
+		return p.Current(name)
+	}
+	return nil, unknown(name)
+}
+
+func unknown(name string) error { return fmt.Errorf("%w: %.200q", ErrUnknownResource, name) }
+
+func (m *Manager) currentRoots() *Secret {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.roots
 }
 
 // Watch returns a channel that receives a value whenever the secret under
@@ -81,32 +119,16 @@ func (m *Manager) Watch(ctx context.Context, name string) (<-chan struct{}, func
 		if err != nil {
 			return nil, func() {}
 		}
-		ch := make(chan struct{}, 1)
-		m.mu.Lock()
-		e := m.entryLocked(id, m.clock.Now())
-		was := e.used()
-		e.subs[ch] = struct{}{}
-		m.acquired(e, was)
-		m.mu.Unlock()
-		var once sync.Once
-		return ch, func() {
-			once.Do(func() {
-				m.mu.Lock()
-				delete(e.subs, ch)
-				m.released(e, m.clock.Now())
-				m.mu.Unlock()
-			})
-		}
+		return m.watchCert(id)
 	case RootCertName:
-		ch := make(chan struct{}, 1)
 		m.mu.Lock()
-		m.rootSubs[ch] = struct{}{}
+		ch := m.rootSubs.Add()
 		m.mu.Unlock()
 		var once sync.Once
 		return ch, func() {
 			once.Do(func() {
 				m.mu.Lock()
-				delete(m.rootSubs, ch)
+				m.rootSubs.Remove(ch)
 				m.mu.Unlock()
 			})
 		}

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -40,12 +41,7 @@ func (e *entry) priority(now time.Time) priority {
 }
 
 // poke asks Run to look at the entries again. It never blocks.
-func (m *Manager) poke() {
-	select {
-	case m.wake <- struct{}{}:
-	default:
-	}
-}
+func (m *Manager) poke() { notify.Signal(m.wake) }
 
 // enqueueLocked (re)queues e at its due time; items queued for it before
 // are stale from now on. Called with mu held whenever e's due time or its
@@ -54,8 +50,7 @@ func (m *Manager) enqueueLocked(e *entry) {
 	if m.cfg.CA == nil {
 		return // nothing is ever requested
 	}
-	e.gen++
-	m.timers.push(timed{e: e, gen: e.gen, at: e.due})
+	m.timers.push(timed{e: e, ticket: e.stamp(dueQueue), at: e.due})
 }
 
 // Run keeps the certificates of every identity in use fresh, drops the
@@ -119,13 +114,27 @@ func stopTimer(t clock.Timer) {
 func (m *Manager) schedule(ctx context.Context, wg *sync.WaitGroup) (next time.Time, ok bool) {
 	now := m.clock.Now()
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	// Drop the entries unused for the grace period.
+	var dropped []pki.Identity
+	next, ok = m.sweepLocked(now, &dropped)
+	if m.cfg.CA != nil {
+		next, ok = m.startDueLocked(ctx, wg, now, next, ok)
+	}
+	m.mu.Unlock()
+	for _, id := range dropped {
+		m.log.Debug("identity dropped: unused", zap.String(keyIdentity, id.String()))
+	}
+	return next, ok
+}
+
+// sweepLocked drops the entries unused for the grace period, appending their
+// identities to dropped, and returns when the next one may be dropped.
+// Called with mu held.
+func (m *Manager) sweepLocked(now time.Time, dropped *[]pki.Identity) (next time.Time, ok bool) {
 	for m.idle.len() > 0 {
 		it := m.idle.peek()
 		e := it.e
-		if m.entries[e.id] != e || e.used() || !e.idleSince.Add(m.cfg.IdleGrace).Equal(it.at) {
-			m.idle.pop() // stale: dropped already, used again, or idle since later
+		if e.stale(idleQueue, it.ticket) {
+			m.idle.pop()
 			continue
 		}
 		if it.at.After(now) {
@@ -134,17 +143,23 @@ func (m *Manager) schedule(ctx context.Context, wg *sync.WaitGroup) (next time.T
 		}
 		m.idle.pop()
 		delete(m.entries, e.id)
+		e.stamp(dueQueue) // whatever it still holds in the queues is stale
+		e.stamp(idleQueue)
 		m.metrics.dropped.Inc()
-		m.log.Debug("identity dropped: unused", zap.String(keyIdentity, e.id.String()))
+		*dropped = append(*dropped, e.id)
 	}
 	m.metrics.identities.Set(float64(len(m.entries)))
-	if m.cfg.CA == nil {
-		return next, ok
-	}
-	// Move the entries that fell due to the ready queue, ranked now.
+	return next, ok
+}
+
+// startDueLocked moves the entries that fell due to the ready queue and
+// starts the best of them while slots are free; the rest wait for a slot
+// (every finished request wakes Run). It returns the earlier of (next, ok)
+// and the next due time. Called with mu held.
+func (m *Manager) startDueLocked(ctx context.Context, wg *sync.WaitGroup, now, next time.Time, ok bool) (time.Time, bool) {
 	for m.timers.len() > 0 {
 		it := m.timers.peek()
-		if it.gen != it.e.gen || !m.startable(it.e) {
+		if it.e.stale(dueQueue, it.ticket) || !m.startable(it.e) {
 			m.timers.pop()
 			continue
 		}
@@ -155,14 +170,12 @@ func (m *Manager) schedule(ctx context.Context, wg *sync.WaitGroup) (next time.T
 			break
 		}
 		m.timers.pop()
-		m.ready.push(ranked{e: it.e, gen: it.gen, prio: it.e.priority(now), due: it.e.due})
+		m.ready.push(ranked{e: it.e, ticket: it.ticket, prio: it.e.priority(now), due: it.e.due})
 	}
-	// Start the best of them while slots are free; the rest wait for a
-	// slot (every finished request wakes Run).
 	for m.inFlight < m.cfg.MaxConcurrentCSRs && m.ready.len() > 0 {
 		it := m.ready.pop()
 		e := it.e
-		if it.gen != e.gen || !m.startable(e) {
+		if e.stale(dueQueue, it.ticket) || !m.startable(e) {
 			continue
 		}
 		if p := e.priority(now); p != it.prio {
@@ -190,8 +203,7 @@ func (m *Manager) sign(ctx context.Context, e *entry) {
 	s, h, err := m.request(ctx, e.id)
 	if ctx.Err() != nil {
 		m.mu.Lock()
-		e.inFlight = false
-		m.inFlight--
+		m.doneLocked(e)
 		m.mu.Unlock()
 		return
 	}
@@ -253,52 +265,56 @@ func (m *Manager) request(ctx context.Context, id pki.Identity) (*Secret, *held,
 	return s, &held{secret: s, chain: chain}, nil
 }
 
+// doneLocked records that the request for e ended. Called with mu held.
+func (m *Manager) doneLocked(e *entry) {
+	e.inFlight = false
+	m.inFlight--
+}
+
 // finish records the result of a request for e: a new certificate is
 // published, a failure sets the identity's next attempt by its backoff. A
 // result for an entry dropped meanwhile is discarded.
 func (m *Manager) finish(e *entry, s *Secret, h *held, err error) {
-	m.pubMu.Lock()
-	defer m.pubMu.Unlock()
-	m.mu.Lock()
-	e.inFlight = false
-	m.inFlight--
-	if m.entries[e.id] != e {
-		m.mu.Unlock()
-		if err == nil {
-			m.metrics.renewals.WithLabelValues(resultDiscarded).Inc()
+	if err != nil {
+		m.fail(e, err)
+		return
+	}
+	pub := m.publish(func() (*Secret, notify.Set, bool) {
+		m.doneLocked(e)
+		if m.entries[e.id] != e {
+			return nil, nil, false
 		}
+		e.cert, e.lastErr, e.failures, e.due = h, nil, 0, s.RenewAt
+		m.enqueueLocked(e)
+		return s, e.subs, e.own
+	})
+	if pub == nil {
+		m.metrics.renewals.WithLabelValues(resultDiscarded).Inc()
 		m.log.Debug("CA answer discarded: identity dropped meanwhile", zap.String(keyIdentity, e.id.String()))
 		return
 	}
-	now := m.clock.Now()
-	if err != nil {
-		e.lastErr = err
-		wait := m.backoff.Delay(e.failures, m.rand())
-		e.failures++
-		e.due = now.Add(wait)
-		m.enqueueLocked(e)
-		attempt := e.failures
+	m.metrics.renewals.WithLabelValues(resultSuccess).Inc()
+	m.log.Info("certificate issued", certFields(pub)...)
+}
+
+// fail records a failed request for e: its next attempt waits for its own
+// backoff.
+func (m *Manager) fail(e *entry, err error) {
+	m.mu.Lock()
+	m.doneLocked(e)
+	if m.entries[e.id] != e {
 		m.mu.Unlock()
-		m.logFailure(e.id, err, attempt, wait)
+		m.log.Debug("CA answer discarded: identity dropped meanwhile", zap.String(keyIdentity, e.id.String()))
 		return
 	}
-	m.version++
-	s.Version = m.version
-	e.cert, e.lastErr, e.failures, e.due = h, nil, 0, s.RenewAt
+	e.lastErr = err
+	wait := m.backoff.Delay(e.failures, m.rand())
+	e.failures++
+	e.due = m.clock.Now().Add(wait)
 	m.enqueueLocked(e)
-	own := e.own
+	attempt := e.failures
 	m.mu.Unlock()
-	m.metrics.renewals.WithLabelValues(resultSuccess).Inc()
-	m.log.Info("certificate issued", certFields(s)...)
-	if own {
-		m.observe(s)
-		if m.cfg.OnPublish != nil {
-			m.cfg.OnPublish(s)
-		}
-	}
-	m.mu.Lock()
-	e.notify()
-	m.mu.Unlock()
+	m.logFailure(e.id, err, attempt, wait)
 }
 
 func (m *Manager) logFailure(id pki.Identity, err error, attempt int, retryIn time.Duration) {
