@@ -15,16 +15,18 @@ import (
 
 // spiffeIdentity returns the SPIFFE ID of a certificate secret and its
 // trust domain. A certificate of another kind of identity (Linkerd's DNS
-// names) cannot be an X.509-SVID: FailedPrecondition says so.
+// names) cannot be an X.509-SVID: the caller is not entitled to one, and
+// PermissionDenied, the SPIFFE Workload Endpoint standard's code for that,
+// says why.
 func spiffeIdentity(cert *secretmanager.Secret) (spiffeid.ID, spiffeid.TrustDomain, error) {
 	if cert.Identity.SPIFFEID == "" {
-		return spiffeid.ID{}, spiffeid.TrustDomain{}, status.Errorf(codes.FailedPrecondition,
+		return spiffeid.ID{}, spiffeid.TrustDomain{}, status.Errorf(codes.PermissionDenied,
 			"the Workload API serves SPIFFE identities; this workload's identity %q is not a SPIFFE ID (Linkerd identities are DNS names)",
 			cert.Identity.String())
 	}
 	id, err := spiffeid.FromString(cert.Identity.SPIFFEID)
 	if err != nil {
-		return spiffeid.ID{}, spiffeid.TrustDomain{}, status.Errorf(codes.FailedPrecondition,
+		return spiffeid.ID{}, spiffeid.TrustDomain{}, status.Errorf(codes.PermissionDenied,
 			"the workload's identity %q is not a valid SPIFFE ID: %v", cert.Identity.SPIFFEID, err)
 	}
 	return id, id.TrustDomain(), nil

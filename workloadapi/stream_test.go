@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
@@ -393,8 +395,9 @@ func TestOnlyChangesAreSent(t *testing.T) {
 }
 
 // Identities that are not SPIFFE IDs (Linkerd's DNS names) are refused with
-// FailedPrecondition saying why; a source that cannot serve yet gives
-// Unavailable, which SPIFFE clients retry.
+// PermissionDenied saying why, as is a name the source will never serve to
+// the caller; a source that cannot serve now gives Unavailable. The SPIFFE
+// Workload Endpoint standard's codes: clients retry both with backoff.
 func TestRefusedIdentities(t *testing.T) {
 	t.Run("linkerd", func(t *testing.T) {
 		src := newTestSource(t, pki.LinkerdIdentity("cluster.local", "ns1", "sa1", "linkerd"))
@@ -404,10 +407,20 @@ func TestRefusedIdentities(t *testing.T) {
 			"FetchX509SVID":    second(firstOf(c.FetchX509SVID(withHeader(callCtx(t)), &workload.X509SVIDRequest{}, grpc.WaitForReady(true)))),
 			"FetchX509Bundles": second(firstOf(c.FetchX509Bundles(withHeader(callCtx(t)), &workload.X509BundlesRequest{}, grpc.WaitForReady(true)))),
 		} {
-			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "serves SPIFFE identities") ||
+			if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "serves SPIFFE identities") ||
 				!strings.Contains(err.Error(), "sa1.ns1.serviceaccount.identity.linkerd.cluster.local") {
-				t.Fatalf("%s: %v, want FailedPrecondition naming the DNS identity", name, err)
+				t.Fatalf("%s: %v, want PermissionDenied naming the DNS identity", name, err)
 			}
+		}
+	})
+	t.Run("unknown resource", func(t *testing.T) {
+		src := newTestSource(t, testID)
+		src.err = fmt.Errorf("%w: \"default\"", secretmanager.ErrUnknownResource)
+		socket, _ := serve(t, src, nil)
+		c := rawClient(t, socket)
+		_, err := firstOf(c.FetchX509SVID(withHeader(callCtx(t)), &workload.X509SVIDRequest{}, grpc.WaitForReady(true)))
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "unknown resource") {
+			t.Fatalf("%v, want PermissionDenied with the reason", err)
 		}
 	})
 	t.Run("unavailable", func(t *testing.T) {
@@ -547,5 +560,45 @@ func TestStuckStreamDoesNotDelayOthers(t *testing.T) {
 	// The stuck stream, read at last, is still served.
 	if _, err := stuck.Recv(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A caller the agent has no identity for (node mode: no own identity, and
+// the caller carries none) gets PermissionDenied, the standard's "not
+// entitled to an SVID", through go-spiffe's own client: not Unavailable,
+// which would say the agent itself is down.
+func TestNoIdentityIsPermissionDenied(t *testing.T) {
+	ca, err := localca.New(localca.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := devca.New(devca.Config{CA: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := secretmanager.New(secretmanager.Config{CA: dev, Roots: roots}) // node mode: no own identity
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket, _ := serve(t, managerSource{mgr}, nil)
+	ctx := callCtx(t)
+	c, err := gsworkloadapi.New(ctx, gsworkloadapi.WithAddr("unix://"+socket),
+		// The socket may not listen yet: wait for it rather than fail.
+		gsworkloadapi.WithDialOptions(grpc.WithDefaultCallOptions(grpc.WaitForReady(true))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.FetchX509SVID(ctx)
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "no workload identity for this caller") {
+		t.Fatalf("go-spiffe FetchX509SVID = %v, want PermissionDenied saying the caller has no identity", err)
+	}
+	_, err = c.FetchX509Bundles(ctx)
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("go-spiffe FetchX509Bundles = %v, want PermissionDenied", err)
 	}
 }
