@@ -147,17 +147,16 @@ type Manager struct {
 	// see secrets in version order. Lock order: pubMu, then mu.
 	pubMu sync.Mutex
 
-	mu          sync.Mutex
-	entries     map[pki.Identity]*entry
-	own         *entry       // nil when no own identity is configured
-	timers      heap[timed]  // entries by due time
-	ready       heap[ranked] // due entries waiting for a CSR slot, best first
-	idle        heap[timed]  // unused entries by the time they may be dropped
-	inFlight    int
-	version     uint64
-	roots       *Secret
-	rootsBundle *Bundle
-	rootSubs    notify.Set
+	mu       sync.Mutex
+	entries  map[pki.Identity]*entry
+	own      *entry       // nil when no own identity is configured
+	timers   heap[timed]  // entries by due time
+	ready    heap[ranked] // due entries waiting for a CSR slot, best first
+	idle     heap[timed]  // unused entries by the time they may be dropped
+	inFlight int
+	version  uint64
+	roots    *Secret // ROOTCA; its Bundle verifies every CA answer
+	rootSubs notify.Set
 }
 
 // New checks cfg, fills in defaults and returns a Manager. It starts nothing.
@@ -259,12 +258,12 @@ func New(cfg Config) (*Manager, error) {
 		idle:     heap[timed]{less: timedLess},
 		rootSubs: notify.Set{},
 	}
-	b := cfg.Roots.Bundle()
+	b, source := cfg.Roots.Bundle()
 	if b == nil {
 		return nil, errors.New("secret manager: root source has no bundle")
 	}
 	m.version++
-	m.roots, m.rootsBundle = rootSecret(b), b
+	m.roots = RootSecret(RootCertName, b, source)
 	m.roots.Version = m.version
 	if !cfg.Identity.IsZero() || cfg.CA == nil {
 		// Without a CA the own entry holds whatever Publish brings, whose

@@ -815,12 +815,19 @@ func TestConfigChecks(t *testing.T) {
 			}
 		})
 	}
+	// A manager made again on one registry shares the metrics registered
+	// first; a metric of the same name defined otherwise is refused.
 	reg := prometheus.NewRegistry()
 	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg}); err == nil {
-		t.Fatal("registering the metrics twice went unnoticed")
+	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg}); err != nil {
+		t.Fatalf("a second manager on one registry: %v", err)
+	}
+	other := prometheus.NewRegistry()
+	other.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_secretmanager_identities", Help: "another definition"}))
+	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: other}); err == nil {
+		t.Fatal("a conflicting metric definition went unnoticed")
 	}
 }
 

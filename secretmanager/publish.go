@@ -67,26 +67,21 @@ func (m *Manager) announce() {
 	}
 }
 
-func rootSecret(b *Bundle) *Secret {
-	return &Secret{Name: RootCertName, Roots: b.PEM, NotAfter: b.NotAfter, Source: b.Source}
-}
-
 // refreshRoots publishes ROOTCA anew if the root source changed, and reports
 // whether it did. It touches no certificate.
 func (m *Manager) refreshRoots() bool {
-	b := m.cfg.Roots.Bundle()
+	b, source := m.cfg.Roots.Bundle()
 	pub := m.publish(func() (*Secret, notify.Set, bool) {
-		if b == nil || b == m.rootsBundle || bytes.Equal(b.PEM, m.rootsBundle.PEM) {
+		if b == nil || b.Equal(m.roots.Bundle) {
 			return nil, nil, false
 		}
-		s := rootSecret(b)
-		m.roots, m.rootsBundle = s, b
-		return s, m.rootSubs, true
+		m.roots = RootSecret(RootCertName, b, source)
+		return m.roots, m.rootSubs, true
 	})
 	if pub == nil {
 		return false
 	}
-	m.log.Info("trust roots changed", zap.Int(keyRoots, len(b.Certs)), zap.String(keySource, b.Source))
+	m.log.Info("trust roots changed", zap.Int(keyRoots, len(b.Certs())), zap.String(keySource, source))
 	return true
 }
 
@@ -101,7 +96,7 @@ func (m *Manager) recheckLeaves() {
 		h *held
 	}
 	m.mu.Lock()
-	pool := m.rootsBundle.Pool
+	pool := m.roots.Bundle.Pool()
 	var checks []check
 	for _, e := range m.entries {
 		if e.cert != nil {
@@ -192,7 +187,7 @@ func (m *Manager) checkPair(chainPEM, keyPEM []byte, verify bool) (*held, error)
 	leaf, now := chain[0], m.clock.Now()
 	id := m.cfg.Identity
 	if verify {
-		if err := pki.VerifyIssued(chain, key.Public(), id, m.cfg.Roots.Bundle().Pool, now); err != nil {
+		if err := pki.VerifyIssued(chain, key.Public(), id, m.sourcePool(), now); err != nil {
 			return nil, err
 		}
 	} else {
@@ -208,15 +203,8 @@ func (m *Manager) checkPair(chainPEM, keyPEM []byte, verify bool) (*held, error)
 	if err != nil {
 		return nil, err
 	}
-	s := &Secret{
-		Name:       WorkloadCertName,
-		Identity:   id,
-		CertChain:  pki.EncodeCertificates(chain),
-		PrivateKey: normKey,
-		Leaf:       leaf,
-		NotAfter:   leaf.NotAfter,
-		Source:     m.cfg.Source,
-	}
+	s := CertSecret(WorkloadCertName, chain, normKey, m.cfg.Source)
+	s.Identity = id
 	return &held{secret: s, chain: chain}, nil
 }
 

@@ -2,6 +2,7 @@ package secretmanager
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"sync"
@@ -245,22 +246,14 @@ func (m *Manager) request(ctx context.Context, id pki.Identity) (*Secret, *held,
 		return nil, nil, fmt.Errorf("requesting certificate for %s: %w", id, err)
 	}
 	now := m.clock.Now()
-	if err := pki.VerifyIssued(chain, key.Public(), id, m.cfg.Roots.Bundle().Pool, now); err != nil {
+	if err := pki.VerifyIssued(chain, key.Public(), id, m.sourcePool(), now); err != nil {
 		m.metrics.renewals.WithLabelValues(resultRejected).Inc()
 		m.metrics.rejected.WithLabelValues(pki.Reason(err)).Inc()
 		return nil, nil, fmt.Errorf("%w: %w", ErrRejected, err)
 	}
-	leaf := chain[0]
-	s := &Secret{
-		Name:       WorkloadCertName,
-		Identity:   id,
-		CertChain:  pki.EncodeCertificates(chain),
-		PrivateKey: keyPEM,
-		Leaf:       leaf,
-		NotAfter:   leaf.NotAfter,
-		RenewAt:    RenewAt(now, leaf.NotAfter, m.policy, m.rand()),
-		Source:     m.cfg.Source,
-	}
+	s := CertSecret(WorkloadCertName, chain, keyPEM, m.cfg.Source)
+	s.Identity = id
+	s.RenewAt = RenewAt(now, s.NotAfter, m.policy, m.rand())
 	m.log.Debug("CA answered", zap.String(keyIdentity, id.String()), zap.Duration(keyLatency, latency))
 	return s, &held{secret: s, chain: chain}, nil
 }
@@ -324,4 +317,11 @@ func (m *Manager) logFailure(id pki.Identity, err error, attempt int, retryIn ti
 		return
 	}
 	m.log.Warn("certificate request failed", fields...)
+}
+
+// sourcePool returns the pool of the root source's bundle in force now:
+// every CA answer must chain to it.
+func (m *Manager) sourcePool() *x509.CertPool {
+	b, _ := m.cfg.Roots.Bundle()
+	return b.Pool()
 }

@@ -296,7 +296,7 @@ func newTestSource(t *testing.T, id pki.Identity) *testSource {
 	}
 	return &testSource{
 		cert:     secretmanager.Secret{Name: "default", Identity: id, CertChain: pki.EncodeCertificates(chain), PrivateKey: keyPEM, Version: 1},
-		root:     secretmanager.Secret{Name: "ROOTCA", Roots: ca.RootPEM(), Version: 2},
+		root:     rootSecret(t, ca.RootPEM(), 2),
 		watchers: map[string][]chan struct{}{},
 	}
 }
@@ -383,7 +383,7 @@ func TestOnlyChangesAreSent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src.signal("ROOTCA", func(s *testSource) { s.root.Roots, s.root.Version = other.RootPEM(), 3 })
+	src.signal("ROOTCA", func(s *testSource) { s.root = rootSecret(t, other.RootPEM(), 3) })
 	resp, err := stream.Recv()
 	if err != nil {
 		t.Fatal(err)
@@ -524,8 +524,7 @@ func TestStuckStreamDoesNotDelayOthers(t *testing.T) {
 	src := newTestSource(t, testID)
 	// A bundle of ~60 KB makes each message large, so the stuck stream's
 	// windows fill after a few changes.
-	big := bytes.Repeat(src.root.Roots, 100)
-	src.root.Roots = big
+	src.root = rootSecret(t, bytes.Repeat(src.root.Roots, 100), src.root.Version)
 	socket, _ := serve(t, src, nil)
 	small := rawClient(t, socket, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 	ctx := withHeader(callCtx(t))
@@ -601,4 +600,16 @@ func TestNoIdentityIsPermissionDenied(t *testing.T) {
 	if status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("go-spiffe FetchX509Bundles = %v, want PermissionDenied", err)
 	}
+}
+
+// rootSecret is the ROOTCA secret of PEM roots at version v.
+func rootSecret(t *testing.T, roots []byte, v uint64) secretmanager.Secret {
+	t.Helper()
+	b, err := pki.ParseBundle(roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := secretmanager.RootSecret(secretmanager.RootCertName, b, "test")
+	s.Version = v
+	return *s
 }

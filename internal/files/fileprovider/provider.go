@@ -272,15 +272,7 @@ func (p *Provider) newEntry(name string) (*entry, error) {
 			return nil, err
 		}
 		e.bind(src, func(v any) *secretmanager.Secret {
-			pair := v.(*certfile.Pair)
-			s := &secretmanager.Secret{
-				Name: name, CertChain: pair.ChainPEM, PrivateKey: pair.KeyPEM,
-				Leaf: pair.Leaf(), NotAfter: pair.Leaf().NotAfter, Source: sourceName,
-			}
-			if id, err := pki.IdentityOf(pair.Leaf()); err == nil {
-				s.Identity = id
-			}
-			return s
+			return v.(*certfile.Pair).Secret(name, sourceName)
 		})
 	case strings.HasPrefix(name, secretmanager.FileRootPrefix):
 		path := strings.TrimPrefix(name, secretmanager.FileRootPrefix)
@@ -292,8 +284,7 @@ func (p *Provider) newEntry(name string) (*entry, error) {
 			return nil, err
 		}
 		e.bind(src, func(v any) *secretmanager.Secret {
-			b := v.(*certfile.Bundle)
-			return &secretmanager.Secret{Name: name, Roots: b.PEM, NotAfter: b.NotAfter(), Source: sourceName}
+			return secretmanager.RootSecret(name, v.(*pki.Bundle), sourceName)
 		})
 	default:
 		return nil, errors.New("not a file resource")
@@ -343,7 +334,7 @@ func (e *entry) bind(src interface {
 	switch s := src.(type) {
 	case *certfile.Source[*certfile.Pair]:
 		e.current = func() (any, bool, <-chan struct{}) { return s.Current() }
-	case *certfile.Source[*certfile.Bundle]:
+	case *certfile.Source[*pki.Bundle]:
 		e.current = func() (any, bool, <-chan struct{}) { return s.Current() }
 	}
 }
