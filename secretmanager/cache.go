@@ -28,7 +28,7 @@ type entry struct {
 	due      time.Time // when the next request may start (zero: now)
 	failures int       // consecutive failed requests: its own backoff
 
-	// tickets are its places in the scheduler's queues (see ticket).
+	// tickets are its places in the scheduler's queues (see stamp).
 	tickets [numQueues]uint64
 
 	subs    notify.Set // Watch subscribers and waiting callers
