@@ -29,8 +29,7 @@
 // VersionInfo is a timestamp and a counter; the nonce is random.
 //
 // Every name on a stream resolves on its own (SPEC 13): the stream reads its
-// names without waiting (a source asked with a done context answers at
-// once). A name not available now (no certificate yet, CA down, expired, a
+// names with SecretSource.Current, which never waits. A name not available now (no certificate yet, CA down, expired, a
 // file not readable yet) is left out of the response, logged and counted in
 // meshagent_sds_resources_unavailable_total, and pushed as soon as its
 // source signals it; the other names, ROOTCA above all, are served and

@@ -214,6 +214,10 @@ func (r *rootSource) Secret(_ context.Context, name string) (*secretmanager.Secr
 	return &secretmanager.Secret{Name: name, Roots: fmt.Appendf(nil, "%s/%d", name, v), Version: v}, nil
 }
 
+func (r *rootSource) Current(ctx context.Context, name string) (*secretmanager.Secret, error) {
+	return r.Secret(ctx, name)
+}
+
 func (r *rootSource) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -1,9 +1,12 @@
 package sds
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/internal/promreg"
 )
 
 // Push reasons, the values of the "reason" label of pushes.
@@ -73,16 +76,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Times a resource name held by an SDS stream was not available (left out of the responses and pushed once it is; the stream's other names are served meanwhile).",
 		}),
 	}
+	if err := errors.Join(
+		promreg.Assign(reg, &m.streams),
+		promreg.Assign(reg, &m.pushes),
+		promreg.Assign(reg, &m.acks),
+		promreg.Assign(reg, &m.nacks),
+		promreg.Assign(reg, &m.stale),
+		promreg.Assign(reg, &m.errors),
+		promreg.Assign(reg, &m.refused),
+		promreg.Assign(reg, &m.unavailable),
+	); err != nil {
+		return nil, fmt.Errorf("registering SDS metrics: %w", err)
+	}
 	m.pushRequest = m.pushes.WithLabelValues(pushRequest)
 	m.pushUpdate = m.pushes.WithLabelValues(pushUpdate)
 	m.pushFetch = m.pushes.WithLabelValues(pushFetch)
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.acks, m.nacks, m.stale, m.errors, m.refused, m.unavailable} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("registering SDS metrics: %w", err)
-		}
-	}
 	return m, nil
 }

@@ -39,18 +39,20 @@ const (
 	DefaultMaxFileNamesPerCaller = 16
 )
 
-// SecretSource is what the server needs from the secret manager. ctx is the
-// RPC's or stream's context and carries the caller (caller.FromContext):
-// what "default" means depends on it, through the caller's Identity only,
-// so streams of callers with one identity share a watch (opened with the
-// first stream's context, without its cancellation).
+// SecretSource is what the server needs from the secret manager. ctx
+// carries the caller (caller.FromContext): what "default" means depends on
+// it, through the caller's Identity only, so streams of callers with one
+// identity share a watch (opened with the first stream's context, without
+// its cancellation). An error wrapping secretmanager.ErrUnknownResource or
+// secretmanager.ErrNoIdentity means the name can never be served to this
+// caller; other errors mean not now.
 type SecretSource interface {
 	// Secret returns the current secret for name, waiting (bounded by ctx)
-	// while it is not available yet; with a ctx already done it answers at
-	// once. An error wrapping secretmanager.ErrUnknownResource or
-	// secretmanager.ErrNoIdentity means the name can never be served to
-	// this caller; other errors mean not now.
+	// while it is not available yet (FetchSecrets).
 	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
+	// Current returns the secret for name as it is now, never waiting
+	// (streams: no name waits for another).
+	Current(ctx context.Context, name string) (*secretmanager.Secret, error)
 	// Watch signals, on a channel with a one-slot buffer, each time the secret
 	// under name is replaced; the function ends the subscription (a resource
 	// nobody watches may be released). A nil channel means the source

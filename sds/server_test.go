@@ -549,6 +549,10 @@ func (b *bigSource) Secret(_ context.Context, name string) (*secretmanager.Secre
 	return &secretmanager.Secret{Name: name, Roots: bytes.Repeat([]byte{byte('a' + v%26)}, bigSecret), Version: v}, nil
 }
 
+func (b *bigSource) Current(ctx context.Context, name string) (*secretmanager.Secret, error) {
+	return b.Secret(ctx, name)
+}
+
 func (b *bigSource) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	b.mu.Lock()
@@ -713,6 +717,10 @@ type staticSource struct{}
 
 func (staticSource) Secret(_ context.Context, name string) (*secretmanager.Secret, error) {
 	return nil, secretmanager.ErrUnknownResource
+}
+
+func (staticSource) Current(ctx context.Context, name string) (*secretmanager.Secret, error) {
+	return staticSource{}.Secret(ctx, name)
 }
 
 func (staticSource) Watch(context.Context, string) (<-chan struct{}, func()) { return nil, func() {} }

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
@@ -57,27 +56,7 @@ type streamState struct {
 	// respond: a request changed the subscription; the next push answers
 	// it with every name available, changed or not.
 	respond bool
-	// peek is the stream's context, already done: a source asked with it
-	// answers at once with what it holds, so no name waits for another.
-	peek context.Context
 }
-
-// doneContext carries a context's values but is done already. It costs the
-// stream one small value where a cancelled child context would also take a
-// place among its parent's children.
-type doneContext struct{ context.Context }
-
-func (doneContext) Done() <-chan struct{}       { return closedChan }
-func (doneContext) Err() error                  { return context.Canceled }
-func (doneContext) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (d doneContext) Value(key any) any         { return d.Context.Value(key) }
-func (d doneContext) Cause() error              { return context.Canceled }
-
-var closedChan = func() chan struct{} {
-	ch := make(chan struct{})
-	close(ch)
-	return ch
-}()
 
 // classify applies the xDS stream rules of SPEC 9 to req.
 func (st *streamState) classify(req *discoveryv3.DiscoveryRequest) action {
@@ -279,7 +258,6 @@ func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsS
 		log:      streamLog{base: s.log, id: s.streamIDs.Add(1)},
 		identity: identityOf(ctx),
 		caller:   callerKey(ctx),
-		st:       streamState{peek: doneContext{ctx}},
 	}
 	err = st.serve()
 	st.closed.Store(true)
@@ -398,7 +376,7 @@ func (s *Server) handleRequest(str *stream, req *discoveryv3.DiscoveryRequest) e
 	// A name that can never be served ends the stream now; the answer
 	// itself is sent by the push goroutine, whose stack the encoding and
 	// sending grow, not this one's, which the stream keeps while it waits.
-	if _, err := s.available(st, names, log); err != nil {
+	if _, err := s.available(str.ctx, st, names, log); err != nil {
 		return err
 	}
 	st.respond = true
@@ -413,7 +391,7 @@ func (s *Server) push(str *stream) error {
 		return status.FromContextError(err).Err()
 	}
 	st := &str.st
-	secrets, err := s.available(st, st.names, str.log)
+	secrets, err := s.available(str.ctx, st, st.names, str.log)
 	if err != nil {
 		return err
 	}
@@ -437,10 +415,10 @@ func (s *Server) push(str *stream) error {
 // name whose watch the source refused, even if Secret would serve it now
 // (the refusal's reason, when Secret still gives it, or the source's log
 // says which limit or file was at fault): a name is never served unwatched.
-func (s *Server) available(st *streamState, names []string, log streamLog) ([]*secretmanager.Secret, error) {
+func (s *Server) available(ctx context.Context, st *streamState, names []string, log streamLog) ([]*secretmanager.Secret, error) {
 	out := make([]*secretmanager.Secret, len(names))
 	for i, name := range names {
-		sec, err := s.cfg.Secrets.Secret(st.peek, name)
+		sec, err := s.cfg.Secrets.Current(ctx, name)
 		if permanent(err) {
 			return nil, status.Errorf(codes.InvalidArgument, "resource %.200q cannot be served: %v", name, err)
 		}

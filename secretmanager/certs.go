@@ -3,26 +3,14 @@ package secretmanager
 import (
 	"sort"
 	"strings"
-	"time"
+
+	"github.com/meshagent/meshagent/internal/status"
 )
 
-// CertInfo describes one held certificate for /debug/certs. Its fields are
-// those of status.CertInfo, so one converts to the other.
-type CertInfo struct {
-	// ResourceName is the SDS resource name.
-	ResourceName string `json:"resource_name"`
-	// Identity is the workload identity, or a root's common name.
-	Identity  string    `json:"identity"`
-	Serial    string    `json:"serial"`
-	NotBefore time.Time `json:"not_before"`
-	NotAfter  time.Time `json:"not_after"`
-	RenewAt   time.Time `json:"renew_at,omitzero"`
-	Source    string    `json:"source"`
-}
-
 // Certs lists the certificate held for each identity (the own identity
-// first, then by identity) and every root of the trust bundle.
-func (m *Manager) Certs() []CertInfo {
+// first, then by identity) and every root of the trust bundle, as
+// /debug/certs shows them.
+func (m *Manager) Certs() []status.CertInfo {
 	m.mu.Lock()
 	helds := make([]*held, 0, len(m.entries))
 	var own *held
@@ -35,7 +23,7 @@ func (m *Manager) Certs() []CertInfo {
 			helds = append(helds, e.cert)
 		}
 	}
-	b := m.rootsBundle
+	roots := m.roots
 	m.mu.Unlock()
 	sort.Slice(helds, func(i, j int) bool {
 		return strings.Compare(helds[i].secret.Identity.String(), helds[j].secret.Identity.String()) < 0
@@ -43,10 +31,11 @@ func (m *Manager) Certs() []CertInfo {
 	if own != nil {
 		helds = append([]*held{own}, helds...)
 	}
-	out := make([]CertInfo, 0, len(helds)+len(b.Certs))
+	rootCerts := roots.Bundle.Certs()
+	out := make([]status.CertInfo, 0, len(helds)+len(rootCerts))
 	for _, h := range helds {
 		leaf := h.chain[0]
-		out = append(out, CertInfo{
+		out = append(out, status.CertInfo{
 			ResourceName: WorkloadCertName,
 			Identity:     h.secret.Identity.String(),
 			Serial:       leaf.SerialNumber.Text(16),
@@ -56,17 +45,17 @@ func (m *Manager) Certs() []CertInfo {
 			Source:       h.secret.Source,
 		})
 	}
-	roots := make([]CertInfo, 0, len(b.Certs))
-	for _, c := range b.Certs {
-		roots = append(roots, CertInfo{
+	infos := make([]status.CertInfo, 0, len(rootCerts))
+	for _, c := range rootCerts {
+		infos = append(infos, status.CertInfo{
 			ResourceName: RootCertName,
 			Identity:     c.Subject.CommonName,
 			Serial:       c.SerialNumber.Text(16),
 			NotBefore:    c.NotBefore.UTC(),
 			NotAfter:     c.NotAfter.UTC(),
-			Source:       b.Source,
+			Source:       roots.Source,
 		})
 	}
-	sort.SliceStable(roots, func(i, j int) bool { return roots[i].NotAfter.Before(roots[j].NotAfter) })
-	return append(out, roots...)
+	sort.SliceStable(infos, func(i, j int) bool { return infos[i].NotAfter.Before(infos[j].NotAfter) })
+	return append(out, infos...)
 }

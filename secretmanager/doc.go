@@ -31,12 +31,13 @@
 //
 // Entries are values guarded by Manager.mu: the current certificate
 // (immutable), version, last error, in-flight flag, due time, failure count,
-// subscribers, waiting callers, prefetch holds and idle-since. Run is the one
-// scheduler: it keeps three queues under mu (entries by due time, due
-// entries ranked for a CSR slot, unused entries by drop time) with lazy
-// deletion (an item whose entry moved on is discarded when it reaches the
-// top), starts one goroutine per CSR while fewer than MaxConcurrentCSRs are
-// out, and waits for them before it returns. A signing goroutine generates
+// subscribers, waiting callers, prefetch holds and a ticket per queue. Run
+// is the one scheduler: it keeps three queues under mu (entries by due
+// time, due entries ranked for a CSR slot, unused entries by drop time) with
+// lazy deletion (an item whose ticket is no longer its entry's, because the
+// entry was queued again, used again or dropped, is discarded when it
+// reaches the top), starts one goroutine per CSR while fewer than
+// MaxConcurrentCSRs are out, and waits for them before it returns. A signing goroutine generates
 // the key, sends the CSR and checks the answer holding no lock, then hands
 // the result back under mu; a result for an entry dropped meanwhile is
 // discarded. A new key is generated for every request and kept in memory
@@ -47,14 +48,18 @@
 // ROOTCA), so signals merge, a slow subscriber never delays the others, and
 // no goroutine is started per subscriber. Secret never waits on the network:
 // it reads the entry and, without a valid certificate, waits on its own
-// channel for a publication, bounded by its context; a done context answers
-// at once.
+// channel for a publication, bounded by its context. Current reads what is
+// held now and never waits (SDS streams read every name with it, so no name
+// waits for another).
 //
 // Locking: Manager.mu guards the entries, the queues, the in-flight count,
 // the version counter and the roots; it is never held across key
-// generation, a CSR, I/O, the re-verification of many leaves or a callback.
-// pubMu serialises publications (state change, OnPublish, signals) so they
-// are seen in version order; lock order is pubMu, then mu, then the Rand
-// lock. Secrets are immutable once published. Roots has its own mutex. New
-// starts no goroutines.
+// generation, a CSR, I/O (logging included: what is logged is gathered under
+// mu and written after), the re-verification of many leaves or a callback.
+// pubMu serialises publications so they are seen in version order; every
+// publication (a CA answer, Publish, a root change) goes through one
+// sequence, publish: the change under mu, then OnPublish, then the signals.
+// Lock order is pubMu, then mu, then the Rand lock. Secrets are immutable
+// once published, and so is the pki.Bundle of the trust roots, handed on
+// parsed. Roots has its own mutex. New starts no goroutines.
 package secretmanager

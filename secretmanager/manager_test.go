@@ -309,6 +309,9 @@ func TestFirstCertificateAndRoots(t *testing.T) {
 	if !r.IsRoot() || !bytes.Equal(r.Roots, e.ca.ca.RootPEM()) {
 		t.Fatal("ROOTCA does not hold the CA root")
 	}
+	if cur, err := e.m.Current(context.Background(), WorkloadCertName); err != nil || cur != s {
+		t.Fatalf("Current = %v, %v; want the certificate Secret returned", cur, err)
+	}
 	if err := e.m.Ready(); err != nil {
 		t.Fatalf("Ready: %v", err)
 	}
@@ -476,6 +479,14 @@ func TestBadFirstAnswerKeepsNotReady(t *testing.T) {
 	_, err = e.m.Secret(ctx, WorkloadCertName)
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrRejected) || !errors.Is(err, pki.ErrIdentityMismatch) {
 		t.Fatalf("Secret = %v, want a deadline error wrapping the last rejection", err)
+	}
+	// Current never waits, whatever its context: it says why there is none.
+	_, err = e.m.Current(context.Background(), WorkloadCertName)
+	if !errors.Is(err, ErrNoCertificate) || !errors.Is(err, ErrRejected) {
+		t.Fatalf("Current = %v, want ErrNoCertificate wrapping the last rejection", err)
+	}
+	if r, err := e.m.Current(context.Background(), RootCertName); err != nil || !r.IsRoot() {
+		t.Fatalf("Current(ROOTCA) = %v, %v", r, err)
 	}
 }
 
@@ -741,6 +752,10 @@ func (p *staticProvider) Secret(_ context.Context, name string) (*Secret, error)
 	return nil, fmt.Errorf("%w: %s", ErrUnknownResource, name)
 }
 
+func (p *staticProvider) Current(name string) (*Secret, error) {
+	return p.Secret(context.Background(), name)
+}
+
 func (p *staticProvider) Watch(name string) (<-chan struct{}, func()) { return p.h.watch(name) }
 
 func TestNamesAndProviders(t *testing.T) {
@@ -751,6 +766,9 @@ func TestNamesAndProviders(t *testing.T) {
 	if s, err := e.m.Secret(ctx, fileRoot.Name); err != nil || s != fileRoot {
 		t.Fatalf("provider secret: %v", err)
 	}
+	if s, err := e.m.Current(ctx, fileRoot.Name); err != nil || s != fileRoot {
+		t.Fatalf("provider's current secret: %v", err)
+	}
 	ch, cancel := e.m.Watch(context.Background(), fileRoot.Name)
 	defer cancel()
 	p.h.notify(fileRoot.Name)
@@ -758,6 +776,9 @@ func TestNamesAndProviders(t *testing.T) {
 	for _, name := range []string{"", "Default", "rootca", "file-cert:/a~/b", "file-root:/missing", "default ", string([]byte{0xff, 0})} {
 		if _, err := e.m.Secret(ctx, name); !errors.Is(err, ErrUnknownResource) {
 			t.Errorf("Secret(%q) = %v, want ErrUnknownResource", name, err)
+		}
+		if _, err := e.m.Current(ctx, name); !errors.Is(err, ErrUnknownResource) {
+			t.Errorf("Current(%q) = %v, want ErrUnknownResource", name, err)
 		}
 	}
 	if ch, cancel := e.m.Watch(context.Background(), "nope"); ch != nil {
@@ -797,14 +818,19 @@ func TestConfigChecks(t *testing.T) {
 			}
 		})
 	}
+	// A manager made again on one registry shares the metrics registered
+	// first; a metric of the same name defined otherwise is refused.
 	reg := prometheus.NewRegistry()
 	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg})
-	var dup prometheus.AlreadyRegisteredError
-	if !errors.As(err, &dup) || !strings.HasPrefix(err.Error(), "registering secret manager metrics: ") {
-		t.Fatalf("registering the metrics twice: %v, want prometheus.AlreadyRegisteredError", err)
+	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg}); err != nil {
+		t.Fatalf("a second manager on one registry: %v", err)
+	}
+	other := prometheus.NewRegistry()
+	other.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_secretmanager_identities", Help: "another definition"}))
+	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: other}); err == nil {
+		t.Fatal("a conflicting metric definition went unnoticed")
 	}
 }
 

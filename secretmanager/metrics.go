@@ -1,9 +1,12 @@
 package secretmanager
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/internal/promreg"
 )
 
 // Renewal results, the values of the "result" label.
@@ -64,13 +67,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Identities dropped from the certificate cache after staying unused for the idle grace period.",
 		}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.expiry, m.renewAt, m.renewals, m.rejected, m.caLatency, m.identities, m.inFlight, m.dropped} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("registering secret manager metrics: %w", err)
-		}
+	if err := errors.Join(
+		promreg.Assign(reg, &m.expiry),
+		promreg.Assign(reg, &m.renewAt),
+		promreg.Assign(reg, &m.renewals),
+		promreg.Assign(reg, &m.rejected),
+		promreg.Assign(reg, &m.caLatency),
+		promreg.Assign(reg, &m.identities),
+		promreg.Assign(reg, &m.inFlight),
+		promreg.Assign(reg, &m.dropped),
+	); err != nil {
+		return nil, fmt.Errorf("registering secret manager metrics: %w", err)
 	}
 	return m, nil
 }

@@ -4,7 +4,7 @@ import "time"
 
 // heap is a binary min-heap ordered by less. The scheduler's queues use it
 // with lazy deletion: an item whose entry moved on since it was pushed (its
-// generation changed) is dropped when it reaches the top, so nothing is ever
+// ticket is stale) is dropped when it reaches the top, so nothing is ever
 // searched for or removed from the middle.
 type heap[T any] struct {
 	items []T
@@ -56,22 +56,45 @@ func (h *heap[T]) pop() T {
 	return top
 }
 
+// queue names a place an entry can hold in the scheduler: due for a
+// request (the timers queue, then the ready queue), or idle (waiting to be
+// dropped).
+type queue int
+
+const (
+	dueQueue queue = iota
+	idleQueue
+	numQueues
+)
+
+// stamp gives e a new ticket for q: whatever e held in q before is stale
+// from now on. Called with Manager.mu held whenever e is (re)queued, when it
+// stops being idle, and for every queue when it is dropped.
+func (e *entry) stamp(q queue) uint64 {
+	e.tickets[q]++
+	return e.tickets[q]
+}
+
+// stale reports whether an item of q carrying ticket t no longer stands for
+// e: the one way the queues tell a live item from a left-over one.
+func (e *entry) stale(q queue, t uint64) bool { return e.tickets[q] != t }
+
 // timed is an entry in a queue ordered by time: when it is due (the
 // timers queue) or when it may be dropped (the idle queue).
 type timed struct {
-	e   *entry
-	gen uint64
-	at  time.Time
+	e      *entry
+	ticket uint64
+	at     time.Time
 }
 
 func timedLess(a, b timed) bool { return a.at.Before(b.at) }
 
 // ranked is a due entry waiting for a CSR slot.
 type ranked struct {
-	e    *entry
-	gen  uint64
-	prio priority
-	due  time.Time
+	e      *entry
+	ticket uint64 // of dueQueue
+	prio   priority
+	due    time.Time
 }
 
 // rankedLess orders by priority (highest first), then due time (earliest

@@ -1,107 +1,88 @@
 package secretmanager
 
 import (
-	"bytes"
 	"crypto/x509"
-	"fmt"
 	"sync"
-	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
-// Bundle is a parsed trust bundle. It is never modified after it is made; a
-// root change makes a new Bundle.
-type Bundle struct {
-	// PEM is the bundle as served in ROOTCA.
-	PEM []byte
-	// Certs are the parsed roots, in file order.
-	Certs []*x509.Certificate
-	// Pool holds Certs, for chain verification.
-	Pool *x509.CertPool
-	// NotAfter is the earliest expiry of the roots.
-	NotAfter time.Time
-	// Source says where the bundle came from (a file path, "dev-ca", ...).
-	Source string
-}
-
-// ParseBundle parses a PEM bundle of one or more certificates. Anything else
-// in the data (other block types, trailing garbage) is an error.
-func ParseBundle(data []byte, source string) (*Bundle, error) {
-	certs, err := pki.ParseCertificates(data)
-	if err != nil {
-		return nil, fmt.Errorf("parsing trust bundle: %w", err)
-	}
-	b := &Bundle{
-		PEM:    pki.EncodeCertificates(certs),
-		Certs:  certs,
-		Pool:   pki.CertPool(certs),
-		Source: source,
-	}
-	for i, c := range certs {
-		if i == 0 || c.NotAfter.Before(b.NotAfter) {
-			b.NotAfter = c.NotAfter
-		}
-	}
-	return b, nil
-}
-
 // RootSource gives the trust bundle in force now and signals when it changes.
 // The manager serves it as ROOTCA and verifies every CA answer against it.
 type RootSource interface {
-	// Bundle returns the current bundle; never nil.
-	Bundle() *Bundle
+	// Bundle returns the current bundle (never nil) and where it came from
+	// (a file path, "dev-ca", ...).
+	Bundle() (b *pki.Bundle, source string)
 	// Watch returns a channel that receives a value after each change (signals
 	// merge) and a function that ends the subscription.
 	Watch() (<-chan struct{}, func())
 }
 
-// Roots is a RootSource whose bundle is replaced with Set, for root files that
-// are watched at run time. It also satisfies caclient.RootSource, so the same
+// Roots is a RootSource whose bundle is replaced at run time (root files
+// that are watched). It also satisfies caclient.RootSource, so the same
 // value can verify the CA's TLS certificate. Safe for concurrent use.
 type Roots struct {
-	mu  sync.Mutex
-	b   *Bundle
-	hub hub
+	mu     sync.Mutex
+	b      *pki.Bundle
+	source string
+	hub    hub
 }
 
-// NewRoots parses the initial bundle.
+// NewRoots parses the initial bundle from PEM (roots that arrive as PEM:
+// the development CA's, a test's).
 func NewRoots(pemData []byte, source string) (*Roots, error) {
-	b, err := ParseBundle(pemData, source)
+	b, err := pki.ParseBundle(pemData)
 	if err != nil {
 		return nil, err
 	}
-	return &Roots{b: b}, nil
+	return RootsOf(b, source), nil
 }
 
-// Set replaces the bundle. On a parse error the previous bundle stays and the
-// error is returned. Setting the same certificates again signals nothing.
+// RootsOf holds a bundle parsed already (root files: certfile.RootFeed).
+func RootsOf(b *pki.Bundle, source string) *Roots {
+	return &Roots{b: b, source: source}
+}
+
+// Set parses PEM roots and replaces the bundle with them (see SetBundle).
+// On a parse error the previous bundle stays and the error is returned.
 func (r *Roots) Set(pemData []byte, source string) error {
-	b, err := ParseBundle(pemData, source)
+	b, err := pki.ParseBundle(pemData)
 	if err != nil {
 		return err
 	}
+	r.SetBundle(b, source)
+	return nil
+}
+
+// SetBundle replaces the bundle. Setting the same certificates again
+// signals nothing; a nil bundle is ignored.
+func (r *Roots) SetBundle(b *pki.Bundle, source string) {
+	if b == nil {
+		return
+	}
 	r.mu.Lock()
-	same := bytes.Equal(r.b.PEM, b.PEM)
+	same := r.b.Equal(b)
 	if !same {
-		r.b = b
+		r.b, r.source = b, source
 	}
 	r.mu.Unlock()
 	if !same {
 		r.hub.notify("")
 	}
-	return nil
 }
 
-// Bundle returns the current bundle.
-func (r *Roots) Bundle() *Bundle {
+// Bundle returns the current bundle and its source.
+func (r *Roots) Bundle() (*pki.Bundle, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.b
+	return r.b, r.source
 }
 
 // Roots returns the current pool (caclient.RootSource).
-func (r *Roots) Roots() *x509.CertPool { return r.Bundle().Pool }
+func (r *Roots) Roots() *x509.CertPool {
+	b, _ := r.Bundle()
+	return b.Pool()
+}
 
 // Watch subscribes to changes.
 func (r *Roots) Watch() (<-chan struct{}, func()) { return r.hub.watch("") }

@@ -37,6 +37,9 @@ type Secret struct {
 	PrivateKey []byte
 	// Roots is the PEM trust bundle; set for ROOTCA and file-root secrets.
 	Roots []byte
+	// Bundle is the parsed trust bundle of which Roots is the PEM; set
+	// with it (RootSecret).
+	Bundle *pki.Bundle
 	// Leaf is the parsed leaf of CertChain; nil for a root secret.
 	Leaf *x509.Certificate
 	// NotAfter is the leaf's expiry (for roots, the earliest root expiry).
@@ -52,3 +55,30 @@ type Secret struct {
 
 // IsRoot reports whether s is a trust bundle rather than a certificate and key.
 func (s *Secret) IsRoot() bool { return s.CertChain == nil }
+
+// CertSecret is the one conversion of a certificate chain (leaf first) and
+// its PKCS#8 PEM key into a secret named name: the chain re-encoded as PEM,
+// the leaf, its expiry, and the identity the leaf names (zero when it names
+// none). Callers that know the identity (a verified CA answer) or the
+// renewal time set them on the result before publishing it.
+func CertSecret(name string, chain []*x509.Certificate, keyPEM []byte, source string) *Secret {
+	leaf := chain[0]
+	s := &Secret{
+		Name:       name,
+		CertChain:  pki.EncodeCertificates(chain),
+		PrivateKey: keyPEM,
+		Leaf:       leaf,
+		NotAfter:   leaf.NotAfter,
+		Source:     source,
+	}
+	if id, err := pki.IdentityOf(leaf); err == nil {
+		s.Identity = id
+	}
+	return s
+}
+
+// RootSecret is the one conversion of a trust bundle into a secret named
+// name (ROOTCA, file-root:...).
+func RootSecret(name string, b *pki.Bundle, source string) *Secret {
+	return &Secret{Name: name, Roots: b.PEM(), Bundle: b, NotAfter: b.NotAfter(), Source: source}
+}

@@ -1,6 +1,10 @@
 package secretmanager
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/meshagent/meshagent/internal/notify"
+)
 
 // hub fans out change signals to subscribers of a name. Every subscriber owns
 // a channel with a one-slot buffer; a signal is a non-blocking send, so signals
@@ -8,22 +12,21 @@ import "sync"
 // others. Signalling is O(subscribers of the name) and starts no goroutine.
 type hub struct {
 	mu   sync.Mutex
-	subs map[string]map[chan struct{}]struct{}
+	subs map[string]notify.Set
 }
 
 // watch subscribes to name. The returned cancel is safe to call more than once.
 func (h *hub) watch(name string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
 	h.mu.Lock()
 	if h.subs == nil {
-		h.subs = make(map[string]map[chan struct{}]struct{})
+		h.subs = make(map[string]notify.Set)
 	}
 	set := h.subs[name]
 	if set == nil {
-		set = make(map[chan struct{}]struct{})
+		set = notify.Set{}
 		h.subs[name] = set
 	}
-	set[ch] = struct{}{}
+	ch := set.Add()
 	h.mu.Unlock()
 	var once sync.Once
 	return ch, func() {
@@ -31,7 +34,7 @@ func (h *hub) watch(name string) (<-chan struct{}, func()) {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			if set := h.subs[name]; set != nil {
-				delete(set, ch)
+				set.Remove(ch)
 				if len(set) == 0 {
 					delete(h.subs, name)
 				}
@@ -44,12 +47,7 @@ func (h *hub) watch(name string) (<-chan struct{}, func()) {
 func (h *hub) notify(name string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for ch := range h.subs[name] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
+	h.subs[name].Signal()
 }
 
 // count returns the number of subscribers of name.

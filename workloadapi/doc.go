@@ -18,10 +18,12 @@
 // the source decides which identity "default" is (the agent's own in a
 // sidecar, the caller's pod's in node mode). A certificate whose identity is
 // not a SPIFFE ID (CA_PROVIDER=Linkerd issues DNS names, and its CA signs
-// only the DNS SAN that was asked for) cannot be an X.509-SVID: the call
-// fails with FailedPrecondition saying so. A source that cannot serve the
-// certificate yet makes the call fail with Unavailable, which SPIFFE clients
-// retry with backoff.
+// only the DNS SAN that was asked for) cannot be an X.509-SVID. Failures
+// carry the codes of the SPIFFE Workload Endpoint standard: a caller that
+// is not entitled to an SVID (no identity for it, or one that is not a
+// SPIFFE ID) gets PermissionDenied saying why; a source that cannot serve
+// now gets Unavailable; a missing security header InvalidArgument. Clients
+// (go-spiffe) stop on InvalidArgument and retry the others with backoff.
 //
 // Limits: at most Config.MaxStreams streams at once, and at most
 // Config.MaxStreamsPerCaller from one resolved caller (a pod in node mode),

@@ -1,9 +1,12 @@
 package workloadapi
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/internal/promreg"
 )
 
 // Method names, the values of the "method" label.
@@ -51,13 +54,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Workload API calls refused, by reason (header, max_streams, max_streams_per_caller).",
 		}, []string{"reason"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.streams, m.pushes, m.errors, m.refused} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("registering Workload API metrics: %w", err)
-		}
+	if err := errors.Join(
+		promreg.Assign(reg, &m.streams),
+		promreg.Assign(reg, &m.pushes),
+		promreg.Assign(reg, &m.errors),
+		promreg.Assign(reg, &m.refused),
+	); err != nil {
+		return nil, fmt.Errorf("registering Workload API metrics: %w", err)
 	}
 	return m, nil
 }

@@ -333,19 +333,29 @@ func (s *Server) readAll(ctx context.Context, names []string) ([]*secretmanager.
 	return out, nil
 }
 
-// read asks the source for name; a failure other than ctx's is Unavailable:
-// the client retries.
+// read asks the source for name and gives its failures the codes of the
+// SPIFFE Workload Endpoint standard (its list of error codes): a caller the
+// agent has no identity for, or that is not entitled to name
+// (secretmanager.ErrNoIdentity, ErrUnknownResource), gets PermissionDenied,
+// the standard's "not entitled to an SVID" (the workload may have started
+// before its identity was provisioned: clients retry with backoff, and
+// SPIRE and go-spiffe's own test server answer so); any other failure is
+// Unavailable (the agent cannot answer now: retry); the end of ctx keeps
+// ctx's code.
 func (s *Server) read(ctx context.Context, name string) (*secretmanager.Secret, error) {
 	sec, err := s.cfg.Secrets.Secret(ctx, name)
 	if err == nil {
 		return sec, nil
 	}
-	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return nil, status.FromContextError(err).Err()
-	}
 	what := "X.509-SVID"
 	if name == secretmanager.RootCertName {
 		what = "trust bundle"
+	}
+	switch {
+	case errors.Is(err, secretmanager.ErrNoIdentity) || errors.Is(err, secretmanager.ErrUnknownResource):
+		return nil, status.Errorf(codes.PermissionDenied, "no %s for this caller: %v", what, err)
+	case ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return nil, status.FromContextError(err).Err()
 	}
 	return nil, status.Errorf(codes.Unavailable, "%s not available: %v", what, err)
 }

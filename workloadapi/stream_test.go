@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
@@ -294,7 +296,7 @@ func newTestSource(t *testing.T, id pki.Identity) *testSource {
 	}
 	return &testSource{
 		cert:     secretmanager.Secret{Name: "default", Identity: id, CertChain: pki.EncodeCertificates(chain), PrivateKey: keyPEM, Version: 1},
-		root:     secretmanager.Secret{Name: "ROOTCA", Roots: ca.RootPEM(), Version: 2},
+		root:     rootSecret(t, ca.RootPEM(), 2),
 		watchers: map[string][]chan struct{}{},
 	}
 }
@@ -381,7 +383,7 @@ func TestOnlyChangesAreSent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src.signal("ROOTCA", func(s *testSource) { s.root.Roots, s.root.Version = other.RootPEM(), 3 })
+	src.signal("ROOTCA", func(s *testSource) { s.root = rootSecret(t, other.RootPEM(), 3) })
 	resp, err := stream.Recv()
 	if err != nil {
 		t.Fatal(err)
@@ -393,8 +395,9 @@ func TestOnlyChangesAreSent(t *testing.T) {
 }
 
 // Identities that are not SPIFFE IDs (Linkerd's DNS names) are refused with
-// FailedPrecondition saying why; a source that cannot serve yet gives
-// Unavailable, which SPIFFE clients retry.
+// PermissionDenied saying why, as is a name the source will never serve to
+// the caller; a source that cannot serve now gives Unavailable. The SPIFFE
+// Workload Endpoint standard's codes: clients retry both with backoff.
 func TestRefusedIdentities(t *testing.T) {
 	t.Run("linkerd", func(t *testing.T) {
 		src := newTestSource(t, pki.LinkerdIdentity("cluster.local", "ns1", "sa1", "linkerd"))
@@ -404,10 +407,20 @@ func TestRefusedIdentities(t *testing.T) {
 			"FetchX509SVID":    second(firstOf(c.FetchX509SVID(withHeader(callCtx(t)), &workload.X509SVIDRequest{}, grpc.WaitForReady(true)))),
 			"FetchX509Bundles": second(firstOf(c.FetchX509Bundles(withHeader(callCtx(t)), &workload.X509BundlesRequest{}, grpc.WaitForReady(true)))),
 		} {
-			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "serves SPIFFE identities") ||
+			if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "serves SPIFFE identities") ||
 				!strings.Contains(err.Error(), "sa1.ns1.serviceaccount.identity.linkerd.cluster.local") {
-				t.Fatalf("%s: %v, want FailedPrecondition naming the DNS identity", name, err)
+				t.Fatalf("%s: %v, want PermissionDenied naming the DNS identity", name, err)
 			}
+		}
+	})
+	t.Run("unknown resource", func(t *testing.T) {
+		src := newTestSource(t, testID)
+		src.err = fmt.Errorf("%w: \"default\"", secretmanager.ErrUnknownResource)
+		socket, _ := serve(t, src, nil)
+		c := rawClient(t, socket)
+		_, err := firstOf(c.FetchX509SVID(withHeader(callCtx(t)), &workload.X509SVIDRequest{}, grpc.WaitForReady(true)))
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "unknown resource") {
+			t.Fatalf("%v, want PermissionDenied with the reason", err)
 		}
 	})
 	t.Run("unavailable", func(t *testing.T) {
@@ -511,8 +524,7 @@ func TestStuckStreamDoesNotDelayOthers(t *testing.T) {
 	src := newTestSource(t, testID)
 	// A bundle of ~60 KB makes each message large, so the stuck stream's
 	// windows fill after a few changes.
-	big := bytes.Repeat(src.root.Roots, 100)
-	src.root.Roots = big
+	src.root = rootSecret(t, bytes.Repeat(src.root.Roots, 100), src.root.Version)
 	socket, _ := serve(t, src, nil)
 	small := rawClient(t, socket, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 	ctx := withHeader(callCtx(t))
@@ -548,4 +560,56 @@ func TestStuckStreamDoesNotDelayOthers(t *testing.T) {
 	if _, err := stuck.Recv(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A caller the agent has no identity for (node mode: no own identity, and
+// the caller carries none) gets PermissionDenied, the standard's "not
+// entitled to an SVID", through go-spiffe's own client: not Unavailable,
+// which would say the agent itself is down.
+func TestNoIdentityIsPermissionDenied(t *testing.T) {
+	ca, err := localca.New(localca.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := devca.New(devca.Config{CA: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := secretmanager.New(secretmanager.Config{CA: dev, Roots: roots}) // node mode: no own identity
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket, _ := serve(t, managerSource{mgr}, nil)
+	ctx := callCtx(t)
+	c, err := gsworkloadapi.New(ctx, gsworkloadapi.WithAddr("unix://"+socket),
+		// The socket may not listen yet: wait for it rather than fail.
+		gsworkloadapi.WithDialOptions(grpc.WithDefaultCallOptions(grpc.WaitForReady(true))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.FetchX509SVID(ctx)
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "no workload identity for this caller") {
+		t.Fatalf("go-spiffe FetchX509SVID = %v, want PermissionDenied saying the caller has no identity", err)
+	}
+	_, err = c.FetchX509Bundles(ctx)
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("go-spiffe FetchX509Bundles = %v, want PermissionDenied", err)
+	}
+}
+
+// rootSecret is the ROOTCA secret of PEM roots at version v.
+func rootSecret(t *testing.T, roots []byte, v uint64) secretmanager.Secret {
+	t.Helper()
+	b, err := pki.ParseBundle(roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := secretmanager.RootSecret(secretmanager.RootCertName, b, "test")
+	s.Version = v
+	return *s
 }

@@ -10,9 +10,9 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
-// secretGetter gives a secret by name (secretmanager.Manager).
+// secretGetter gives the secret held now by name (secretmanager.Manager).
 type secretGetter interface {
-	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
+	Current(ctx context.Context, name string) (*secretmanager.Secret, error)
 }
 
 // errNoWorkloadCert: no secret source to take a client certificate from.
@@ -33,9 +33,7 @@ func workloadCertificate(secrets secretGetter) func() (*tls.Certificate, error) 
 		if secrets == nil {
 			return nil, errNoWorkloadCert
 		}
-		now, cancel := context.WithCancel(context.Background())
-		cancel() // a done context: Secret answers with what it holds
-		s, err := secrets.Secret(now, secretmanager.WorkloadCertName)
+		s, err := secrets.Current(context.Background(), secretmanager.WorkloadCertName)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", errNoWorkloadCert, err)
 		}

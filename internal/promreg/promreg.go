@@ -26,3 +26,18 @@ func Register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 	}
 	return c, err
 }
+
+// Assign registers *c with Register and points *c at the collector in use:
+// c's own, or the one of the same description registered first. A nil reg
+// registers nothing. It lets a component register the fields of its
+// metrics struct one by one:
+//
+//	err := errors.Join(promreg.Assign(reg, &m.requests), promreg.Assign(reg, &m.errors))
+func Assign[C prometheus.Collector](reg prometheus.Registerer, c *C) error {
+	if reg == nil {
+		return nil
+	}
+	got, err := Register(reg, *c)
+	*c = got
+	return err
+}

@@ -22,3 +22,19 @@ func TestRegisterSharesTheFirstCollector(t *testing.T) {
 		t.Fatalf("a conflicting definition: %v", err)
 	}
 }
+
+func TestAssignPointsAtTheCollectorInUse(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	opts := prometheus.CounterOpts{Name: "y_total", Help: "y"}
+	first, second := prometheus.NewCounter(opts), prometheus.NewCounter(opts)
+	if err := Assign(reg, &first); err != nil {
+		t.Fatal(err)
+	}
+	kept := first
+	if err := Assign(reg, &second); err != nil || second != kept {
+		t.Fatalf("second field: %v, points at the first collector %v", err, second == kept)
+	}
+	if err := Assign[prometheus.Counter](nil, &second); err != nil {
+		t.Fatalf("nil registerer: %v", err)
+	}
+}

@@ -1,71 +1,25 @@
 package certfile
 
 import (
-	"bytes"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"time"
 
 	"github.com/meshagent/meshagent/internal/files/regularfile"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
-// Bundle is a set of trust roots.
-type Bundle struct {
-	// Certs are the roots in file order.
-	Certs []*x509.Certificate
-	// PEM is Certs re-encoded as PEM.
-	PEM []byte
-}
-
-// Equal reports whether b and o hold the same certificates in the same order.
-func (b *Bundle) Equal(o *Bundle) bool {
-	if b == nil || o == nil {
-		return b == o
-	}
-	return bytes.Equal(b.PEM, o.PEM)
-}
-
-// Pool returns a new pool holding the roots.
-func (b *Bundle) Pool() *x509.CertPool { return pki.CertPool(b.Certs) }
-
-// NotAfter returns the earliest expiry among the roots.
-func (b *Bundle) NotAfter() time.Time {
-	var t time.Time
-	for _, c := range b.Certs {
-		if t.IsZero() || c.NotAfter.Before(t) {
-			t = c.NotAfter
-		}
-	}
-	return t
-}
-
-func newBundle(certs []*x509.Certificate) *Bundle {
-	return &Bundle{Certs: certs, PEM: pki.EncodeCertificates(certs)}
-}
-
-// ParseBundle parses a PEM bundle of one or more certificates. It is strict:
-// any data that is not a CERTIFICATE block, or a block that does not parse,
-// is an error, so a truncated file is never taken for a smaller bundle.
-func ParseBundle(data []byte) (*Bundle, error) {
-	certs, err := pki.ParseCertificates(data)
-	if err != nil {
-		return nil, err
-	}
-	return newBundle(certs), nil
-}
-
-// LoadBundle reads and parses a root bundle file (see ParseBundle).
-func LoadBundle(path string) (*Bundle, error) {
+// LoadBundle reads and parses a root bundle file (see pki.ParseBundle: strict,
+// so a truncated file is never taken for a smaller bundle).
+func LoadBundle(path string) (*pki.Bundle, error) {
 	data, err := regularfile.Read(path, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading root bundle: %w", err)
 	}
-	b, err := ParseBundle(data)
+	b, err := pki.ParseBundle(data)
 	if err != nil {
 		return nil, fmt.Errorf("root bundle %s: %w", path, err)
 	}
@@ -104,7 +58,7 @@ func SystemBundlePath() (string, error) {
 // SystemBundlePath). Unlike LoadBundle it is lenient, as crypto/x509 is with
 // the same files: text between blocks, non-certificate blocks and
 // certificates Go cannot parse are skipped. At least one root must remain.
-func LoadSystemBundle(path string) (*Bundle, error) {
+func LoadSystemBundle(path string) (*pki.Bundle, error) {
 	data, err := regularfile.Read(path, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading system root bundle: %w", err)
@@ -116,7 +70,7 @@ func LoadSystemBundle(path string) (*Bundle, error) {
 	return b, nil
 }
 
-func parseLenient(data []byte) (*Bundle, error) {
+func parseLenient(data []byte) (*pki.Bundle, error) {
 	var certs []*x509.Certificate
 	for {
 		var block *pem.Block
@@ -136,7 +90,7 @@ func parseLenient(data []byte) (*Bundle, error) {
 	if len(certs) == 0 {
 		return nil, pki.ErrNoCertificates
 	}
-	return newBundle(certs), nil
+	return pki.NewBundle(certs), nil
 }
 
 // Reason returns a short, metric-label-safe name for a load error:

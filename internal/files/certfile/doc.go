@@ -26,8 +26,10 @@
 // and it does not check a chain against trust roots or a requested identity:
 // mounted certificates are served as the operator gave them.
 //
-// Ownership and locking: Pair and Bundle are immutable once returned. A
-// Source is safe for concurrent use: Current, Wait and Reload may be called
-// from any goroutine; Run may be called once and owns the watcher. A
+// Ownership and locking: a Pair and a pki.Bundle are immutable once
+// returned, and a bundle is handed on parsed (RootFeed sets it into
+// secretmanager.Roots as is). A Source is safe for concurrent use: Current,
+// Wait and Reload may be called from any goroutine; Run may be called once
+// and owns the watcher. A
 // RootFeed or PairFeed owns its Source; its Run may be called once.
 package certfile

@@ -42,7 +42,7 @@ func ExampleNewBundleSource() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("roots:", len(roots.Certs))
+	fmt.Println("roots:", len(roots.Certs()))
 
 	// Add a second root, as during a root rotation.
 	_, _, changed := src.Current()
@@ -55,7 +55,7 @@ func ExampleNewBundleSource() {
 	}
 	<-changed
 	roots, _, _ = src.Current()
-	fmt.Println("roots:", len(roots.Certs))
+	fmt.Println("roots:", len(roots.Certs()))
 
 	cancel()
 	if err := <-done; err != nil {

@@ -27,7 +27,7 @@ type RootFeedConfig struct {
 // server with.
 type RootFeed struct {
 	path  string
-	src   *Source[*Bundle]
+	src   *Source[*pki.Bundle]
 	roots *secretmanager.Roots
 	log   *zap.Logger
 }
@@ -40,25 +40,16 @@ func NewRootFeed(cfg RootFeedConfig) (*RootFeed, error) {
 		return nil, fmt.Errorf("%s %s: %w", cfg.Name, cfg.Path, err)
 	}
 	b, _, _ := src.Current()
-	roots, err := secretmanager.NewRoots(b.PEM, cfg.Path)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", cfg.Name, cfg.Path, err)
-	}
-	return &RootFeed{path: cfg.Path, src: src, roots: roots, log: logger(cfg.Source).With(zap.String(keySource, cfg.Path))}, nil
+	return &RootFeed{path: cfg.Path, src: src, roots: secretmanager.RootsOf(b, cfg.Path), log: logger(cfg.Source).With(zap.String(keySource, cfg.Path))}, nil
 }
 
 // Roots returns the bundle the feed keeps current.
 func (f *RootFeed) Roots() *secretmanager.Roots { return f.roots }
 
-// Run watches the file and sets every new good bundle into Roots until ctx
-// ends, and returns nil. A bundle the Roots refuse is logged; the previous
-// one stays. It may be called once.
+// Run watches the file and sets every new good bundle, as parsed, into
+// Roots until ctx ends, and returns nil. It may be called once.
 func (f *RootFeed) Run(ctx context.Context) error {
-	return follow(ctx, f.src, func(b *Bundle) {
-		if err := f.roots.Set(b.PEM, f.path); err != nil {
-			f.log.Warn("root bundle not applied", zap.Error(err))
-		}
-	})
+	return follow(ctx, f.src, func(b *pki.Bundle) { f.roots.SetBundle(b, f.path) })
 }
 
 // Publisher takes the own workload certificate from files
@@ -108,14 +99,7 @@ func NewPairFeed(cfg PairFeedConfig) (*PairFeed, error) {
 // once.
 func (f *PairFeed) Run(ctx context.Context) error {
 	return follow(ctx, f.src, func(p *Pair) {
-		sec := &secretmanager.Secret{
-			Name: secretmanager.WorkloadCertName, CertChain: p.ChainPEM, PrivateKey: p.KeyPEM,
-			Leaf: p.Leaf(), NotAfter: p.Leaf().NotAfter, Source: f.label,
-		}
-		if id, err := pki.IdentityOf(p.Leaf()); err == nil {
-			sec.Identity = id
-		}
-		if err := f.into.Publish(sec); err != nil {
+		if err := f.into.Publish(p.Secret(secretmanager.WorkloadCertName, f.label)); err != nil {
 			f.log.Warn("certificate files not served", zap.Error(err))
 		}
 	})

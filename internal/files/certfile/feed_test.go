@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -22,8 +23,8 @@ func TestRootFeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	roots := f.Roots()
-	if b := roots.Bundle(); !b.Certs[0].Equal(ca1.Root()) || b.Source != p {
-		t.Fatalf("initial bundle is not the file's (source %q)", b.Source)
+	if b, source := roots.Bundle(); !b.Certs()[0].Equal(ca1.Root()) || source != p {
+		t.Fatalf("initial bundle is not the file's (source %q)", source)
 	}
 	changes, stop := roots.Watch()
 	defer stop()
@@ -31,7 +32,7 @@ func TestRootFeed(t *testing.T) {
 
 	replace(t, p, ca2.RootPEM())
 	waitChanged(t, changes, 10*time.Second)
-	if !roots.Bundle().Certs[0].Equal(ca2.Root()) {
+	if !rootsNow(roots).Certs()[0].Equal(ca2.Root()) {
 		t.Fatal("the rotated bundle was not applied")
 	}
 
@@ -39,7 +40,7 @@ func TestRootFeed(t *testing.T) {
 	replace(t, p, ca3.RootPEM()[:40])
 	replace(t, p, ca3.RootPEM())
 	waitChanged(t, changes, 10*time.Second)
-	if !roots.Bundle().Certs[0].Equal(ca3.Root()) {
+	if !rootsNow(roots).Certs()[0].Equal(ca3.Root()) {
 		t.Fatal("the repaired bundle was not applied")
 	}
 }
@@ -124,4 +125,10 @@ func mustRoots(t *testing.T, ca *localca.CA) *secretmanager.Roots {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// rootsNow is the bundle roots hold now.
+func rootsNow(roots *secretmanager.Roots) *pki.Bundle {
+	b, _ := roots.Bundle()
+	return b
 }

@@ -63,18 +63,18 @@ func FuzzParseBundle(f *testing.F) {
 	f.Add([]byte("# comment\n" + string(a.RootPEM()) + "trailing"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		strict, err := ParseBundle(data)
+		strict, err := pki.ParseBundle(data)
 		if err == nil {
-			if len(strict.Certs) == 0 {
+			if len(strict.Certs()) == 0 {
 				t.Fatal("empty bundle loaded")
 			}
-			again, err := ParseBundle(strict.PEM)
+			again, err := pki.ParseBundle(strict.PEM())
 			if err != nil || !again.Equal(strict) {
 				t.Fatalf("normalised bundle does not parse again: %v", err)
 			}
 		}
 		lenient, lerr := parseLenient(data)
-		if lerr == nil && len(lenient.Certs) == 0 {
+		if lerr == nil && len(lenient.Certs()) == 0 {
 			t.Fatal("empty system bundle loaded")
 		}
 		if err == nil && (lerr != nil || !lenient.Equal(strict)) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files/regularfile"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/secretmanager"
 )
 
 // Pair is a certificate chain and the private key of its leaf.
@@ -34,6 +35,12 @@ func (p *Pair) Equal(o *Pair) bool {
 		return p == o
 	}
 	return bytes.Equal(p.ChainPEM, o.ChainPEM) && bytes.Equal(p.KeyPEM, o.KeyPEM)
+}
+
+// Secret returns the pair as the secret named name
+// (secretmanager.CertSecret).
+func (p *Pair) Secret(name, source string) *secretmanager.Secret {
+	return secretmanager.CertSecret(name, p.Chain, p.KeyPEM, source)
 }
 
 // TLSCertificate returns the pair for use in a tls.Config.

@@ -125,15 +125,15 @@ func TestParseBundle(t *testing.T) {
 		t.Fatal(err)
 	}
 	both := append(a.RootPEM(), b.RootPEM()...)
-	bundle, err := ParseBundle(both)
+	bundle, err := pki.ParseBundle(both)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bundle.NotAfter().Equal(b.Root().NotAfter) {
 		t.Fatalf("NotAfter %s, want the shorter-lived root's %s", bundle.NotAfter(), b.Root().NotAfter)
 	}
-	if len(bundle.Certs) != 2 || !bytes.Equal(bundle.PEM, both) {
-		t.Fatalf("bundle holds %d certificates", len(bundle.Certs))
+	if len(bundle.Certs()) != 2 || !bytes.Equal(bundle.PEM(), both) {
+		t.Fatalf("bundle holds %d certificates", len(bundle.Certs()))
 	}
 	for _, root := range []*x509.Certificate{a.Root(), b.Root()} {
 		if _, err := root.Verify(x509.VerifyOptions{Roots: bundle.Pool()}); err != nil {
@@ -146,7 +146,7 @@ func TestParseBundle(t *testing.T) {
 		"white space": []byte("  \n"),
 		"key block":   append(bytes.Clone(both), issue(t, a, localca.Leaf{}).keyPEM...),
 	} {
-		if _, err := ParseBundle(data); err == nil {
+		if _, err := pki.ParseBundle(data); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

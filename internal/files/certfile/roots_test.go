@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // NewRootSource reads "system" (any case) as the system bundle and
@@ -39,7 +41,7 @@ func TestRootSource(t *testing.T) {
 				t.Fatal(err)
 			}
 			b, ok, _ := s.Current()
-			if !ok || string(b.PEM) != string(tt.want) {
+			if !ok || string(b.PEM()) != string(tt.want) {
 				t.Fatalf("%s: wrong bundle", tt.path)
 			}
 		})
@@ -61,15 +63,15 @@ func TestFollow(t *testing.T) {
 		t.Fatal(err)
 	}
 	runSource(t, s)
-	got := make(chan *Bundle, 4)
+	got := make(chan *pki.Bundle, 4)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.Follow(ctx, func(b *Bundle) { got <- b })
+		s.Follow(ctx, func(b *pki.Bundle) { got <- b })
 	}()
 	defer func() { cancel(); <-done }()
-	next := func() *Bundle {
+	next := func() *pki.Bundle {
 		select {
 		case b := <-got:
 			return b
@@ -78,13 +80,13 @@ func TestFollow(t *testing.T) {
 			return nil
 		}
 	}
-	if b := next(); !b.Certs[0].Equal(ca1.Root()) {
+	if b := next(); !b.Certs()[0].Equal(ca1.Root()) {
 		t.Fatal("first value is not the current one")
 	}
 	if err := os.WriteFile(p, ca2.RootPEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if b := next(); !b.Certs[0].Equal(ca2.Root()) {
+	if b := next(); !b.Certs()[0].Equal(ca2.Root()) {
 		t.Fatal("second value is not the new bundle")
 	}
 }

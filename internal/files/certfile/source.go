@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/internal/files/filewatch"
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // Value is what a Source holds: a type that can tell whether a newly loaded
@@ -101,11 +102,11 @@ func NewPairSource(cfg SourceConfig, certPath, keyPath string) (*Source[*Pair], 
 }
 
 // NewBundleSource watches a root bundle file.
-func NewBundleSource(cfg SourceConfig, path string) (*Source[*Bundle], error) {
+func NewBundleSource(cfg SourceConfig, path string) (*Source[*pki.Bundle], error) {
 	if path == "" {
 		return nil, errors.New("certfile: root bundle path is required")
 	}
-	return NewSource(cfg, path, "bundle", []string{path}, func(time.Time) (*Bundle, error) {
+	return NewSource(cfg, path, "bundle", []string{path}, func(time.Time) (*pki.Bundle, error) {
 		return LoadBundle(path)
 	})
 }
@@ -122,7 +123,7 @@ func IsSystemRoots(path string) bool { return strings.EqualFold(path, SystemRoot
 // (NewBundleSource), or the system roots when IsSystemRoots(path)
 // (NewSystemBundleSource). It is how every root bundle setting and resource
 // is read.
-func NewRootSource(cfg SourceConfig, path string) (*Source[*Bundle], error) {
+func NewRootSource(cfg SourceConfig, path string) (*Source[*pki.Bundle], error) {
 	if IsSystemRoots(path) {
 		return NewSystemBundleSource(cfg)
 	}
@@ -131,7 +132,7 @@ func NewRootSource(cfg SourceConfig, path string) (*Source[*Bundle], error) {
 
 // LoadRootSource is NewRootSource followed by a first load, whose error it
 // returns: for callers that refuse a root bundle that cannot be read now.
-func LoadRootSource(cfg SourceConfig, path string) (*Source[*Bundle], error) {
+func LoadRootSource(cfg SourceConfig, path string) (*Source[*pki.Bundle], error) {
 	src, err := NewRootSource(cfg, path)
 	if err != nil {
 		return nil, err
@@ -143,12 +144,12 @@ func LoadRootSource(cfg SourceConfig, path string) (*Source[*Bundle], error) {
 }
 
 // NewSystemBundleSource watches the system root bundle (SystemBundlePath).
-func NewSystemBundleSource(cfg SourceConfig) (*Source[*Bundle], error) {
+func NewSystemBundleSource(cfg SourceConfig) (*Source[*pki.Bundle], error) {
 	path, err := SystemBundlePath()
 	if err != nil {
 		return nil, err
 	}
-	return NewSource(cfg, "system:"+path, "system_bundle", []string{path}, func(time.Time) (*Bundle, error) {
+	return NewSource(cfg, "system:"+path, "system_bundle", []string{path}, func(time.Time) (*pki.Bundle, error) {
 		return LoadSystemBundle(path)
 	})
 }

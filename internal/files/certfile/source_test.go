@@ -188,8 +188,8 @@ func TestBundleSourceRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	runSource(t, s)
-	if b := waitFor(t, s); len(b.Certs) != 1 {
-		t.Fatalf("%d roots", len(b.Certs))
+	if b := waitFor(t, s); len(b.Certs()) != 1 {
+		t.Fatalf("%d roots", len(b.Certs()))
 	}
 	steps := []struct {
 		data  []byte
@@ -202,8 +202,8 @@ func TestBundleSourceRotation(t *testing.T) {
 		_, _, changed := s.Current()
 		replace(t, p, st.data)
 		waitChanged(t, changed, testDebounce+time.Second)
-		if b, _, _ := s.Current(); len(b.Certs) != st.roots {
-			t.Fatalf("step %d: %d roots, want %d", i, len(b.Certs), st.roots)
+		if b, _, _ := s.Current(); len(b.Certs()) != st.roots {
+			t.Fatalf("step %d: %d roots, want %d", i, len(b.Certs()), st.roots)
 		}
 	}
 	// A half-written bundle is not taken for a smaller one.
@@ -213,7 +213,7 @@ func TestBundleSourceRotation(t *testing.T) {
 	before := malformed()
 	writeFile(t, p, both[:len(oldCA.RootPEM())+100])
 	expectRejected(t, malformed, before, changed)
-	if b, _, _ := s.Current(); !b.Certs[0].Equal(newCA2.Root()) {
+	if b, _, _ := s.Current(); !b.Certs()[0].Equal(newCA2.Root()) {
 		t.Fatal("last good bundle replaced")
 	}
 }
@@ -271,7 +271,7 @@ func TestReloadUsesClock(t *testing.T) {
 func TestSourcesShareRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	dir := t.TempDir()
-	var sources []*Source[*Bundle]
+	var sources []*Source[*pki.Bundle]
 	for i := range 2 {
 		s, err := NewBundleSource(SourceConfig{Registerer: reg}, filepath.Join(dir, fmt.Sprint(i)))
 		if err != nil {
@@ -302,8 +302,8 @@ func TestSystemBundleSource(t *testing.T) {
 	_, _, changed := s.Current()
 	replace(t, p, append(ca.RootPEM(), other.RootPEM()...))
 	waitChanged(t, changed, testDebounce+time.Second)
-	if b, _, _ := s.Current(); len(b.Certs) != 2 {
-		t.Fatalf("%d roots after the system bundle changed", len(b.Certs))
+	if b, _, _ := s.Current(); len(b.Certs()) != 2 {
+		t.Fatalf("%d roots after the system bundle changed", len(b.Certs()))
 	}
 }
 

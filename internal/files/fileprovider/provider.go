@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meshagent/meshagent/internal/files/certfile"
+	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -118,6 +119,29 @@ var _ secretmanager.Provider = (*Provider)(nil)
 // one watches is loaded for this call only and not kept; it is refused, like
 // a Watch of it, while MaxResources names are held.
 func (p *Provider) Secret(ctx context.Context, name string) (*secretmanager.Secret, error) {
+	e, err := p.lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	return e.secret(ctx)
+}
+
+// Current returns the secret for name as it is now, never waiting for a
+// first good value of its files (it loads a name nobody holds, as Secret
+// does).
+func (p *Provider) Current(name string) (*secretmanager.Secret, error) {
+	e, err := p.lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	if s, _ := e.now(); s != nil {
+		return s, nil
+	}
+	return nil, fmt.Errorf("%s: no good value yet", name)
+}
+
+// lookup returns the held entry of name, or loads one for this call only.
+func (p *Provider) lookup(name string) (*entry, error) {
 	p.mu.Lock()
 	e := p.entries[name]
 	var err error
@@ -134,7 +158,7 @@ func (p *Provider) Secret(ctx context.Context, name string) (*secretmanager.Secr
 			return nil, refusal(name, err)
 		}
 	}
-	return e.secret(ctx)
+	return e, nil
 }
 
 // Watch signals changes of name and holds it (its files stay loaded and
@@ -236,7 +260,7 @@ func (p *Provider) release(e *entry) {
 
 // newEntry parses name, builds its source and loads it once.
 func (p *Provider) newEntry(name string) (*entry, error) {
-	e := &entry{name: name, version: &p.version, watchers: map[chan struct{}]struct{}{}}
+	e := &entry{name: name, version: &p.version, watchers: notify.Set{}}
 	switch {
 	case strings.HasPrefix(name, secretmanager.FileCertPrefix):
 		certPath, keyPath, err := splitPair(strings.TrimPrefix(name, secretmanager.FileCertPrefix))
@@ -248,15 +272,7 @@ func (p *Provider) newEntry(name string) (*entry, error) {
 			return nil, err
 		}
 		e.bind(src, func(v any) *secretmanager.Secret {
-			pair := v.(*certfile.Pair)
-			s := &secretmanager.Secret{
-				Name: name, CertChain: pair.ChainPEM, PrivateKey: pair.KeyPEM,
-				Leaf: pair.Leaf(), NotAfter: pair.Leaf().NotAfter, Source: sourceName,
-			}
-			if id, err := pki.IdentityOf(pair.Leaf()); err == nil {
-				s.Identity = id
-			}
-			return s
+			return v.(*certfile.Pair).Secret(name, sourceName)
 		})
 	case strings.HasPrefix(name, secretmanager.FileRootPrefix):
 		path := strings.TrimPrefix(name, secretmanager.FileRootPrefix)
@@ -268,8 +284,7 @@ func (p *Provider) newEntry(name string) (*entry, error) {
 			return nil, err
 		}
 		e.bind(src, func(v any) *secretmanager.Secret {
-			b := v.(*certfile.Bundle)
-			return &secretmanager.Secret{Name: name, Roots: b.PEM, NotAfter: b.NotAfter(), Source: sourceName}
+			return secretmanager.RootSecret(name, v.(*pki.Bundle), sourceName)
 		})
 	default:
 		return nil, errors.New("not a file resource")
@@ -308,7 +323,7 @@ type entry struct {
 	mu       sync.Mutex
 	lastV    any
 	last     *secretmanager.Secret
-	watchers map[chan struct{}]struct{}
+	watchers notify.Set
 }
 
 func (e *entry) bind(src interface {
@@ -319,7 +334,7 @@ func (e *entry) bind(src interface {
 	switch s := src.(type) {
 	case *certfile.Source[*certfile.Pair]:
 		e.current = func() (any, bool, <-chan struct{}) { return s.Current() }
-	case *certfile.Source[*certfile.Bundle]:
+	case *certfile.Source[*pki.Bundle]:
 		e.current = func() (any, bool, <-chan struct{}) { return s.Current() }
 	}
 }
@@ -328,16 +343,9 @@ func (e *entry) bind(src interface {
 // good value (bounded by ctx).
 func (e *entry) secret(ctx context.Context) (*secretmanager.Secret, error) {
 	for {
-		v, ok, changed := e.current()
-		if ok {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			if e.last == nil || e.lastV != v {
-				s := e.convert(v)
-				s.Version = e.version.Add(1)
-				e.lastV, e.last = v, s
-			}
-			return e.last, nil
+		s, changed := e.now()
+		if s != nil {
+			return s, nil
 		}
 		select {
 		case <-changed:
@@ -347,16 +355,32 @@ func (e *entry) secret(ctx context.Context) (*secretmanager.Secret, error) {
 	}
 }
 
-func (e *entry) watch() (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
+// now returns the secret for the current value, or nil and the channel that
+// signals the next value while the source has no good one.
+func (e *entry) now() (*secretmanager.Secret, <-chan struct{}) {
+	v, ok, changed := e.current()
+	if !ok {
+		return nil, changed
+	}
 	e.mu.Lock()
-	e.watchers[ch] = struct{}{}
+	defer e.mu.Unlock()
+	if e.last == nil || e.lastV != v {
+		s := e.convert(v)
+		s.Version = e.version.Add(1)
+		e.lastV, e.last = v, s
+	}
+	return e.last, nil
+}
+
+func (e *entry) watch() (<-chan struct{}, func()) {
+	e.mu.Lock()
+	ch := e.watchers.Add()
 	e.mu.Unlock()
 	var once sync.Once
 	return ch, func() {
 		once.Do(func() {
 			e.mu.Lock()
-			delete(e.watchers, ch)
+			e.watchers.Remove(ch)
 			e.mu.Unlock()
 		})
 	}
@@ -372,12 +396,7 @@ func (e *entry) follow(ctx context.Context, changed <-chan struct{}) {
 		}
 		_, _, changed = e.current()
 		e.mu.Lock()
-		for ch := range e.watchers {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
+		e.watchers.Signal()
 		e.mu.Unlock()
 	}
 }

@@ -210,9 +210,9 @@ func TestFileRootBundleWithSeveralRoots(t *testing.T) {
 	writeAtomic(t, path, both)
 	waitSignal(t, ch)
 	s = secret(t, p, name)
-	b, err := certfile.ParseBundle(s.Roots)
-	if err != nil || len(b.Certs) != 2 {
-		t.Fatalf("bundle after change: %d roots, %v", len(b.Certs), err)
+	b, err := pki.ParseBundle(s.Roots)
+	if err != nil || len(b.Certs()) != 2 {
+		t.Fatalf("bundle after change: %d roots, %v", len(b.Certs()), err)
 	}
 }
 

@@ -11,7 +11,7 @@ import (
 
 // Secrets is the agent's secret source as Sync uses it (secretmanager.Manager).
 type Secrets interface {
-	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
+	Current(ctx context.Context, name string) (*secretmanager.Secret, error)
 	Watch(ctx context.Context, name string) (<-chan struct{}, func())
 }
 
@@ -70,13 +70,11 @@ func (s *Sync) Run(ctx context.Context) error {
 
 // write writes what the source holds now, waiting for nothing.
 func (s *Sync) write(ctx context.Context) {
-	now, cancel := context.WithCancel(ctx)
-	cancel() // a done context: Secret answers with what it holds, or an error
 	var f Files
-	if cert, err := s.secrets.Secret(now, secretmanager.WorkloadCertName); err == nil {
+	if cert, err := s.secrets.Current(ctx, secretmanager.WorkloadCertName); err == nil {
 		f.CertChain, f.Key = cert.CertChain, cert.PrivateKey
 	}
-	if root, err := s.secrets.Secret(now, secretmanager.RootCertName); err == nil {
+	if root, err := s.secrets.Current(ctx, secretmanager.RootCertName); err == nil {
 		f.Root = root.Roots
 	}
 	if f.CertChain == nil && f.Root == nil {
