@@ -36,7 +36,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/internal/testutil"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -47,7 +47,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // waitMetric waits until a counter or gauge reads want.
 func waitMetric(t testing.TB, m prometheus.Metric, want float64) {
 	t.Helper()
-	testutil.WaitFor(t, fmt.Sprintf("the metric to read %v", want), func() bool { return metricValue(t, m) == want })
+	testwait.For(t, fmt.Sprintf("the metric to read %v", want), func() bool { return metricValue(t, m) == want })
 }
 
 // metricValue reads a counter or gauge.
@@ -232,7 +232,7 @@ func next(t testing.TB, s *sdsclient.Stream) *sdsclient.Response {
 // step advances the fake clock once the manager waits on it.
 func (f *fixture) step(d time.Duration) {
 	f.t.Helper()
-	testutil.Step(f.t, f.clock, d)
+	testwait.Step(f.t, f.clock, d)
 }
 
 // checkCert checks a served TlsCertificate: the SPIFFE SAN, a chain that
@@ -471,7 +471,7 @@ func TestManyStreamsOneCSR(t *testing.T) {
 	for i := range streams {
 		streams[i] = f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}})
 	}
-	testutil.WaitFor(t, "the streams to open", func() bool { return metricValue(t, f.srv.metrics.streams) >= n })
+	testwait.For(t, "the streams to open", func() bool { return metricValue(t, f.srv.metrics.streams) >= n })
 	f.startManager()
 	var first []byte
 	for _, s := range streams {

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/internal/testutil"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
 )
@@ -100,7 +100,7 @@ func TestStreamsShareOneWatchAndOneGoroutineEach(t *testing.T) {
 	}
 	// Once the first pushes are done, each stream holds its handler and the
 	// shared watch one fan-out goroutine: nothing else of this package runs.
-	testutil.WaitFor(t, "one goroutine a stream", func() bool { return packageGoroutines()-idle == len(all)+1 })
+	testwait.For(t, "one goroutine a stream", func() bool { return packageGoroutines()-idle == len(all)+1 })
 
 	f.step(15 * time.Second)
 	for i, s := range all {
@@ -115,7 +115,7 @@ func TestStreamsShareOneWatchAndOneGoroutineEach(t *testing.T) {
 	for _, s := range all {
 		s.Close()
 	}
-	testutil.WaitFor(t, "the watch to be released", func() bool { active, _ := src.counts("default"); return active == 0 })
+	testwait.For(t, "the watch to be released", func() bool { active, _ := src.counts("default"); return active == 0 })
 	// Every goroutine the streams and their connections started ends.
 	for _, c := range clients {
 		_ = c.Close()
@@ -238,7 +238,7 @@ func TestEncodingDroppedWithItsSecret(t *testing.T) {
 	if c.len() != 1 {
 		t.Fatalf("%d entries, want 1", c.len())
 	}
-	testutil.WaitFor(t, "the entry to be dropped", func() bool {
+	testwait.For(t, "the entry to be dropped", func() bool {
 		runtime.GC()
 		return c.len() == 0
 	})

@@ -1,4 +1,4 @@
-package testutil
+package testwait
 
 import (
 	"strings"
@@ -41,7 +41,7 @@ func run(t *testing.T, f func(tb testing.TB)) (failed string) {
 	return ""
 }
 
-func TestWaitForReturnsOnceTheConditionHolds(t *testing.T) {
+func TestForReturnsOnceTheConditionHolds(t *testing.T) {
 	var n atomic.Int32
 	go func() {
 		for range 3 {
@@ -49,15 +49,15 @@ func TestWaitForReturnsOnceTheConditionHolds(t *testing.T) {
 			n.Add(1)
 		}
 	}()
-	if msg := run(t, func(tb testing.TB) { WaitFor(tb, "three", func() bool { return n.Load() == 3 }) }); msg != "" {
+	if msg := run(t, func(tb testing.TB) { For(tb, "three", func() bool { return n.Load() == 3 }) }); msg != "" {
 		t.Fatalf("failed: %s", msg)
 	}
 }
 
-func TestWaitForWithinFailsWhenTheConditionNeverHolds(t *testing.T) {
+func TestWithinFailsWhenTheConditionNeverHolds(t *testing.T) {
 	looks := 0
 	msg := run(t, func(tb testing.TB) {
-		WaitForWithin(tb, 20*time.Millisecond, "never", func() bool { looks++; return false })
+		Within(tb, 20*time.Millisecond, "never", func() bool { looks++; return false })
 	})
 	if !strings.HasPrefix(msg, "timed out") {
 		t.Fatalf("failure %q, want a time-out", msg)

@@ -1,15 +1,15 @@
-// Package testutil holds what the tests of many packages share: waiting in
+// Package testwait holds what the tests of many packages share: waiting in
 // real time for a condition that another goroutine or process makes true,
 // and stepping a fake clock once the code under test waits on it. It is
 // imported only by _test.go files.
-package testutil
+package testwait
 
 import (
 	"testing"
 	"time"
 )
 
-// Timeout is how long WaitFor waits before it fails the test: long enough
+// Timeout is how long For waits before it fails the test: long enough
 // for a loaded machine running the race detector, short enough that a
 // condition that never holds fails the test rather than the run.
 const Timeout = 10 * time.Second
@@ -17,15 +17,15 @@ const Timeout = 10 * time.Second
 // poll is the pause between two looks at a condition.
 const poll = 2 * time.Millisecond
 
-// WaitFor looks at cond until it holds, failing t after Timeout. what says
+// For looks at cond until it holds, failing t after Timeout. what says
 // what was awaited ("the renewal timer").
-func WaitFor(t testing.TB, what string, cond func() bool) {
+func For(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	WaitForWithin(t, Timeout, what, cond)
+	Within(t, Timeout, what, cond)
 }
 
-// WaitForWithin looks at cond until it holds, failing t after within.
-func WaitForWithin(t testing.TB, within time.Duration, what string, cond func() bool) {
+// Within looks at cond until it holds, failing t after within.
+func Within(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for !cond() {
@@ -37,22 +37,22 @@ func WaitForWithin(t testing.TB, within time.Duration, what string, cond func() 
 }
 
 // FakeClock is the part of k8s.io/utils/clock/testing.FakeClock that
-// WaitTimer and Step use.
+// Timer and Step use.
 type FakeClock interface {
 	HasWaiters() bool
 	Step(d time.Duration)
 }
 
-// WaitTimer waits until something waits on clk: a timer, ticker or After
+// Timer waits until something waits on clk: a timer, ticker or After
 // is set. Stepping before then would move time past a timer not yet set.
-func WaitTimer(t testing.TB, clk FakeClock) {
+func Timer(t testing.TB, clk FakeClock) {
 	t.Helper()
-	WaitFor(t, "a timer on the fake clock", clk.HasWaiters)
+	For(t, "a timer on the fake clock", clk.HasWaiters)
 }
 
 // Step advances clk by d once something waits on it.
 func Step(t testing.TB, clk FakeClock, d time.Duration) {
 	t.Helper()
-	WaitTimer(t, clk)
+	Timer(t, clk)
 	clk.Step(d)
 }
