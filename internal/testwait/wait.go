@@ -14,8 +14,13 @@ import (
 // condition that never holds fails the test rather than the run.
 const Timeout = 10 * time.Second
 
-// poll is the pause between two looks at a condition.
-const poll = 2 * time.Millisecond
+// The pause between two looks at a condition starts short, for a
+// condition that holds soon, and grows to maxPause, so that a costly look (an
+// HTTP request, a list from the API server) is not repeated in a busy loop.
+const (
+	firstPause = time.Millisecond
+	maxPause   = 20 * time.Millisecond
+)
 
 // For looks at cond until it holds, failing t after Timeout. what says
 // what was awaited ("the renewal timer").
@@ -28,11 +33,11 @@ func For(t testing.TB, what string, cond func() bool) {
 func Within(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
-	for !cond() {
+	for pause := firstPause; !cond(); pause = min(2*pause, maxPause) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", within, what)
 		}
-		time.Sleep(poll)
+		time.Sleep(pause)
 	}
 }
 

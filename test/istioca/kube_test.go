@@ -30,7 +30,7 @@ type cluster struct {
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx := context.Background()
 	base := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	if len(base) > 40 {

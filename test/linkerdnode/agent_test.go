@@ -38,7 +38,7 @@ func grantNodeAgent(t *testing.T, ns, sa string) {
 	t.Helper()
 	ctx := context.Background()
 	name := "meshagent-node-" + ns
-	rbac := kubeEnv(t).Client().RbacV1()
+	rbac := kube.Env(t).Client().RbacV1()
 	if _, err := rbac.ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Rules: []rbacv1.PolicyRule{
@@ -66,7 +66,7 @@ func grantNodeAgent(t *testing.T, ns, sa string) {
 // service account keeps the identity working: the next CSR carries a token
 // bound to that pod.
 func TestLinkerdNodeModeTokensPerServiceAccount(t *testing.T) {
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx := context.Background()
 	const ns, node = "l5dnode", "node-l5d"
 	if _, err := env.CreateNamespace(ctx, ns); err != nil {

@@ -48,7 +48,7 @@ type setup struct {
 
 func newSetup(t *testing.T) *setup {
 	t.Helper()
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx := context.Background()
 	ns := strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
 	if len(ns) > 50 {
