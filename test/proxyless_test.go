@@ -46,7 +46,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/meshagent/meshagent/internal/files/outputcerts"
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/xdsserver"
@@ -204,7 +204,7 @@ func (a *pxAgent) waitReady(t *testing.T) {
 			t.Fatalf("agent %s exited: %s", a.name, a.logs())
 		default:
 		}
-		for _, p := range []string{a.bootstrap, filepath.Join(a.certs, outputcerts.CertChainFile), filepath.Join(a.certs, outputcerts.KeyFile), filepath.Join(a.certs, outputcerts.RootCertFile)} {
+		for _, p := range []string{a.bootstrap, filepath.Join(a.certs, files.CertChainFile), filepath.Join(a.certs, files.KeyFile), filepath.Join(a.certs, files.RootCertFile)} {
 			if _, err := os.Stat(p); err != nil {
 				return false
 			}
@@ -246,7 +246,7 @@ func pxReceivedNodeIDs(xs *xdsserver.Server) map[string][]string {
 // leaf is the current leaf certificate in OUTPUT_CERTS (nil while the file
 // is absent or being replaced).
 func (a *pxAgent) leaf() *x509.Certificate {
-	b, err := os.ReadFile(filepath.Join(a.certs, outputcerts.CertChainFile))
+	b, err := os.ReadFile(filepath.Join(a.certs, files.CertChainFile))
 	if err != nil {
 		return nil
 	}

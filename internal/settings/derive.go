@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -13,7 +14,7 @@ const (
 	sdsSocketDir        = "./var/run/secrets/workload-spiffe-uds"
 	thirdPartyTokenPath = "./var/run/secrets/tokens/istio-token"
 	firstPartyTokenPath = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-	istioRootPath       = "./var/run/secrets/istio/root-cert.pem"
+	istioRootPath       = "./var/run/secrets/istio/" + files.RootCertFile
 	linkerdIdentityPort = "8080"
 	linkerdGraceRatio   = 0.3
 	devName             = "default"
@@ -133,10 +134,10 @@ func (r *resolution) derive(in Input) error {
 	if c.CARoot == "" {
 		switch {
 		case c.PilotCertProvider == CertProviderCustom:
-			c.CARoot = filepath.Join(c.FileMountedCertsDir, "root-cert.pem")
+			c.CARoot = filepath.Join(c.FileMountedCertsDir, files.RootCertFile)
 			r.notes["CA_ROOT_CA"] = "PILOT_CERT_PROVIDER=custom"
 		case c.ProvCert != "":
-			c.CARoot = filepath.Join(c.ProvCert, "root-cert.pem")
+			c.CARoot = filepath.Join(c.ProvCert, files.RootCertFile)
 			r.notes["CA_ROOT_CA"] = "from PROV_CERT"
 		case c.PilotCertProvider == CertProviderNone:
 			r.notes["CA_ROOT_CA"] = "PILOT_CERT_PROVIDER=none: no default"
@@ -148,7 +149,7 @@ func (r *resolution) derive(in Input) error {
 		}
 	}
 	if c.XDSRoot == "" {
-		mounted := filepath.Join(c.FileMountedCertsDir, "root-cert.pem")
+		mounted := filepath.Join(c.FileMountedCertsDir, files.RootCertFile)
 		if in.FileExists(mounted) {
 			c.XDSRoot = mounted
 			r.notes["XDS_ROOT_CA"] = mounted + " exists"

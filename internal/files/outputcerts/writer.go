@@ -11,15 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/atomicfile"
 	"github.com/meshagent/meshagent/internal/pki"
-)
-
-// File names in the output directory (pilot-agent's).
-const (
-	CertChainFile = "cert-chain.pem"
-	KeyFile       = "key.pem"
-	RootCertFile  = "root-cert.pem"
 )
 
 // File modes.
@@ -158,9 +152,9 @@ func (w *Writer) write(f Files) ([]string, error) {
 		data []byte
 		mode fs.FileMode
 	}{
-		{KeyFile, f.Key, KeyMode},
-		{CertChainFile, f.CertChain, CertMode},
-		{RootCertFile, f.Root, CertMode},
+		{files.KeyFile, f.Key, KeyMode},
+		{files.CertChainFile, f.CertChain, CertMode},
+		{files.RootCertFile, f.Root, CertMode},
 	} {
 		if file.data == nil {
 			continue
