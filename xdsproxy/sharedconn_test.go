@@ -215,20 +215,24 @@ func TestStalledClientDoesNotHoldUpOthersOnTheSharedConnection(t *testing.T) {
 // With ConnectAfter the connection made at start waits for it, but a client
 // stream opened before it connects at once.
 func TestConnectAfterHoldsBackTheStartConnection(t *testing.T) {
-	var tcp tcpCounter
+	var held, eager tcpCounter
 	after := make(chan struct{})
 	newRig(t, rigOptions{tweak: func(cfg *Config) {
-		cfg.Upstream.DialOptions = append(cfg.Upstream.DialOptions, tcp.dialOption())
+		cfg.Upstream.DialOptions = append(cfg.Upstream.DialOptions, held.dialOption())
 		cfg.ConnectAfter = after
 	}})
-	// The socket is served (newRig waited for it); give a wrongly eager
-	// connection the time to show before checking there is none.
-	time.Sleep(100 * time.Millisecond)
-	if n := tcp.dials.Load(); n != 0 {
+	// The socket is served (newRig waited for it). A proxy without
+	// ConnectAfter, started after this one, connecting shows the time for
+	// a connection at start has passed.
+	newRig(t, rigOptions{tweak: func(cfg *Config) {
+		cfg.Upstream.DialOptions = append(cfg.Upstream.DialOptions, eager.dialOption())
+	}})
+	testwait.For(t, "the proxy without ConnectAfter to connect at start", func() bool { return eager.dials.Load() == 1 })
+	if n := held.dials.Load(); n != 0 {
 		t.Fatalf("%d upstream connections before ConnectAfter closed, want 0", n)
 	}
 	close(after)
-	testwait.For(t, "the upstream connection once ConnectAfter closed", func() bool { return tcp.dials.Load() == 1 })
+	testwait.For(t, "the upstream connection once ConnectAfter closed", func() bool { return held.dials.Load() == 1 })
 
 	// Another proxy whose ConnectAfter never closes still serves a client.
 	var tcp2 tcpCounter
