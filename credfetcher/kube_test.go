@@ -32,7 +32,7 @@ type workload struct {
 
 func newWorkload(t *testing.T, node string) *workload {
 	t.Helper()
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx := context.Background()
 	ns := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	if len(ns) > 50 {

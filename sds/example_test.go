@@ -2,32 +2,98 @@ package sds_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"github.com/meshagent/meshagent/caclient/devca"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/test/sdsclient"
 )
 
-// Serving a secret manager's secrets on pilot-agent's socket path, as
-// cmd/agent does; both run until ctx ends.
+// Serving a secret manager's secrets on a Unix socket, as cmd/agent does on
+// pilot-agent's path (./var/run/secrets/workload-spiffe-uds/socket): the
+// manager and the socket server run until ctx ends, and Envoy (here the
+// test client) asks for "default" and "ROOTCA". A CA in memory stands in
+// for istiod.
 func Example() {
-	run := func(ctx context.Context, m *secretmanager.Manager) error {
-		srv, err := sds.New(sds.Config{
-			Secrets: m, // any Secret/Watch pair will do
-		})
-		if err != nil {
-			return err
-		}
-		socket, err := udsserver.New(udsserver.Config{
-			SocketPath: "./var/run/secrets/workload-spiffe-uds/socket",
-			Services:   []func(*grpc.Server){srv.Register},
-		})
-		if err != nil {
-			return err
-		}
-		return socket.Run(ctx)
+	ca, err := localca.New(localca.Config{})
+	if err != nil {
+		panic(err)
 	}
-	_ = run
+	signer, err := devca.New(devca.Config{CA: ca})
+	if err != nil {
+		panic(err)
+	}
+	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	if err != nil {
+		panic(err)
+	}
+	m, err := secretmanager.New(secretmanager.Config{
+		Identity: pki.SPIFFEIdentity("cluster.local", "shop", "cart"),
+		CA:       signer,
+		Roots:    roots,
+	})
+	if err != nil {
+		panic(err)
+	}
+	srv, err := sds.New(sds.Config{
+		Secrets: m, // any Secret/Watch pair will do
+	})
+	if err != nil {
+		panic(err)
+	}
+	dir, err := os.MkdirTemp("", "sds-example")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "socket")
+	socket, err := udsserver.New(udsserver.Config{
+		SocketPath: path,
+		Services:   []func(*grpc.Server){srv.Register},
+	})
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var g errgroup.Group
+	g.Go(func() error { return m.Run(ctx) })
+	g.Go(func() error { return socket.Run(ctx) })
+	defer func() {
+		cancel()
+		if err := g.Wait(); err != nil {
+			panic(err)
+		}
+	}()
+
+	// What Envoy does: a request for both names, answered once the first
+	// certificate is signed.
+	fetchCtx, done := context.WithTimeout(ctx, 10*time.Second)
+	defer done()
+	envoy, err := sdsclient.Dial(fetchCtx, path)
+	if err != nil {
+		panic(err)
+	}
+	defer envoy.Close()
+	resp, err := envoy.Fetch(fetchCtx, "default", "ROOTCA")
+	if err != nil {
+		panic(err)
+	}
+	chainPEM, _, _ := resp.Cert("default")
+	chain, err := pki.ParseCertificates(chainPEM)
+	if err != nil {
+		panic(err)
+	}
+	_, hasRoot := resp.TrustedCA("ROOTCA")
+	fmt.Println(chain[0].URIs[0], hasRoot)
+	// Output: spiffe://cluster.local/ns/shop/sa/cart true
 }

@@ -3,7 +3,9 @@ package sds
 import (
 	"bytes"
 	"context"
+	"encoding/pem"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -34,6 +36,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -44,17 +47,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // waitMetric waits until a counter or gauge reads want.
 func waitMetric(t testing.TB, m prometheus.Metric, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := metricValue(t, m)
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("metric reads %v, want %v", got, want)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, fmt.Sprintf("the metric to read %v", want), func() bool { return metricValue(t, m) == want })
 }
 
 // metricValue reads a counter or gauge.
@@ -239,14 +232,7 @@ func next(t testing.TB, s *sdsclient.Stream) *sdsclient.Response {
 // step advances the fake clock once the manager waits on it.
 func (f *fixture) step(d time.Duration) {
 	f.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !f.clock.HasWaiters() {
-		if time.Now().After(deadline) {
-			f.t.Fatal("the manager set no timer")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	f.clock.Step(d)
+	testwait.Step(f.t, f.clock, d)
 }
 
 // checkCert checks a served TlsCertificate: the SPIFFE SAN, a chain that
@@ -485,13 +471,7 @@ func TestManyStreamsOneCSR(t *testing.T) {
 	for i := range streams {
 		streams[i] = f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}})
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for metricValue(t, f.srv.metrics.streams) < n {
-		if time.Now().After(deadline) {
-			t.Fatal("streams did not open")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, "the streams to open", func() bool { return metricValue(t, f.srv.metrics.streams) >= n })
 	f.startManager()
 	var first []byte
 	for _, s := range streams {
@@ -725,21 +705,51 @@ func (staticSource) Current(ctx context.Context, name string) (*secretmanager.Se
 
 func (staticSource) Watch(context.Context, string) (<-chan struct{}, func()) { return nil, func() {} }
 
+// TestNoPrivateKeyOnDisk serves a certificate and then reads every file in
+// the places the process may write: its working directory and the temporary
+// directory it is given (which holds the socket directory). None may hold the
+// key, as PEM or as the DER inside it.
 func TestNoPrivateKeyOnDisk(t *testing.T) {
+	work, tmp := t.TempDir(), t.TempDir()
+	t.Chdir(work)
+	t.Setenv("TMPDIR", tmp)
 	f := newFixture(t, fixtureOpts{})
-	f.checkCert(next(t, f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}})))
-	err := filepath.WalkDir(f.dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || d.Type()&fs.ModeSocket != 0 {
-			return err
+	r := next(t, f.stream(f.dial(), sdsclient.StreamConfig{Names: []string{"default"}}))
+	f.checkCert(r)
+	_, keyPEM, _ := r.Cert(secretmanager.WorkloadCertName)
+	block, _ := pem.Decode(keyPEM)
+	if block == nil {
+		t.Fatal("served key is not PEM")
+	}
+	if !strings.HasPrefix(f.socket, tmp+string(filepath.Separator)) {
+		t.Fatalf("socket %s is outside the temporary directory %s", f.socket, tmp)
+	}
+	sockets := 0
+	for _, root := range []string{work, tmp} {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			if d.Type()&fs.ModeSocket != 0 {
+				sockets++
+				return nil
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			if bytes.Contains(b, []byte("PRIVATE KEY")) || bytes.Contains(b, block.Bytes) {
+				t.Errorf("private key written to %s", path)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		b, err := os.ReadFile(path)
-		if err == nil && bytes.Contains(b, []byte("PRIVATE KEY")) {
-			t.Errorf("private key written to %s", path)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
+	}
+	// The walk covered where the server writes: it found its socket.
+	if sockets == 0 {
+		t.Fatalf("no socket found under %s or %s", work, tmp)
 	}
 }
 
@@ -768,25 +778,7 @@ func FuzzClassify(f *testing.F) {
 			}
 			st.nonce = "n1"
 		}
-		a := st.classify(req)
-		switch {
-		case req.GetTypeUrl() != "" && req.GetTypeUrl() != resourcev3.SecretType:
-			if a != actBadType {
-				t.Fatalf("wrong type classified %d", a)
-			}
-		case subscribed && req.GetResponseNonce() != "" && req.GetResponseNonce() != "n1":
-			if a != actStale {
-				t.Fatalf("stale nonce classified %d", a)
-			}
-		case !subscribed || !slices.Equal(sortedUnique(req.GetResourceNames()), []string{"default"}):
-			if a != actRespond {
-				t.Fatalf("first request or new names (NACK or not) classified %d", a)
-			}
-		case req.GetErrorDetail() != nil:
-			if a != actNACK {
-				t.Fatalf("NACK classified %d", a)
-			}
-		}
+		checkClassifyProperties(t, st, req)
 		srv := &Server{cfg: Config{MaxNames: DefaultMaxNames, DefaultNames: []string{"default", "ROOTCA"}}}
 		names, err := srv.names(req.GetResourceNames())
 		if err == nil && (len(names) == 0 || len(names) > DefaultMaxNames) {
@@ -794,4 +786,80 @@ func FuzzClassify(f *testing.F) {
 		}
 		str.unwatchAll()
 	})
+}
+
+// checkClassifyProperties checks what must hold of classify for any request,
+// by comparing its answer to req with its answers to variations of req,
+// rather than by computing the answer a second way.
+func checkClassifyProperties(t *testing.T, st *streamState, req *discoveryv3.DiscoveryRequest) {
+	t.Helper()
+	a := st.classify(req)
+	if a < actRespond || a > actBadType {
+		t.Fatalf("classify answered %d, not an action", a)
+	}
+	vary := func(change func(r *discoveryv3.DiscoveryRequest)) action {
+		r := proto.Clone(req).(*discoveryv3.DiscoveryRequest)
+		change(r)
+		return st.classify(r)
+	}
+
+	// Only the type decides actBadType; an empty type means the stream's own.
+	bad := req.GetTypeUrl() != "" && req.GetTypeUrl() != resourcev3.SecretType
+	if (a == actBadType) != bad {
+		t.Fatalf("type %q classified %d", req.GetTypeUrl(), a)
+	}
+	if got := vary(func(r *discoveryv3.DiscoveryRequest) { r.TypeUrl = resourcev3.ClusterType }); got != actBadType {
+		t.Fatalf("a cluster request classified %d", got)
+	}
+	if bad {
+		return
+	}
+	if got := vary(func(r *discoveryv3.DiscoveryRequest) { r.TypeUrl = "" }); got != a {
+		t.Fatalf("no type classified %d, the secret type %d", got, a)
+	}
+
+	// The names count as a set: their order and repeats change nothing.
+	if got := vary(func(r *discoveryv3.DiscoveryRequest) {
+		slices.Reverse(r.ResourceNames)
+		r.ResourceNames = append(r.ResourceNames, r.ResourceNames...)
+	}); got != a {
+		t.Fatalf("names reversed and repeated classified %d, as sent %d", got, a)
+	}
+
+	// A stream that has answered nothing has nothing to acknowledge.
+	if !st.subscribed && a != actRespond {
+		t.Fatalf("first request classified %d", a)
+	}
+	// Only a nonce other than the latest is stale; the latest or none never is.
+	if a == actStale && (req.GetResponseNonce() == "" || req.GetResponseNonce() == st.nonce) {
+		t.Fatalf("nonce %q (latest %q) classified stale", req.GetResponseNonce(), st.nonce)
+	}
+	for _, nonce := range []string{"", st.nonce} {
+		if got := vary(func(r *discoveryv3.DiscoveryRequest) { r.ResponseNonce = nonce }); got == actStale {
+			t.Fatalf("nonce %q (latest %q) classified stale", nonce, st.nonce)
+		}
+	}
+	if st.subscribed {
+		if got := vary(func(r *discoveryv3.DiscoveryRequest) { r.ResponseNonce = st.nonce + "-other" }); got != actStale {
+			t.Fatalf("a nonce other than the latest classified %d", got)
+		}
+	}
+
+	// ACK and NACK differ only by the error detail, and the names decide
+	// between them and a new subscription.
+	withError := vary(func(r *discoveryv3.DiscoveryRequest) { r.ErrorDetail = &rpcstatus.Status{Code: 3, Message: "rejected"} })
+	withoutError := vary(func(r *discoveryv3.DiscoveryRequest) { r.ErrorDetail = nil })
+	switch a {
+	case actACK, actNACK:
+		if withError != actNACK || withoutError != actACK {
+			t.Fatalf("with an error detail %d, without %d: want NACK and ACK", withError, withoutError)
+		}
+		if got := vary(func(r *discoveryv3.DiscoveryRequest) { r.ResourceNames = append(r.ResourceNames, "other-name") }); got != actRespond {
+			t.Fatalf("a name added to an acknowledgement classified %d", got)
+		}
+	case actRespond:
+		if withError != actRespond || withoutError != actRespond {
+			t.Fatalf("a subscription change classified %d with an error detail, %d without", withError, withoutError)
+		}
+	}
 }

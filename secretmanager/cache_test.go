@@ -22,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/test/istioca"
 )
@@ -206,13 +207,7 @@ func (c *cache) wait(id pki.Identity) <-chan *Secret {
 
 func (c *cache) waitFor(what string, cond func() bool) {
 	c.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(c.t, what, cond)
 }
 
 // step advances the fake clock once the manager waits on a timer.

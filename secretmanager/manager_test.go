@@ -22,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -208,13 +209,7 @@ func (e *env) secret(name string) *Secret {
 // waitTimer waits until the manager has set its timer on the fake clock.
 func (e *env) waitTimer() {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !e.clock.HasWaiters() {
-		if time.Now().After(deadline) {
-			e.t.Fatal("the manager set no timer")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Timer(e.t, e.clock)
 }
 
 // step advances the fake clock once the manager waits on it.

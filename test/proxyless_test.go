@@ -46,7 +46,9 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
@@ -197,13 +199,13 @@ func startPxAgent(t *testing.T, bin string, ca *istioca.Server, xs *xdsserver.Se
 // waitReady waits for the bootstrap and the certificate files.
 func (a *pxAgent) waitReady(t *testing.T) {
 	t.Helper()
-	pxPoll(t, 15*time.Second, "agent "+a.name+" wrote its bootstrap and certificates", func() bool {
+	testwait.Within(t, 15*time.Second, "agent "+a.name+" wrote its bootstrap and certificates", func() bool {
 		select {
 		case <-a.done:
 			t.Fatalf("agent %s exited: %s", a.name, a.logs())
 		default:
 		}
-		for _, p := range []string{a.bootstrap, filepath.Join(a.certs, pki.CertChainFile), filepath.Join(a.certs, pki.KeyFile), filepath.Join(a.certs, pki.RootCertFile)} {
+		for _, p := range []string{a.bootstrap, filepath.Join(a.certs, files.CertChainFile), filepath.Join(a.certs, files.KeyFile), filepath.Join(a.certs, files.RootCertFile)} {
 			if _, err := os.Stat(p); err != nil {
 				return false
 			}
@@ -245,7 +247,7 @@ func pxReceivedNodeIDs(xs *xdsserver.Server) map[string][]string {
 // leaf is the current leaf certificate in OUTPUT_CERTS (nil while the file
 // is absent or being replaced).
 func (a *pxAgent) leaf() *x509.Certificate {
-	b, err := os.ReadFile(filepath.Join(a.certs, pki.CertChainFile))
+	b, err := os.ReadFile(filepath.Join(a.certs, files.CertChainFile))
 	if err != nil {
 		return nil
 	}
@@ -254,17 +256,6 @@ func (a *pxAgent) leaf() *x509.Certificate {
 		return nil
 	}
 	return chain[0]
-}
-
-func pxPoll(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func mustAny(t *testing.T, m proto.Message) *anypb.Any {
@@ -584,7 +575,7 @@ func TestProxylessGRPCWithAgentBootstraps(t *testing.T) {
 	// 4. Rotation: wait for a new leaf in the server agent's OUTPUT_CERTS;
 	// new RPCs on fresh connections succeed and see the new certificate.
 	var newSerial string
-	pxPoll(t, 2*pxSecretTTL, "the server agent rotated its certificate", func() bool {
+	testwait.Within(t, 2*pxSecretTTL, "the server agent rotated its certificate", func() bool {
 		leaf := serverAgent.leaf()
 		if leaf != nil && leaf.SerialNumber.String() != firstSerial {
 			newSerial = leaf.SerialNumber.String()
@@ -593,13 +584,13 @@ func TestProxylessGRPCWithAgentBootstraps(t *testing.T) {
 		return false
 	})
 	clientFirst := clientAgent.leaf()
-	pxPoll(t, 2*pxSecretTTL, "the client agent rotated its certificate", func() bool {
+	testwait.Within(t, 2*pxSecretTTL, "the client agent rotated its certificate", func() bool {
 		leaf := clientAgent.leaf()
 		return leaf != nil && clientFirst != nil && leaf.SerialNumber.Cmp(clientFirst.SerialNumber) != 0
 	})
 	var lastErr error
 	var seen string
-	pxPoll(t, 15*time.Second, "a fresh connection presents the rotated certificate", func() bool {
+	testwait.Within(t, 15*time.Second, "a fresh connection presents the rotated certificate", func() bool {
 		c := pxClient(t, clientBuilder)
 		defer c.Close()
 		var p peer.Peer

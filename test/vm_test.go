@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -160,14 +161,14 @@ func TestOutputCertsServedAfterRestart(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	st, err := os.Stat(filepath.Join(out, pki.KeyFile))
+	st, err := os.Stat(filepath.Join(out, files.KeyFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Mode().Perm() != 0o600 {
 		t.Errorf("key mode %v, want 0600", st.Mode().Perm())
 	}
-	if b, err := os.ReadFile(filepath.Join(out, pki.RootCertFile)); err != nil || !bytes.Equal(b, ca.RootPEM()) {
+	if b, err := os.ReadFile(filepath.Join(out, files.RootCertFile)); err != nil || !bytes.Equal(b, ca.RootPEM()) {
 		t.Errorf("root-cert.pem: %v", err)
 	}
 
@@ -196,9 +197,9 @@ func TestVMRenewsOverMTLS(t *testing.T) {
 	// The provisioned certificate lives longer, so it is still the one held
 	// when the stream opens (renewal at half its lifetime).
 	chain, key := flIssue(t, ca.CA(), ca.Identity(vmSA), 8*time.Second)
-	flWrite(t, filepath.Join(out, pki.CertChainFile), chain)
-	flWrite(t, filepath.Join(out, pki.KeyFile), key)
-	flWrite(t, filepath.Join(out, pki.RootCertFile), ca.RootPEM())
+	flWrite(t, filepath.Join(out, files.CertChainFile), chain)
+	flWrite(t, filepath.Join(out, files.KeyFile), key)
+	flWrite(t, filepath.Join(out, files.RootCertFile), ca.RootPEM())
 
 	p := agentproc.Start(t, dir, vmEnv(ca, dir, "PROV_CERT="+out, "OUTPUT_CERTS="+out, "SECRET_TTL="+ttl.String())...)
 	s := flStream(t, p.Socket(), secretmanager.WorkloadCertName)

@@ -6,11 +6,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/xdsserver"
@@ -97,19 +99,22 @@ func TestXDSUpstreamConnectsAfterTheFirstCertificate(t *testing.T) {
 		"MESHAGENT_LOG_LEVEL=debug",
 	)
 	xdsSocket := filepath.Join(dir, "etc/istio/proxy/XDS")
-	pxPoll(t, 15*time.Second, "the xDS proxy socket", func() bool {
+	testwait.Within(t, 15*time.Second, "the xDS proxy socket", func() bool {
 		_, err := os.Stat(xdsSocket)
 		return err == nil
 	})
-	// The proxy serves, the CA is down: give a wrongly eager connection the
-	// time to show.
-	time.Sleep(500 * time.Millisecond)
+	// The proxy serves and the CA is down. Once the agent has failed to
+	// reach the CA twice (the second attempt after a backoff), the proxy has
+	// been running for a while: a wrongly eager connection would show.
+	testwait.Within(t, 30*time.Second, "two failed certificate requests", func() bool {
+		return strings.Count(p.Logs(), "certificate request failed") >= 2
+	})
 	if n := front.conns.Load(); n != 0 {
 		t.Fatalf("%d connections to the control plane before the first certificate, want 0\n%s", n, p.Logs())
 	}
 
 	ca.Restart(t)
-	pxPoll(t, 30*time.Second, "the connection to the control plane after the first certificate", func() bool {
+	testwait.Within(t, 30*time.Second, "the connection to the control plane after the first certificate", func() bool {
 		return front.conns.Load() == 1
 	})
 }

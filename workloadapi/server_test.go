@@ -26,6 +26,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
@@ -168,14 +169,7 @@ func serveResolved(t testing.TB, src workloadapi.SecretSource, adjust func(*work
 // step advances the fake clock once the manager waits on it.
 func (a *agent) step(d time.Duration) {
 	a.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !a.clock.HasWaiters() {
-		if time.Now().After(deadline) {
-			a.t.Fatal("the manager set no timer")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	a.clock.Step(d)
+	testwait.Step(a.t, a.clock, d)
 }
 
 func (a *agent) addr() string { return "unix://" + a.socket }

@@ -25,6 +25,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/workloadapi"
@@ -352,17 +353,6 @@ func (s *testSource) signal(name string, bump func(*testSource)) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // A stream is sent again only when a version changed: a signal without a
 // change sends nothing, so the next message is the next version.
 func TestOnlyChangesAreSent(t *testing.T) {
@@ -376,7 +366,7 @@ func TestOnlyChangesAreSent(t *testing.T) {
 	if _, err := stream.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the stream's watches", func() bool { return src.watching("default") == 1 && src.watching("ROOTCA") == 1 })
+	testwait.For(t, "the stream's watches", func() bool { return src.watching("default") == 1 && src.watching("ROOTCA") == 1 })
 	src.signal("default", nil)
 	src.signal("ROOTCA", nil)
 	other, err := localca.New(localca.Config{Name: "other"})
@@ -493,7 +483,7 @@ func TestStreamLimits(t *testing.T) {
 			t.Fatalf("fourth stream: %v, want ResourceExhausted naming the limit", err)
 		}
 		cancels[0]()
-		waitFor(t, "the closed stream's place", func() bool { return src.watching("default") == 2 })
+		testwait.For(t, "the closed stream's place", func() bool { return src.watching("default") == 2 })
 		openN(t, c, 1)
 	})
 
@@ -508,11 +498,11 @@ func TestStreamLimits(t *testing.T) {
 		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "from this caller: at most 3") {
 			t.Fatalf("fourth stream of one pod: %v, want ResourceExhausted naming the per-caller limit", err)
 		}
-		waitFor(t, "the greedy pod's connection", func() bool { return src.watching("default") == 3 })
+		testwait.For(t, "the greedy pod's connection", func() bool { return src.watching("default") == 3 })
 		r.set("other")
 		openN(t, rawClient(t, socket), 3) // another pod is served in full
 		cancels[0]()
-		waitFor(t, "the closed stream's place", func() bool { return src.watching("default") == 5 })
+		testwait.For(t, "the closed stream's place", func() bool { return src.watching("default") == 5 })
 		openN(t, greedy, 1)
 	})
 }
@@ -545,7 +535,7 @@ func TestStuckStreamDoesNotDelayOthers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "three watching streams", func() bool { return src.watching("ROOTCA") == 3 })
+	testwait.For(t, "three watching streams", func() bool { return src.watching("ROOTCA") == 3 })
 	const changes = 30
 	for v := range changes {
 		version := uint64(10 + v)

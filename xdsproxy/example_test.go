@@ -4,7 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"fmt"
 	"log"
+	"os"
+	"path/filepath"
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/credfetcher"
@@ -20,8 +24,14 @@ func ExampleNew() {
 	workloadCert := func() (*tls.Certificate, error) {
 		return nil, nil // the secret manager's current certificate
 	}
+	// The agent listens on xdsproxy.DefaultSocketPath.
+	dir, err := os.MkdirTemp("", "xdsproxy-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
 	p, err := xdsproxy.New(xdsproxy.Config{
-		SocketPath: xdsproxy.DefaultSocketPath,
+		SocketPath: filepath.Join(dir, "XDS"),
 		Upstream: caclient.TransportConfig{
 			Addr:              "istiod.istio-system.svc:15012",
 			ServerName:        "istiod.istio-system.svc",
@@ -35,11 +45,16 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		if err := p.Run(ctx); err != nil {
-			log.Print(err)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }() // in the agent's errgroup
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			log.Fatal(err)
 		}
 	}()
-	_ = p.Ready() // consulted by /healthz/ready
+	// Consulted by /healthz/ready: no client has connected, so no upstream
+	// stream has answered yet.
+	fmt.Println(errors.Is(p.Ready(), xdsproxy.ErrNotReady))
+	// Output: true
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
@@ -157,7 +158,7 @@ func runProxy(t testing.TB, p *Proxy) {
 			t.Error("Run did not return after cancel")
 		}
 	})
-	waitFor(t, 5*time.Second, "the proxy socket", func() bool {
+	testwait.For(t, "the proxy socket", func() bool {
 		c, err := net.Dial("unix", p.SocketPath())
 		if err != nil {
 			return false
@@ -165,18 +166,6 @@ func runProxy(t testing.TB, p *Proxy) {
 		_ = c.Close()
 		return true
 	})
-}
-
-// waitFor polls cond until it holds or fails the test.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func (r *rig) counter(name string, labels ...string) float64 {

@@ -23,6 +23,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
@@ -85,7 +86,7 @@ func TestForwardsClustersAndListenersWithCredentials(t *testing.T) {
 		t.Errorf("client certificate at the control plane: %v", pc)
 	}
 	// Requests arrive exactly as the client sent them.
-	waitFor(t, 5*time.Second, "the last ACK upstream", func() bool {
+	testwait.For(t, "the last ACK upstream", func() bool {
 		return len(r.up.Calls()[0].Requests) == len(c.sent)
 	})
 	for i, got := range r.up.Calls()[0].Requests {
@@ -121,7 +122,7 @@ func TestUpstreamRestartsDoNotEndDownstream(t *testing.T) {
 	for i := 1; i <= restarts; i++ {
 		prev := "v" + itoa(i-1)
 		// The proxy has seen the client's ACK of the previous version.
-		waitFor(t, 5*time.Second, "the ACK of "+prev, func() bool {
+		testwait.For(t, "the ACK of "+prev, func() bool {
 			calls := r.up.Calls()
 			reqs := calls[len(calls)-1].Requests
 			return len(reqs) > 0 && reqs[len(reqs)-1].VersionInfo == prev
@@ -264,7 +265,7 @@ func TestDeltaSubscribeReceiveUnsubscribe(t *testing.T) {
 	}
 	send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType, ResourceNamesUnsubscribe: []string{"c1"}})
 	// Both change; only c2 is still wanted.
-	waitFor(t, 5*time.Second, "the unsubscribe upstream", func() bool {
+	testwait.For(t, "the unsubscribe upstream", func() bool {
 		reqs := r.up.Calls()[0].DeltaRequests
 		return len(reqs) > 0 && len(reqs[len(reqs)-1].ResourceNamesUnsubscribe) == 1
 	})
@@ -272,7 +273,7 @@ func TestDeltaSubscribeReceiveUnsubscribe(t *testing.T) {
 	if got := names(next()); !slices.Equal(got, []string{"c2"}) {
 		t.Fatalf("after unsubscribing c1 = %v, want [c2]", got)
 	}
-	waitFor(t, 5*time.Second, "the ACK upstream", func() bool {
+	testwait.For(t, "the ACK upstream", func() bool {
 		reqs := r.up.Calls()[0].DeltaRequests
 		return len(reqs) > 0 && reqs[len(reqs)-1].ResponseNonce != ""
 	})
@@ -280,7 +281,7 @@ func TestDeltaSubscribeReceiveUnsubscribe(t *testing.T) {
 	// The control plane restarts: the new stream is told what the client
 	// holds, so nothing is sent again until something changes.
 	r.up.Restart(t)
-	waitFor(t, 5*time.Second, "the new upstream stream", func() bool {
+	testwait.For(t, "the new upstream stream", func() bool {
 		calls := r.up.Calls()
 		return len(calls) == 2 && len(calls[1].DeltaRequests) > 0
 	})
@@ -331,7 +332,7 @@ func TestDownstreamCloseCancelsUpstream(t *testing.T) {
 	if !r.up.WaitStreams(5*time.Second, func(n xdsserver.Counts) bool { return n.Active == 0 }) {
 		t.Fatal("the upstream stream outlived the downstream one")
 	}
-	waitFor(t, 5*time.Second, "the stream gauge", func() bool { return r.counter("streams", protoSotw) == 0 })
+	testwait.For(t, "the stream gauge", func() bool { return r.counter("streams", protoSotw) == 0 })
 	if got := r.up.Streams().Opened; got != 1 {
 		t.Errorf("upstream streams opened = %d, want 1", got)
 	}
@@ -342,7 +343,7 @@ func TestRefusesUntrustedControlPlane(t *testing.T) {
 	setClusters(t, r.up, "v1", "c1")
 	c := newSotwClient(t, dialSocket(t, r.socket))
 	c.send(&discovery.DiscoveryRequest{Node: testNode(), TypeUrl: resource.ClusterType})
-	waitFor(t, 5*time.Second, "several failed attempts", func() bool { return r.totalFailures() >= 3 })
+	testwait.For(t, "several failed attempts", func() bool { return r.totalFailures() >= 3 })
 	if got := r.tokens.calls.Load(); got != 0 {
 		t.Errorf("token fetched %d times for an unverified control plane", got)
 	}
@@ -372,7 +373,7 @@ func TestWrongTokenIsRetried(t *testing.T) {
 	setClusters(t, r.up, "v1", "c1")
 	c := newSotwClient(t, dialSocket(t, r.socket))
 	c.send(&discovery.DiscoveryRequest{Node: testNode(), TypeUrl: resource.ClusterType})
-	waitFor(t, 5*time.Second, "rejected attempts", func() bool {
+	testwait.For(t, "rejected attempts", func() bool {
 		return r.counter("failures", codes.Unauthenticated.String()) >= 2
 	})
 	if n := r.up.Streams(); n.Rejected < 2 || n.Active != 0 {
@@ -489,7 +490,7 @@ func TestSocketSetup(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- p.Run(ctx) }()
-		waitFor(t, 5*time.Second, "the socket", func() bool { _, err := os.Stat(path); return err == nil })
+		testwait.For(t, "the socket", func() bool { _, err := os.Stat(path); return err == nil })
 		fi, err := os.Stat(filepath.Dir(path))
 		if err != nil || fi.Mode().Perm() != socketDirMode {
 			t.Errorf("socket directory: %v %v", fi.Mode(), err)
@@ -570,8 +571,8 @@ func TestBackoffFollowsTheClock(t *testing.T) {
 
 	// Waits: 0.5s, 1s, 2s, then capped at 2s (half of 4s).
 	for i, wait := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 2 * time.Second} {
-		waitFor(t, 5*time.Second, "a failed attempt", func() bool { return r.totalFailures() == float64(i+1) })
-		waitFor(t, 5*time.Second, "the backoff timer", clk.HasWaiters)
+		testwait.For(t, "a failed attempt", func() bool { return r.totalFailures() == float64(i+1) })
+		testwait.Timer(t, clk)
 		clk.Step(wait - time.Millisecond)
 		time.Sleep(20 * time.Millisecond)
 		if got := r.totalFailures(); got != float64(i+1) {
@@ -579,7 +580,7 @@ func TestBackoffFollowsTheClock(t *testing.T) {
 		}
 		clk.Step(time.Millisecond)
 	}
-	waitFor(t, 5*time.Second, "the last attempt", func() bool { return r.totalFailures() == 5 })
+	testwait.For(t, "the last attempt", func() bool { return r.totalFailures() == 5 })
 	if err := c.streamErr(); err != nil {
 		t.Fatalf("downstream stream ended: %v", err)
 	}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
@@ -60,7 +61,7 @@ func TestStreamsShareOneUpstreamConnection(t *testing.T) {
 		cfg.Upstream.DialOptions = append(cfg.Upstream.DialOptions, tcp.dialOption())
 	}})
 	// The connection is made when the proxy starts, before any client.
-	waitFor(t, 5*time.Second, "the upstream connection at start", func() bool { return tcp.dials.Load() == 1 })
+	testwait.For(t, "the upstream connection at start", func() bool { return tcp.dials.Load() == 1 })
 
 	setClusters(t, r.up, "v0", "c0")
 	first, second := dialSocket(t, r.socket), dialSocket(t, r.socket)
@@ -90,7 +91,7 @@ func TestStreamsShareOneUpstreamConnection(t *testing.T) {
 		if !r.up.WaitStreams(5*time.Second, func(n xdsserver.Counts) bool { return n.Active == 3 }) {
 			t.Fatalf("restart %d: upstream streams %+v, want 3 active", i, r.up.Streams())
 		}
-		waitFor(t, 5*time.Second, "one open upstream connection", func() bool { return tcp.open.Load() == 1 })
+		testwait.For(t, "one open upstream connection", func() bool { return tcp.open.Load() == 1 })
 		if tcp.dials.Load() == before {
 			t.Fatalf("restart %d: the proxy did not connect again", i)
 		}
@@ -158,7 +159,7 @@ func TestStalledClientDoesNotHoldUpOthersOnTheSharedConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "the first large response handed to the stalled client", func() bool {
+	testwait.For(t, "the first large response handed to the stalled client", func() bool {
 		return r.counter("messages", toDownstream) >= 1
 	})
 
@@ -214,20 +215,24 @@ func TestStalledClientDoesNotHoldUpOthersOnTheSharedConnection(t *testing.T) {
 // With ConnectAfter the connection made at start waits for it, but a client
 // stream opened before it connects at once.
 func TestConnectAfterHoldsBackTheStartConnection(t *testing.T) {
-	var tcp tcpCounter
+	var held, eager tcpCounter
 	after := make(chan struct{})
 	newRig(t, rigOptions{tweak: func(cfg *Config) {
-		cfg.Upstream.DialOptions = append(cfg.Upstream.DialOptions, tcp.dialOption())
+		cfg.Upstream.DialOptions = append(cfg.Upstream.DialOptions, held.dialOption())
 		cfg.ConnectAfter = after
 	}})
-	// The socket is served (newRig waited for it); give a wrongly eager
-	// connection the time to show before checking there is none.
-	time.Sleep(100 * time.Millisecond)
-	if n := tcp.dials.Load(); n != 0 {
+	// The socket is served (newRig waited for it). A proxy without
+	// ConnectAfter, started after this one, connecting shows the time for
+	// a connection at start has passed.
+	newRig(t, rigOptions{tweak: func(cfg *Config) {
+		cfg.Upstream.DialOptions = append(cfg.Upstream.DialOptions, eager.dialOption())
+	}})
+	testwait.For(t, "the proxy without ConnectAfter to connect at start", func() bool { return eager.dials.Load() == 1 })
+	if n := held.dials.Load(); n != 0 {
 		t.Fatalf("%d upstream connections before ConnectAfter closed, want 0", n)
 	}
 	close(after)
-	waitFor(t, 5*time.Second, "the upstream connection once ConnectAfter closed", func() bool { return tcp.dials.Load() == 1 })
+	testwait.For(t, "the upstream connection once ConnectAfter closed", func() bool { return held.dials.Load() == 1 })
 
 	// Another proxy whose ConnectAfter never closes still serves a client.
 	var tcp2 tcpCounter

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 // stuckUpstream is a control plane that pushes responses but never reads a
@@ -87,7 +88,7 @@ func TestStuckUpstreamDoesNotStallResponses(t *testing.T) {
 			t.Fatalf("response with %d resources", len(resp.Resources))
 		}
 	}
-	waitFor(t, 10*time.Second, "the backlogged stream to be replaced", func() bool {
+	testwait.For(t, "the backlogged stream to be replaced", func() bool {
 		return metricValue(t, p.metrics.failures.WithLabelValues(codes.ResourceExhausted.String())) >= 1
 	})
 	if err := c.streamErr(); err != nil {

@@ -34,11 +34,6 @@ import (
 // kube is the package's API server, started by the first test that needs it.
 var kube = &kubeenv.Shared{}
 
-func kubeEnv(t *testing.T) *kubeenv.Env {
-	t.Helper()
-	return kube.Env(t)
-}
-
 func TestMain(m *testing.M) {
 	os.Exit(kube.Main(m))
 }
@@ -754,17 +749,5 @@ func TestCodeLabel(t *testing.T) {
 		if got := codeLabel(c); got != want {
 			t.Errorf("codeLabel(%s) = %q, want %q", c, got, want)
 		}
-	}
-}
-
-// waitFor polls cond until it holds or 10 s pass.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

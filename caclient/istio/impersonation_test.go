@@ -23,7 +23,7 @@ import (
 // identity it asks for in ImpersonatedIdentity; the test CA reviews the
 // token with the API server and applies istiod's node authorizer.
 func TestImpersonationForNodeAgent(t *testing.T) {
-	kube := kubeEnv(t)
+	kube := kube.Env(t)
 	ctx := context.Background()
 	sys, app := fmt.Sprintf("imp-sys-%d", time.Now().UnixNano()), fmt.Sprintf("imp-app-%d", time.Now().UnixNano())
 	for _, ns := range []string{sys, app} {

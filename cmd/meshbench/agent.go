@@ -12,12 +12,14 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/meshagent/meshagent/internal/files"
 )
 
 // Paths inside an agent's working directory (SPEC 2), as pilot-agent uses them.
 const (
 	tokenPath  = "var/run/secrets/tokens/istio-token"
-	caRootPath = "var/run/secrets/istio/root-cert.pem"
+	caRootPath = "var/run/secrets/istio/" + files.RootCertFile
 	sdsPath    = "var/run/secrets/workload-spiffe-uds/socket"
 	xdsPath    = "etc/istio/proxy/XDS"
 )

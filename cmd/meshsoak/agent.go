@@ -13,12 +13,14 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/meshagent/meshagent/internal/files"
 )
 
 // Paths inside the agent's working directory, laid out as pilot-agent's.
 const (
 	tokenFile  = "var/run/secrets/tokens/istio-token"
-	rootFile   = "var/run/secrets/istio/root-cert.pem"
+	rootFile   = "var/run/secrets/istio/" + files.RootCertFile
 	sdsSocket  = "var/run/secrets/workload-spiffe-uds/socket"
 	xdsSocket  = "etc/istio/proxy/XDS"
 	agentLog   = "agent.log"

@@ -13,8 +13,8 @@ import (
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/certfile"
-	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/settings"
 )
 
@@ -42,7 +42,7 @@ func (a *App) caClient(roots caclient.RootSource) (caclient.Client, error) {
 	if c.ProvCert != "" {
 		dir := c.ProvCert
 		t.ClientCertificate = func() (*tls.Certificate, error) {
-			p, err := certfile.LoadPair(filepath.Join(dir, pki.CertChainFile), filepath.Join(dir, pki.KeyFile), a.clock.Now())
+			p, err := certfile.LoadPair(filepath.Join(dir, files.CertChainFile), filepath.Join(dir, files.KeyFile), a.clock.Now())
 			if err != nil {
 				return nil, err
 			}

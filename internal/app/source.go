@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
@@ -35,7 +35,7 @@ const (
 )
 
 // credentialFiles are the three files a credentials directory must hold.
-var credentialFiles = []string{pki.CertChainFile, pki.KeyFile, pki.RootCertFile}
+var credentialFiles = []string{files.CertChainFile, files.KeyFile, files.RootCertFile}
 
 // sdsProbeTimeout is how long an existing SDS socket has to answer.
 const sdsProbeTimeout = time.Second

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/devca"
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/files/fileprovider"
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
@@ -221,7 +222,7 @@ func (a *App) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 // fileSource serves certificate files from dir (workload credentials or
 // file-mounted certificates, docs/modes.md), watching them.
 func (a *App) fileSource(dir, source string) (certSource, error) {
-	rootFeed, err := a.rootFeed(source+"_root", filepath.Join(dir, pki.RootCertFile))
+	rootFeed, err := a.rootFeed(source+"_root", filepath.Join(dir, files.RootCertFile))
 	if err != nil {
 		return certSource{}, err
 	}
@@ -230,7 +231,7 @@ func (a *App) fileSource(dir, source string) (certSource, error) {
 		return certSource{}, err
 	}
 	pairFeed, err := certfile.NewPairFeed(certfile.PairFeedConfig{
-		CertPath: filepath.Join(dir, pki.CertChainFile), KeyPath: filepath.Join(dir, pki.KeyFile),
+		CertPath: filepath.Join(dir, files.CertChainFile), KeyPath: filepath.Join(dir, files.KeyFile),
 		Label: source, Into: m, Source: a.fileConfig(),
 	})
 	if err != nil {

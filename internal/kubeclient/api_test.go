@@ -21,7 +21,7 @@ func newNamespace(t *testing.T) string {
 		ns = ns[:50]
 	}
 	ns = strings.Trim(ns, "-")
-	if _, err := kubeEnv(t).CreateNamespace(context.Background(), ns); err != nil {
+	if _, err := kube.Env(t).CreateNamespace(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
 	return ns
@@ -29,7 +29,7 @@ func newNamespace(t *testing.T) string {
 
 func adminClient(t *testing.T) *Client {
 	t.Helper()
-	c, err := NewForConfig(kubeEnv(t).Config())
+	c, err := NewForConfig(kube.Env(t).Config())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func adminClient(t *testing.T) *Client {
 }
 
 func TestCreateToken(t *testing.T) {
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx := context.Background()
 	ns := newNamespace(t)
 	if _, err := env.CreateServiceAccount(ctx, ns, "web"); err != nil {
@@ -89,7 +89,7 @@ func TestCreateToken(t *testing.T) {
 }
 
 func TestListAndWatchPods(t *testing.T) {
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx := context.Background()
 	ns := newNamespace(t)
 	// The client as the agent makes it: from a kubeconfig file.
@@ -143,7 +143,7 @@ func TestListAndWatchPods(t *testing.T) {
 }
 
 func TestPodInformer(t *testing.T) {
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	ns := newNamespace(t)
 	c := adminClient(t)

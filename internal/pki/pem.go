@@ -8,16 +8,6 @@ import (
 	"fmt"
 )
 
-// The files of a credentials directory, as pilot-agent names them: the
-// certificate chain (leaf first), the private key and the root bundle. The
-// agent reads them from the workload-credentials and file-mounted
-// directories and PROV_CERT, and writes them to OUTPUT_CERTS.
-const (
-	CertChainFile = "cert-chain.pem"
-	KeyFile       = "key.pem"
-	RootCertFile  = "root-cert.pem"
-)
-
 // ErrNoCertificates is returned when a bundle holds no certificate.
 var ErrNoCertificates = errors.New("no certificates found")
 

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -13,7 +14,7 @@ const (
 	sdsSocketDir        = "./var/run/secrets/workload-spiffe-uds"
 	thirdPartyTokenPath = "./var/run/secrets/tokens/istio-token"
 	firstPartyTokenPath = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-	istioRootPath       = "./var/run/secrets/istio/root-cert.pem"
+	istioRootPath       = "./var/run/secrets/istio/" + files.RootCertFile
 	linkerdIdentityPort = "8080"
 	devName             = "default"
 )
@@ -142,10 +143,10 @@ func (r *resolution) derive(in Input) error {
 	if c.CARoot == "" {
 		switch {
 		case c.PilotCertProvider == CertProviderCustom:
-			c.CARoot = filepath.Join(c.FileMountedCertsDir, pki.RootCertFile)
+			c.CARoot = filepath.Join(c.FileMountedCertsDir, files.RootCertFile)
 			r.notes["CA_ROOT_CA"] = "PILOT_CERT_PROVIDER=custom"
 		case c.ProvCert != "":
-			c.CARoot = filepath.Join(c.ProvCert, pki.RootCertFile)
+			c.CARoot = filepath.Join(c.ProvCert, files.RootCertFile)
 			r.notes["CA_ROOT_CA"] = "from PROV_CERT"
 		case c.PilotCertProvider == CertProviderNone:
 			r.notes["CA_ROOT_CA"] = "PILOT_CERT_PROVIDER=none: no default"
@@ -157,7 +158,7 @@ func (r *resolution) derive(in Input) error {
 		}
 	}
 	if c.XDSRoot == "" {
-		mounted := filepath.Join(c.FileMountedCertsDir, pki.RootCertFile)
+		mounted := filepath.Join(c.FileMountedCertsDir, files.RootCertFile)
 		if in.FileExists(mounted) {
 			c.XDSRoot = mounted
 			r.notes["XDS_ROOT_CA"] = mounted + " exists"

@@ -135,9 +135,6 @@ func (s *Server) AddCertLister(l CertLister) {
 	s.listers = append(s.listers, l)
 }
 
-// Handler returns the HTTP handler (for tests and for embedding).
-func (s *Server) Handler() http.Handler { return s.handler }
-
 // Run listens on Config.Addr and serves until ctx ends or a loopback caller
 // POSTs /quitquitquit; both return nil after a graceful shutdown. It returns
 // an error when it cannot listen or serving fails.
@@ -180,9 +177,6 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Quit makes Run return nil, as a POST to /quitquitquit does.
 func (s *Server) Quit() { s.quitOnce.Do(func() { close(s.quit) }) }
-
-// Quitting is closed once a quit was requested.
-func (s *Server) Quitting() <-chan struct{} { return s.quit }
 
 func (s *Server) checks(live bool) []namedCheck {
 	s.mu.Lock()

@@ -187,14 +187,14 @@ func TestLoopbackOnlyEndpoints(t *testing.T) {
 			r := httptest.NewRequest(tt.method, tt.path, nil)
 			r.RemoteAddr = tt.remote
 			w := httptest.NewRecorder()
-			s.Handler().ServeHTTP(w, r)
+			s.handler.ServeHTTP(w, r)
 			if w.Code != tt.want {
 				t.Errorf("got %d, want %d: %q", w.Code, tt.want, w.Body.String())
 			}
 		})
 	}
 	select {
-	case <-s.Quitting():
+	case <-s.quit:
 		t.Error("a refused quit request quit the server")
 	default:
 	}
@@ -241,20 +241,60 @@ func TestListenFailure(t *testing.T) {
 	}
 }
 
+// Checks and certificate listers added while requests are served are seen
+// whole: each answer reflects some prefix of the additions (readiness goes
+// from "none registered" to ready and never back, the certificate list
+// only grows, by whole listers), and once the additions are done every one
+// of them counts.
 func TestChecksAddedWhileServing(t *testing.T) {
+	const adds = 50
 	s, base, _, _ := start(t, Config{})
+	lister := certList{{ResourceName: "default", Serial: "0a"}, {ResourceName: "ROOTCA", Serial: "01"}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for i := 0; i < 50; i++ {
+		for range adds {
 			s.AddReadiness("c", func() error { return nil })
 			s.AddLiveness("c", func() error { return nil })
-			s.AddCertLister(certList{})
+			s.AddCertLister(lister)
 		}
 	}()
-	for i := 0; i < 20; i++ {
-		get(t, base+"/healthz/ready")
-		get(t, base+"/debug/certs")
+	certs := func() int {
+		t.Helper()
+		code, body := get(t, base+"/debug/certs")
+		var got []CertInfo
+		if err := json.Unmarshal([]byte(body), &got); code != 200 || err != nil {
+			t.Fatalf("/debug/certs: %d %v %q", code, err, body)
+		}
+		return len(got)
+	}
+	wasReady, lastCerts := false, 0
+	for range 20 {
+		code, body := get(t, base+"/healthz/ready")
+		switch {
+		case code == 200 && body == "ready\n":
+			wasReady = true
+		case code == 503 && strings.Contains(body, "no readiness checks registered") && !wasReady:
+		default:
+			t.Fatalf("ready answered %d %q (ready before: %v)", code, body, wasReady)
+		}
+		n := certs()
+		if n < lastCerts || n%len(lister) != 0 || n > adds*len(lister) {
+			t.Fatalf("/debug/certs lists %d certificates after %d", n, lastCerts)
+		}
+		lastCerts = n
 	}
 	<-done
+	if code, body := get(t, base+"/healthz/ready"); code != 200 {
+		t.Fatalf("ready after the additions: %d %q", code, body)
+	}
+	if code, body := get(t, base+"/healthz/live"); code != 200 {
+		t.Fatalf("live after the additions: %d %q", code, body)
+	}
+	if got, live := len(s.checks(false)), len(s.checks(true)); got != adds || live != adds {
+		t.Fatalf("%d readiness and %d liveness checks, want %d of each", got, live, adds)
+	}
+	if n := certs(); n != adds*len(lister) {
+		t.Fatalf("/debug/certs lists %d certificates, want %d", n, adds*len(lister))
+	}
 }

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
@@ -29,7 +30,7 @@ type cluster struct {
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx := context.Background()
 	base := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	if len(base) > 40 {
@@ -279,7 +280,7 @@ func TestImpersonationFromPodCache(t *testing.T) {
 
 	t.Run("pod added: allowed from the cache", func(t *testing.T) {
 		c.pod(t, c.app, "web-0", "web", "node-a")
-		waitFor(t, "the informer sees web-0", cached(c.app, "web-0"))
+		testwait.Within(t, 30*time.Second, "the informer sees web-0", cached(c.app, "web-0"))
 		misses := s.PodCacheMisses()
 		if err := ask(t, agentTok, web); err != nil {
 			t.Fatalf("refused: %v (denials %v)", err, s.Denials())
@@ -298,7 +299,7 @@ func TestImpersonationFromPodCache(t *testing.T) {
 		if _, err := c.env.Client().CoreV1().Pods(c.app).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the informer sees web-0 failed", func() bool {
+		testwait.Within(t, 30*time.Second, "the informer sees web-0 failed", func() bool {
 			p := s.pods.pod(c.app, "web-0")
 			return p != nil && p.Status.Phase == corev1.PodFailed
 		})
@@ -318,14 +319,14 @@ func TestImpersonationFromPodCache(t *testing.T) {
 
 	t.Run("pod deleted: refused once the informer sees it", func(t *testing.T) {
 		c.pod(t, c.app, "web-1", "web", "node-a")
-		waitFor(t, "the informer sees web-1", cached(c.app, "web-1"))
+		testwait.Within(t, 30*time.Second, "the informer sees web-1", cached(c.app, "web-1"))
 		if err := ask(t, agentTok, web); err != nil {
 			t.Fatalf("refused while web-1 runs: %v (denials %v)", err, s.Denials())
 		}
 		if err := c.env.Client().CoreV1().Pods(c.app).Delete(ctx, "web-1", deleteNow); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the informer sees web-1 deleted", func() bool { return !cached(c.app, "web-1")() })
+		testwait.Within(t, 30*time.Second, "the informer sees web-1 deleted", func() bool { return !cached(c.app, "web-1")() })
 		before := len(s.Denials())
 		if err := ask(t, agentTok, web); status.Code(err) != codes.Unauthenticated {
 			t.Fatalf("answer %v, want Unauthenticated", err)
@@ -346,7 +347,7 @@ func TestImpersonationFromPodCache(t *testing.T) {
 			_, err := cc.CreateCertificate(ctx, req)
 			errc <- err
 		}()
-		waitFor(t, "the CSR misses the cache", func() bool { return w.PodCacheMisses() == 1 })
+		testwait.Within(t, 30*time.Second, "the CSR misses the cache", func() bool { return w.PodCacheMisses() == 1 })
 		c.pod(t, c.app, "late-0", "late", "node-a")
 		if err := <-errc; err != nil {
 			t.Fatalf("refused: %v (denials %v)", err, w.Denials())
@@ -382,16 +383,4 @@ func TestImpersonationFromPodCache(t *testing.T) {
 			t.Errorf("denials %v", d)
 		}
 	})
-}
-
-// waitFor polls cond until it holds, failing the test after 30 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

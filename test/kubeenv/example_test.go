@@ -3,6 +3,8 @@ package kubeenv_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,8 +44,14 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	if err := env.Kubeconfig("/tmp/cart.kubeconfig", apiToken); err != nil {
+	dir, err := os.MkdirTemp("", "kubeenv-example")
+	if err != nil {
 		panic(err)
 	}
-	fmt.Println(pod.Status.Phase == corev1.PodPending, caToken != "")
+	defer os.RemoveAll(dir)
+	if err := env.Kubeconfig(filepath.Join(dir, "kubeconfig"), apiToken); err != nil {
+		panic(err)
+	}
+	fmt.Println(pod.Spec.NodeName, pod.Spec.ServiceAccountName, pod.Status.Phase == corev1.PodPending, caToken != "")
+	// Output: node-a cart true true
 }

@@ -18,7 +18,7 @@ import (
 // whose pod is gone, and a token that is not a Kubernetes token are refused
 // with Linkerd's codes.
 func TestTokenReview(t *testing.T) {
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx := context.Background()
 	const ns = "review"
 	if _, err := env.CreateNamespace(ctx, ns); err != nil {

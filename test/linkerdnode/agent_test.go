@@ -14,6 +14,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/linkerdca"
 	"github.com/meshagent/meshagent/test/podproc"
@@ -37,7 +38,7 @@ func grantNodeAgent(t *testing.T, ns, sa string) {
 	t.Helper()
 	ctx := context.Background()
 	name := "meshagent-node-" + ns
-	rbac := kubeEnv(t).Client().RbacV1()
+	rbac := kube.Env(t).Client().RbacV1()
 	if _, err := rbac.ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Rules: []rbacv1.PolicyRule{
@@ -65,7 +66,7 @@ func grantNodeAgent(t *testing.T, ns, sa string) {
 // service account keeps the identity working: the next CSR carries a token
 // bound to that pod.
 func TestLinkerdNodeModeTokensPerServiceAccount(t *testing.T) {
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx := context.Background()
 	const ns, node = "l5dnode", "node-l5d"
 	if _, err := env.CreateNamespace(ctx, ns); err != nil {
@@ -125,7 +126,7 @@ func TestLinkerdNodeModeTokensPerServiceAccount(t *testing.T) {
 		}
 		return false
 	}
-	waitFor(t, 30*time.Second, "certificates fetched ahead for web and db", func() bool {
+	testwait.Within(t, 30*time.Second, "certificates fetched ahead for web and db", func() bool {
 		return issued(web.DNSName) && issued(db.DNSName)
 	})
 
@@ -178,7 +179,7 @@ func TestLinkerdNodeModeTokensPerServiceAccount(t *testing.T) {
 	if err := env.Client().CoreV1().Pods(ns).Delete(ctx, "web-0", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "a CSR for web with a token bound to web-1", func() bool {
+	testwait.Within(t, 60*time.Second, "a CSR for web with a token bound to web-1", func() bool {
 		return reviewed(web.DNSName, "web-1")
 	})
 	if got, want := fetchAsPod(t, p.Socket(), string(web1.UID)), web.DNSName+" uris=0"; got != want {
@@ -193,17 +194,5 @@ func TestLinkerdNodeModeTokensPerServiceAccount(t *testing.T) {
 		if !json.Valid([]byte(line)) {
 			t.Errorf("log line not JSON: %q", line)
 		}
-	}
-}
-
-// waitFor polls cond until it holds or within passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

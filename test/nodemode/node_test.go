@@ -45,6 +45,7 @@ func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now()
 // trusted node accounts. The agent reads pods with an admin kubeconfig.
 func startNode(t *testing.T, name string, env ...string) *node {
 	t.Helper()
+	kube := kube.Env(t)
 	ctx := context.Background()
 	n := &node{t: t, name: name, sys: uniq("sys")}
 	if _, err := kube.CreateNamespace(ctx, n.sys); err != nil {
@@ -161,6 +162,7 @@ func (n *node) metric(series string) float64 {
 // pod creates a pod of service account sa (made if missing) in ns on node.
 func pod(t *testing.T, ns, name, sa, nodeName string) *corev1.Pod {
 	t.Helper()
+	kube := kube.Env(t)
 	ctx := context.Background()
 	if _, err := kube.Client().CoreV1().ServiceAccounts(ns).Get(ctx, sa, metav1.GetOptions{}); err != nil {
 		if _, err := kube.CreateServiceAccount(ctx, ns, sa); err != nil {
@@ -177,7 +179,7 @@ func pod(t *testing.T, ns, name, sa, nodeName string) *corev1.Pod {
 func namespace(t *testing.T, prefix string) string {
 	t.Helper()
 	ns := uniq(prefix)
-	if _, err := kube.CreateNamespace(context.Background(), ns); err != nil {
+	if _, err := kube.Env(t).CreateNamespace(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
 	return ns
@@ -198,16 +200,4 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-// eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/podproc"
 )
 
@@ -52,10 +53,10 @@ func TestPodsOfOneNode(t *testing.T) {
 		t.Fatalf("leaving-0 stream: %q, want %s", got, goneID)
 	}
 	zero := int64(0)
-	if err := kube.Client().CoreV1().Pods(ns).Delete(context.Background(), gone.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+	if err := kube.Env(t).Client().CoreV1().Pods(ns).Delete(context.Background(), gone.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the deleted pod leaves /debug/certs", func() bool {
+	testwait.Within(t, 30*time.Second, "the deleted pod leaves /debug/certs", func() bool {
 		pods, held := n.certs()[goneID]
 		return held && len(pods) == 0
 	})
@@ -147,7 +148,7 @@ func TestPodsOfOneNode(t *testing.T) {
 		if got := d.do("fetch 5 default"); strings.HasPrefix(got, "ok") {
 			t.Fatalf("identity with no pod on the node issued: %q", got)
 		}
-		eventually(t, 30*time.Second, "the refusal is counted", func() bool {
+		testwait.Within(t, 30*time.Second, "the refusal is counted", func() bool {
 			return n.metric(`meshagent_ca_impersonated_requests_total{provider="istio",result="refused"}`) >= 1
 		})
 		if !strings.Contains(n.agent.Logs(), "the CA refused the impersonation") {
@@ -175,7 +176,7 @@ func TestPodsOfOneNode(t *testing.T) {
 	if got := leaving.do("close"); got != "closed" {
 		t.Fatalf("close: %q", got)
 	}
-	eventually(t, 30*time.Second, "the deleted pod's identity is dropped after its stream closed", func() bool {
+	testwait.Within(t, 30*time.Second, "the deleted pod's identity is dropped after its stream closed", func() bool {
 		_, held := n.certs()[goneID]
 		return !held
 	})
@@ -200,7 +201,7 @@ func TestTwentyIdentitiesTwentyCSRs(t *testing.T) {
 		}
 		return out
 	}
-	eventually(t, 60*time.Second, "20 identities held", func() bool {
+	testwait.Within(t, 60*time.Second, "20 identities held", func() bool {
 		held := 0
 		for id := range n.certs() {
 			if strings.HasPrefix(id, prefix) {

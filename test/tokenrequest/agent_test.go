@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -47,7 +48,7 @@ type setup struct {
 
 func newSetup(t *testing.T) *setup {
 	t.Helper()
-	env := kubeEnv(t)
+	env := kube.Env(t)
 	ctx := context.Background()
 	ns := strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
 	if len(ns) > 50 {
@@ -187,18 +188,6 @@ func reviewedTokens(ca *istioca.Server) []istioca.Review {
 	return out
 }
 
-// waitFor polls cond until it holds or within passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func checkReview(t *testing.T, s *setup, r istioca.Review) {
 	t.Helper()
 	if r.ServiceAccount != (istioca.ServiceAccount{Namespace: s.ns, Name: saName}) {
@@ -249,7 +238,7 @@ func TestTokenRefreshedBeforeExpiry(t *testing.T) {
 	st := stream(t, p)
 	seen := map[string]bool{}
 	nextLeaf(t, st, 30*time.Second, seen)
-	waitFor(t, 30*time.Second, "a second token", func() bool { return len(reviewedTokens(s.ca)) >= 2 })
+	testwait.Within(t, 30*time.Second, "a second token", func() bool { return len(reviewedTokens(s.ca)) >= 2 })
 	toks := reviewedTokens(s.ca)
 	first, second := toks[0], toks[1]
 	checkReview(t, s, second)
@@ -262,7 +251,7 @@ func TestTokenRefreshedBeforeExpiry(t *testing.T) {
 	// A certificate issued on the new token reaches SDS.
 	n := len(s.ca.Reviews())
 	nextLeaf(t, st, 30*time.Second, seen)
-	waitFor(t, 30*time.Second, "a renewal after the refresh", func() bool { return len(s.ca.Reviews()) > n })
+	testwait.Within(t, 30*time.Second, "a renewal after the refresh", func() bool { return len(s.ca.Reviews()) > n })
 }
 
 // The CA refusing the token (Unauthenticated) makes the agent ask for a new
@@ -336,10 +325,10 @@ func TestAPIServerRestart(t *testing.T) {
 	default:
 	}
 	before := len(reviewedTokens(s.ca))
-	waitFor(t, 60*time.Second, "a new token after the restart", func() bool { return len(reviewedTokens(s.ca)) > before })
+	testwait.Within(t, 60*time.Second, "a new token after the restart", func() bool { return len(reviewedTokens(s.ca)) > before })
 	n := len(s.ca.Reviews())
 	nextLeaf(t, st, 30*time.Second, seen)
-	waitFor(t, 30*time.Second, "a renewal after the restart", func() bool { return len(s.ca.Reviews()) > n })
+	testwait.Within(t, 30*time.Second, "a renewal after the restart", func() bool { return len(s.ca.Reviews()) > n })
 }
 
 // A deleted service account: the CA refuses the agent's token, the refresh
@@ -357,7 +346,7 @@ func TestDeletedServiceAccount(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "requesting a token for serviceaccount " + s.ns + "/" + saName + ": "
-	waitFor(t, 60*time.Second, "the failed token request in the logs", func() bool {
+	testwait.Within(t, 60*time.Second, "the failed token request in the logs", func() bool {
 		return strings.Contains(p.Logs(), want)
 	})
 	if !strings.Contains(p.Logs(), `"token request failed; no valid token"`) {
@@ -422,7 +411,7 @@ func TestXDSUpstreamGetsTheSameToken(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sock := filepath.Join(p.Dir, "etc", "istio", "proxy", "XDS")
-	waitFor(t, 20*time.Second, "the xDS socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	testwait.Within(t, 20*time.Second, "the xDS socket", func() bool { _, err := os.Stat(sock); return err == nil })
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

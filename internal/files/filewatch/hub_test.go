@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -158,12 +159,12 @@ func TestUnwatchableDirectoryIsPolled(t *testing.T) {
 
 	for i := 1; i <= 3; i++ {
 		writeFile(t, pd, fmt.Sprint("v", i))
-		waitForTimer(t, clk)
+		testwait.Timer(t, clk)
 		clk.Step(poll)
 		expectSignal(t, wd, 5*time.Second)
 	}
 	// An unchanged file polled again is no change.
-	waitForTimer(t, clk)
+	testwait.Timer(t, clk)
 	clk.Step(poll)
 	expectQuiet(t, wd)
 
@@ -200,7 +201,7 @@ func TestNoInstanceFallsBackToPolling(t *testing.T) {
 		t.Errorf("no_instance failures: %v, want 1", got)
 	}
 	writeFile(t, p, "v1")
-	waitForTimer(t, clk)
+	testwait.Timer(t, clk)
 	clk.Step(DefaultPollInterval)
 	expectSignal(t, w, 5*time.Second)
 	if _, open := h.stats(); open {
@@ -208,7 +209,7 @@ func TestNoInstanceFallsBackToPolling(t *testing.T) {
 	}
 
 	refuse.Store(false)
-	waitForTimer(t, clk)
+	testwait.Timer(t, clk)
 	clk.Step(DefaultPollInterval) // watches again; nothing changed
 	expectQuiet(t, w)
 	if dirs, open := h.stats(); dirs != 1 || !open {
@@ -218,7 +219,7 @@ func TestNoInstanceFallsBackToPolling(t *testing.T) {
 		t.Errorf("polling watchers: %v, want 0", got)
 	}
 	writeFile(t, p, "v2")
-	waitForTimer(t, clk) // the debounce timer, armed by an event
+	testwait.Timer(t, clk) // the debounce timer, armed by an event
 	clk.Step(50 * time.Millisecond)
 	expectSignal(t, w, 5*time.Second)
 }

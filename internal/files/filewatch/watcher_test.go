@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"go.uber.org/goleak"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -200,17 +201,6 @@ func expectQuiet(t *testing.T, w *Watcher) {
 	}
 }
 
-func waitForTimer(t *testing.T, clk *clocktesting.FakeClock) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !clk.HasWaiters() {
-		if time.Now().After(deadline) {
-			t.Fatal("the watcher never armed its debounce timer")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // Each kind of change is signalled once the debounce period has passed on
 // the injected clock, and not before; repeated changes keep being seen (the
 // watch set follows symlink swaps and re-created files).
@@ -228,7 +218,7 @@ func TestChangeSignalledAfterDebounce(t *testing.T) {
 			run(t, w)
 			for n := 1; n <= 3; n++ {
 				sc.change(t, dir, p, n)
-				waitForTimer(t, clk)
+				testwait.Timer(t, clk)
 				clk.Step(debounce - time.Millisecond)
 				select {
 				case <-w.Changes():
@@ -237,19 +227,7 @@ func TestChangeSignalledAfterDebounce(t *testing.T) {
 				}
 				// Further events of the same change may re-arm the timer;
 				// step until the signal comes.
-				deadline := time.Now().Add(5 * time.Second)
-			wait:
-				for {
-					clk.Step(debounce)
-					select {
-					case <-w.Changes():
-						break wait
-					case <-time.After(10 * time.Millisecond):
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("change %d never signalled", n)
-					}
-				}
+				stepUntilSignal(t, w, clk, debounce, 5*time.Second)
 				got, err := os.ReadFile(p)
 				if err != nil || string(got) != fmt.Sprintf("v%d", n) {
 					t.Fatalf("after change %d the file reads %q, %v", n, got, err)
@@ -296,7 +274,7 @@ func TestNoSignalWithoutContentChange(t *testing.T) {
 	run(t, w)
 	settle := func() {
 		t.Helper()
-		waitForTimer(t, clk)
+		testwait.Timer(t, clk)
 		clk.Step(debounce)
 		expectQuiet(t, w)
 	}
@@ -395,7 +373,7 @@ func TestBurstIsCutOff(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("a continuous stream of events postponed the signal")
 		}
-		waitForTimer(t, clk)
+		testwait.Timer(t, clk)
 		clk.Step(debounce / 2)
 		writeFile(t, filepath.Join(dir, "noise"), fmt.Sprint(i))
 		select {

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/atomicfile"
-	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // Istio's names.
@@ -183,9 +183,9 @@ func Generate(cfg Config) ([]byte, error) {
 	if cfg.CertDir != "" {
 		dir := abs(cfg.CertDir)
 		fw := fileWatcherConfig{
-			CertificateFile:   filepath.Join(dir, pki.CertChainFile),
-			PrivateKeyFile:    filepath.Join(dir, pki.KeyFile),
-			CACertificateFile: filepath.Join(dir, pki.RootCertFile),
+			CertificateFile:   filepath.Join(dir, files.CertChainFile),
+			PrivateKeyFile:    filepath.Join(dir, files.KeyFile),
+			CACertificateFile: filepath.Join(dir, files.RootCertFile),
 			RefreshInterval:   fmt.Sprintf("%ds", int64(RefreshInterval(cfg.SecretTTL)/time.Second)),
 		}
 		b.CertificateProviders = map[string]certProvider{

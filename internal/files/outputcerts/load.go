@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -27,7 +28,7 @@ var (
 // A mismatched pair may be a write in progress, so Load reads again a few
 // times, for at most about 100 ms, before reporting it.
 func Load(dir string, id pki.Identity, now time.Time) (*certfile.Pair, error) {
-	chainPath, keyPath := filepath.Join(dir, pki.CertChainFile), filepath.Join(dir, pki.KeyFile)
+	chainPath, keyPath := filepath.Join(dir, files.CertChainFile), filepath.Join(dir, files.KeyFile)
 	var (
 		p   *certfile.Pair
 		err error

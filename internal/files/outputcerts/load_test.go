@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -38,10 +39,10 @@ func TestLoad(t *testing.T) {
 			dir := t.TempDir()
 			if tt.files != nil {
 				// Written directly: the writer refuses a mismatched pair.
-				if err := os.WriteFile(filepath.Join(dir, pki.CertChainFile), tt.files.CertChain, 0o644); err != nil {
+				if err := os.WriteFile(filepath.Join(dir, files.CertChainFile), tt.files.CertChain, 0o644); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.WriteFile(filepath.Join(dir, pki.KeyFile), tt.files.Key, 0o600); err != nil {
+				if err := os.WriteFile(filepath.Join(dir, files.KeyFile), tt.files.Key, 0o600); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -75,7 +76,7 @@ func TestWriteThenLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rootPEM, err := os.ReadFile(filepath.Join(dir, pki.RootCertFile))
+	rootPEM, err := os.ReadFile(filepath.Join(dir, files.RootCertFile))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/localca"
-	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -89,8 +89,8 @@ func TestSync(t *testing.T) {
 		}
 	}()
 
-	waitContent(t, events, dir, pki.RootCertFile, ca1.RootPEM())
-	if _, err := os.Stat(filepath.Join(dir, pki.KeyFile)); !os.IsNotExist(err) {
+	waitContent(t, events, dir, files.RootCertFile, ca1.RootPEM())
+	if _, err := os.Stat(filepath.Join(dir, files.KeyFile)); !os.IsNotExist(err) {
 		t.Fatalf("key written with no certificate held: %v", err)
 	}
 
@@ -99,24 +99,24 @@ func TestSync(t *testing.T) {
 		if err := m.Publish(&secretmanager.Secret{Name: secretmanager.WorkloadCertName, CertChain: p.chainPEM, PrivateKey: p.keyPEM}); err != nil {
 			t.Fatal(err)
 		}
-		waitContent(t, events, dir, pki.KeyFile, p.keyPEM)
-		waitContent(t, events, dir, pki.CertChainFile, p.chainPEM)
+		waitContent(t, events, dir, files.KeyFile, p.keyPEM)
+		waitContent(t, events, dir, files.CertChainFile, p.chainPEM)
 	}
 	publish(issue(t, ca1, localca.Leaf{}))
-	keyIno, chainIno := inode(t, filepath.Join(dir, pki.KeyFile)), inode(t, filepath.Join(dir, pki.CertChainFile))
+	keyIno, chainIno := inode(t, filepath.Join(dir, files.KeyFile)), inode(t, filepath.Join(dir, files.CertChainFile))
 
 	// A root change rewrites the roots only.
 	if err := roots.Set(ca2.RootPEM(), "test"); err != nil {
 		t.Fatal(err)
 	}
-	waitContent(t, events, dir, pki.RootCertFile, ca2.RootPEM())
-	if inode(t, filepath.Join(dir, pki.KeyFile)) != keyIno || inode(t, filepath.Join(dir, pki.CertChainFile)) != chainIno {
+	waitContent(t, events, dir, files.RootCertFile, ca2.RootPEM())
+	if inode(t, filepath.Join(dir, files.KeyFile)) != keyIno || inode(t, filepath.Join(dir, files.CertChainFile)) != chainIno {
 		t.Fatal("a root change rewrote the certificate files")
 	}
 
 	// A rotation rewrites the pair.
 	publish(issue(t, ca2, localca.Leaf{TTL: 2 * time.Hour}))
-	if inode(t, filepath.Join(dir, pki.KeyFile)) == keyIno {
+	if inode(t, filepath.Join(dir, files.KeyFile)) == keyIno {
 		t.Fatal("the rotated key was not replaced")
 	}
 }

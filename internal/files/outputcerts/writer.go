@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/atomicfile"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -151,9 +152,9 @@ func (w *Writer) write(f Files) ([]string, error) {
 		data []byte
 		mode fs.FileMode
 	}{
-		{pki.KeyFile, f.Key, KeyMode},
-		{pki.CertChainFile, f.CertChain, CertMode},
-		{pki.RootCertFile, f.Root, CertMode},
+		{files.KeyFile, f.Key, KeyMode},
+		{files.CertChainFile, f.CertChain, CertMode},
+		{files.RootCertFile, f.Root, CertMode},
 	} {
 		if file.data == nil {
 			continue

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
@@ -104,13 +105,13 @@ func TestWriteModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := []string{pki.KeyFile, pki.CertChainFile, pki.RootCertFile}; !slices.Equal(written, want) {
+			if want := []string{files.KeyFile, files.CertChainFile, files.RootCertFile}; !slices.Equal(written, want) {
 				t.Fatalf("written %v, want %v (key first)", written, want)
 			}
 			if got := mode(t, dir); got != tt.want {
 				t.Errorf("directory mode %#o, want %#o", got, tt.want)
 			}
-			for name, want := range map[string]fs.FileMode{pki.KeyFile: 0o600, pki.CertChainFile: 0o644, pki.RootCertFile: 0o644} {
+			for name, want := range map[string]fs.FileMode{files.KeyFile: 0o600, files.CertChainFile: 0o644, files.RootCertFile: 0o644} {
 				if got := mode(t, filepath.Join(dir, name)); got != want {
 					t.Errorf("%s mode %#o, want %#o", name, got, want)
 				}
@@ -146,7 +147,7 @@ func TestWriteOnlyWhenChanged(t *testing.T) {
 	}
 	old := time.Now().Add(-time.Hour).Truncate(time.Second)
 	stamp := func() {
-		for _, n := range []string{pki.KeyFile, pki.CertChainFile, pki.RootCertFile} {
+		for _, n := range []string{files.KeyFile, files.CertChainFile, files.RootCertFile} {
 			if err := os.Chtimes(filepath.Join(dir, n), old, old); err != nil {
 				t.Fatal(err)
 			}
@@ -169,37 +170,37 @@ func TestWriteOnlyWhenChanged(t *testing.T) {
 	if err != nil || len(written) != 0 {
 		t.Fatalf("same content: written %v, %v", written, err)
 	}
-	unchanged(pki.KeyFile, pki.CertChainFile, pki.RootCertFile)
+	unchanged(files.KeyFile, files.CertChainFile, files.RootCertFile)
 
 	// A root change rewrites only the root file.
 	other := newCA(t)
 	written, err = w.Write(Files{Root: append(ca.RootPEM(), other.RootPEM()...)})
-	if err != nil || !slices.Equal(written, []string{pki.RootCertFile}) {
+	if err != nil || !slices.Equal(written, []string{files.RootCertFile}) {
 		t.Fatalf("root change: written %v, %v", written, err)
 	}
-	unchanged(pki.KeyFile, pki.CertChainFile)
+	unchanged(files.KeyFile, files.CertChainFile)
 
 	// A rotation rewrites key and chain.
 	stamp()
 	b := issue(t, ca, localca.Leaf{TTL: time.Hour})
 	written, err = w.Write(Files{CertChain: b.chainPEM, Key: b.keyPEM})
-	if err != nil || !slices.Equal(written, []string{pki.KeyFile, pki.CertChainFile}) {
+	if err != nil || !slices.Equal(written, []string{files.KeyFile, files.CertChainFile}) {
 		t.Fatalf("rotation: written %v, %v", written, err)
 	}
-	unchanged(pki.RootCertFile)
+	unchanged(files.RootCertFile)
 
 	// Someone loosened the key's mode: fixed without rewriting it.
 	stamp()
-	if err := os.Chmod(filepath.Join(dir, pki.KeyFile), 0o644); err != nil {
+	if err := os.Chmod(filepath.Join(dir, files.KeyFile), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if written, err := w.Write(Files{CertChain: b.chainPEM, Key: b.keyPEM}); err != nil || len(written) != 0 {
 		t.Fatalf("mode fix: written %v, %v", written, err)
 	}
-	if got := mode(t, filepath.Join(dir, pki.KeyFile)); got != 0o600 {
+	if got := mode(t, filepath.Join(dir, files.KeyFile)); got != 0o600 {
 		t.Fatalf("key mode %#o not corrected", got)
 	}
-	unchanged(pki.KeyFile)
+	unchanged(files.KeyFile)
 
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -297,8 +298,8 @@ func TestConcurrentReaderSeesConsistentFiles(t *testing.T) {
 	for range 2 {
 		wg.Go(func() {
 			for !done.Load() {
-				chainPEM, err1 := os.ReadFile(filepath.Join(dir, pki.CertChainFile))
-				keyPEM, err2 := os.ReadFile(filepath.Join(dir, pki.KeyFile))
+				chainPEM, err1 := os.ReadFile(filepath.Join(dir, files.CertChainFile))
+				keyPEM, err2 := os.ReadFile(filepath.Join(dir, files.KeyFile))
 				if err := errors.Join(err1, err2); err != nil {
 					fail(err)
 					return

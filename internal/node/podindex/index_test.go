@@ -76,7 +76,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, node string, serviceAccounts ...string) *fixture {
 	t.Helper()
-	kube := kubeEnv(t)
+	kube := kube.Env(t)
 	ctx := context.Background()
 	f := &fixture{kube: kube, ns: fmt.Sprintf("ns-%d", time.Now().UnixNano()), ev: newRecorder()}
 	if _, err := kube.CreateNamespace(ctx, f.ns); err != nil {

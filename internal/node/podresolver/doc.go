@@ -10,6 +10,19 @@
 // accept connections or read SO_PEERCRED (the socket server does, and calls
 // Resolve once per connection), watch pods, or hold certificates.
 //
+// # How node mode fits together
+//
+// A podindex.Index (in the agent's errgroup) watches the pods of the node
+// and tells its handler which identities come and go, so their certificates
+// are fetched ahead and dropped. A Resolver is built over that index
+// (Config.Pods). The socket server takes the connecting process's pidfd
+// with peerpidfd.FromConn when it accepts, before anything else, passes it
+// in the context (peerpidfd.NewContext) to Resolve with the connection's
+// SO_PEERCRED, and puts the caller.Info it gets back into every request's
+// context (caller.NewContext): that is what the SDS and Workload API
+// handlers see. An error from Resolve refuses the connection with
+// PermissionDenied and the error's text.
+//
 // # Trust model
 //
 // Only what the kernel says is used: the pid, uid and gid the kernel recorded

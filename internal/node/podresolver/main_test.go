@@ -12,11 +12,6 @@ import (
 // kube is the package's API server, started by the first test that needs it.
 var kube = &kubeenv.Shared{}
 
-func kubeEnv(t *testing.T) *kubeenv.Env {
-	t.Helper()
-	return kube.Env(t)
-}
-
 // childConnectEnv makes the test binary a child that connects to the Unix
 // socket it names and holds the connection until its stdin closes.
 const childConnectEnv = "PODRESOLVER_TEST_CONNECT"

@@ -62,7 +62,7 @@ func runIndex(t *testing.T, idx *podindex.Index) {
 // TestNodeCallers resolves real processes in pod cgroups against the pods a
 // real API server has on the node.
 func TestNodeCallers(t *testing.T) {
-	kube := kubeEnv(t)
+	kube := kube.Env(t)
 	ctx := context.Background()
 	ns := fmt.Sprintf("shop-%d", time.Now().UnixNano())
 	if _, err := kube.CreateNamespace(ctx, ns); err != nil {

@@ -59,7 +59,7 @@ func TestRealProcesses(t *testing.T) {
 // API server has them. With the connection's pidfd (SO_PEERPIDFD, read at
 // accept) the connection gets nothing.
 func TestRealPIDReuse(t *testing.T) {
-	kube := kubeEnv(t)
+	kube := kube.Env(t)
 	ctx0 := context.Background()
 	ns := fmt.Sprintf("reuse-%d", time.Now().UnixNano())
 	if _, err := kube.CreateNamespace(ctx0, ns); err != nil {
