@@ -115,8 +115,7 @@ func stopTimer(t clock.Timer) {
 func (m *Manager) schedule(ctx context.Context, wg *sync.WaitGroup) (next time.Time, ok bool) {
 	now := m.clock.Now()
 	m.mu.Lock()
-	var dropped []pki.Identity
-	next, ok = m.sweepLocked(now, &dropped)
+	dropped, next, ok := m.sweepLocked(now)
 	if m.cfg.CA != nil {
 		next, ok = m.startDueLocked(ctx, wg, now, next, ok)
 	}
@@ -127,10 +126,10 @@ func (m *Manager) schedule(ctx context.Context, wg *sync.WaitGroup) (next time.T
 	return next, ok
 }
 
-// sweepLocked drops the entries unused for the grace period, appending their
-// identities to dropped, and returns when the next one may be dropped.
-// Called with mu held.
-func (m *Manager) sweepLocked(now time.Time, dropped *[]pki.Identity) (next time.Time, ok bool) {
+// sweepLocked drops the entries unused for the grace period and returns
+// their identities and when the next one may be dropped. Called with mu
+// held.
+func (m *Manager) sweepLocked(now time.Time) (dropped []pki.Identity, next time.Time, ok bool) {
 	for m.idle.len() > 0 {
 		it := m.idle.peek()
 		e := it.e
@@ -147,10 +146,10 @@ func (m *Manager) sweepLocked(now time.Time, dropped *[]pki.Identity) (next time
 		e.stamp(dueQueue) // whatever it still holds in the queues is stale
 		e.stamp(idleQueue)
 		m.metrics.dropped.Inc()
-		*dropped = append(*dropped, e.id)
+		dropped = append(dropped, e.id)
 	}
 	m.metrics.identities.Set(float64(len(m.entries)))
-	return next, ok
+	return dropped, next, ok
 }
 
 // startDueLocked moves the entries that fell due to the ready queue and

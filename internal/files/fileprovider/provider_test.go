@@ -211,8 +211,11 @@ func TestFileRootBundleWithSeveralRoots(t *testing.T) {
 	waitSignal(t, ch)
 	s = secret(t, p, name)
 	b, err := pki.ParseBundle(s.Roots)
-	if err != nil || len(b.Certs()) != 2 {
-		t.Fatalf("bundle after change: %d roots, %v", len(b.Certs()), err)
+	if err != nil || len(b.Certs()) != 2 || !s.Bundle.Equal(b) {
+		t.Fatalf("bundle after change: %d roots, %v, parsed bundle carried: %v", len(b.Certs()), err, s.Bundle.Equal(b))
+	}
+	if cur, err := p.Current(name); err != nil || cur != s {
+		t.Fatalf("Current = %v, %v; want the secret Secret returned", cur, err)
 	}
 }
 
@@ -234,6 +237,9 @@ func TestUnservableNames(t *testing.T) {
 		cancel()
 		if !errors.Is(err, secretmanager.ErrUnknownResource) {
 			t.Errorf("%q: error %v, want one wrapping ErrUnknownResource", name, err)
+		}
+		if _, err := p.Current(name); !errors.Is(err, secretmanager.ErrUnknownResource) {
+			t.Errorf("%q: Current error %v, want one wrapping ErrUnknownResource", name, err)
 		}
 		if ch, stop := p.Watch(name); ch != nil {
 			stop()
