@@ -117,11 +117,11 @@ func (s Scheme) Identity(namespace, serviceAccount string) (Identity, error) {
 		}
 		return id, nil
 	}
-	id, err := spiffeid.FromSegments(s.td, "ns", namespace, "sa", serviceAccount)
-	if err != nil {
+	// Each name must be one path segment of the SPIFFE ID.
+	if _, err := spiffeid.FromSegments(s.td, "ns", namespace, "sa", serviceAccount); err != nil {
 		return Identity{}, fmt.Errorf("identity of namespace %q and service account %q: %w", namespace, serviceAccount, err)
 	}
-	return Identity{SPIFFEID: id.String()}, nil
+	return SPIFFEIdentity(s.td.Name(), namespace, serviceAccount), nil
 }
 
 // Account is the inverse of Identity: the namespace and service account id
