@@ -88,7 +88,7 @@ func (r *Roots) Set(pemData []byte, source string) error {
 	}
 	r.mu.Unlock()
 	if !same {
-		r.hub.notify("")
+		r.hub.notify()
 	}
 	return nil
 }
@@ -104,4 +104,4 @@ func (r *Roots) Bundle() *Bundle {
 func (r *Roots) Roots() *x509.CertPool { return r.Bundle().Pool }
 
 // Watch subscribes to changes.
-func (r *Roots) Watch() (<-chan struct{}, func()) { return r.hub.watch("") }
+func (r *Roots) Watch() (<-chan struct{}, func()) { return r.hub.watch() }
