@@ -264,4 +264,3 @@ func (h *hub) broadcast() {
 		w.notify()
 	}
 }
-
