@@ -128,9 +128,3 @@ func (p *PodTokens) Drop(namespace, serviceAccount string) {
 	delete(p.byAcc, account{namespace, serviceAccount})
 }
 
-// Len returns the number of accounts with a fetcher.
-func (p *PodTokens) Len() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.byAcc)
-}

@@ -122,13 +122,6 @@ func (c *encodedCache) drop(k encodedKey) {
 	c.mu.Unlock()
 }
 
-// len returns the number of entries.
-func (c *encodedCache) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.m)
-}
-
 // Field numbers of google.protobuf.Any.
 const (
 	anyTypeURL protowire.Number = 1

@@ -78,14 +78,22 @@ func TestStreamsShareOneWatchAndOneGoroutineEach(t *testing.T) {
 		src = &countingSource{SecretSource: c.Secrets, active: map[string]int{}}
 		c.Secrets = src
 	}})
-	// What runs before any stream opens: the test, the socket server, the
-	// manager.
+	// The connections, each used once so that both ends have set them up.
+	clients := make([]*sdsclient.Client, conns)
+	for i := range clients {
+		clients[i] = f.dial()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := clients[i].Fetch(ctx, "default")
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What runs before any stream opens: the test, the socket server and
+	// its connections, the manager.
 	before, idle := goleak.IgnoreCurrent(), packageGoroutines()
 	var all []*sdsclient.Stream
-	var clients []*sdsclient.Client
-	for range conns {
-		c := f.dial()
-		clients = append(clients, c)
+	for _, c := range clients {
 		for range perConn {
 			all = append(all, f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}}))
 		}
@@ -116,10 +124,7 @@ func TestStreamsShareOneWatchAndOneGoroutineEach(t *testing.T) {
 		s.Close()
 	}
 	testwait.For(t, "the watch to be released", func() bool { active, _ := src.counts("default"); return active == 0 })
-	// Every goroutine the streams and their connections started ends.
-	for _, c := range clients {
-		_ = c.Close()
-	}
+	// Every goroutine the streams started ends.
 	if err := goleak.Find(before); err != nil {
 		t.Fatalf("goroutines left by closed streams: %v", err)
 	}
@@ -235,11 +240,18 @@ func TestEncodingDroppedWithItsSecret(t *testing.T) {
 			t.Fatal("no encoding")
 		}
 	}()
-	if c.len() != 1 {
-		t.Fatalf("%d entries, want 1", c.len())
+	if entries(&c) != 1 {
+		t.Fatalf("%d entries, want 1", entries(&c))
 	}
 	testwait.For(t, "the entry to be dropped", func() bool {
 		runtime.GC()
-		return c.len() == 0
+		return entries(&c) == 0
 	})
+}
+
+// entries returns the number of encodings c holds.
+func entries(c *encodedCache) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
 }

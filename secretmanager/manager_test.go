@@ -751,7 +751,7 @@ func (p *staticProvider) Current(name string) (*Secret, error) {
 	return p.Secret(context.Background(), name)
 }
 
-func (p *staticProvider) Watch(name string) (<-chan struct{}, func()) { return p.h.watch(name) }
+func (p *staticProvider) Watch(string) (<-chan struct{}, func()) { return p.h.watch() }
 
 func TestNamesAndProviders(t *testing.T) {
 	fileRoot := &Secret{Name: "file-root:/etc/roots.pem", Roots: []byte("x")}
@@ -766,7 +766,7 @@ func TestNamesAndProviders(t *testing.T) {
 	}
 	ch, cancel := e.m.Watch(context.Background(), fileRoot.Name)
 	defer cancel()
-	p.h.notify(fileRoot.Name)
+	p.h.notify()
 	waitSignal(t, ch, "provider watch")
 	for _, name := range []string{"", "Default", "rootca", "file-cert:/a~/b", "file-root:/missing", "default ", string([]byte{0xff, 0})} {
 		if _, err := e.m.Secret(ctx, name); !errors.Is(err, ErrUnknownResource) {

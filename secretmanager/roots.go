@@ -67,7 +67,7 @@ func (r *Roots) SetBundle(b *pki.Bundle, source string) {
 	}
 	r.mu.Unlock()
 	if !same {
-		r.hub.notify("")
+		r.hub.notify()
 	}
 }
 
@@ -85,4 +85,4 @@ func (r *Roots) Roots() *x509.CertPool {
 }
 
 // Watch subscribes to changes.
-func (r *Roots) Watch() (<-chan struct{}, func()) { return r.hub.watch("") }
+func (r *Roots) Watch() (<-chan struct{}, func()) { return r.hub.watch() }

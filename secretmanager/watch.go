@@ -6,53 +6,36 @@ import (
 	"github.com/meshagent/meshagent/internal/notify"
 )
 
-// hub fans out change signals to subscribers of a name. Every subscriber owns
-// a channel with a one-slot buffer; a signal is a non-blocking send, so signals
+// hub fans out change signals to its subscribers. Every subscriber owns a
+// channel with a one-slot buffer; a signal is a non-blocking send, so signals
 // merge while a subscriber is busy and a slow subscriber never holds up the
-// others. Signalling is O(subscribers of the name) and starts no goroutine.
+// others. Signalling is O(subscribers) and starts no goroutine.
 type hub struct {
 	mu   sync.Mutex
-	subs map[string]notify.Set
+	subs notify.Set
 }
 
-// watch subscribes to name. The returned cancel is safe to call more than once.
-func (h *hub) watch(name string) (<-chan struct{}, func()) {
+// watch subscribes. The returned cancel is safe to call more than once.
+func (h *hub) watch() (<-chan struct{}, func()) {
 	h.mu.Lock()
 	if h.subs == nil {
-		h.subs = make(map[string]notify.Set)
+		h.subs = notify.Set{}
 	}
-	set := h.subs[name]
-	if set == nil {
-		set = notify.Set{}
-		h.subs[name] = set
-	}
-	ch := set.Add()
+	ch := h.subs.Add()
 	h.mu.Unlock()
 	var once sync.Once
 	return ch, func() {
 		once.Do(func() {
 			h.mu.Lock()
 			defer h.mu.Unlock()
-			if set := h.subs[name]; set != nil {
-				set.Remove(ch)
-				if len(set) == 0 {
-					delete(h.subs, name)
-				}
-			}
+			h.subs.Remove(ch)
 		})
 	}
 }
 
-// notify signals every subscriber of name without blocking.
-func (h *hub) notify(name string) {
+// notify signals every subscriber without blocking.
+func (h *hub) notify() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.subs[name].Signal()
-}
-
-// count returns the number of subscribers of name.
-func (h *hub) count(name string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.subs[name])
+	h.subs.Signal()
 }

@@ -1,16 +1,5 @@
 package settings
 
-// ignoredWhenSet is an Unused check for a setting the agent never acts on:
-// it warns whenever the user sets it.
-func ignoredWhenSet(why string) func(*Config, bool) string {
-	return func(_ *Config, set bool) string {
-		if set {
-			return why
-		}
-		return ""
-	}
-}
-
 // pilotCertProviderUnused: kubernetes chose the Kubernetes CA bundle as the
 // root in older pilot-agents; pilot-agent no longer does, and neither does
 // meshagent. Say so, so that a control plane signed by the cluster CA is not

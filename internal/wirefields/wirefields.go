@@ -1,6 +1,8 @@
 // Package wirefields walks the fields of a protobuf message in wire form,
-// for code that reads a few fields of a message without decoding it (the SDS
-// server's requests, the benchmark's SDS responses). It owns no state.
+// for code that reads a few fields of a message without decoding it: Walk
+// for a message in one slice (the SDS server's requests, the benchmark's SDS
+// responses), Reader for one in a gRPC buffer slice (the xDS proxy's
+// responses). Varints are decoded by protowire in both.
 package wirefields
 
 import (
@@ -20,7 +22,7 @@ var ErrMalformed = errors.New("malformed protobuf")
 func Walk(b []byte, fn func(num protowire.Number, typ protowire.Type, value []byte) error) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
+		if n < 0 || num > protowire.MaxValidNumber {
 			return ErrMalformed
 		}
 		b = b[n:]

@@ -264,11 +264,3 @@ func (h *hub) broadcast() {
 		w.notify()
 	}
 }
-
-// watchedDirs returns how many directories are watched and whether the
-// fsnotify watcher is open (for tests).
-func (h *hub) stats() (dirs int, open bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.dirs), h.be != nil
-}

@@ -83,7 +83,7 @@ func TestOneInstanceForManyWatchers(t *testing.T) {
 	if got := opens.Load(); got != 1 {
 		t.Errorf("%d fsnotify watchers opened for %d Watchers, want 1", got, n)
 	}
-	if dirs, open := h.stats(); dirs != n || !open {
+	if dirs, open := stats(h); dirs != n || !open {
 		t.Errorf("hub watches %d directories (open %v), want %d", dirs, open, n)
 	}
 	// Each still sees its own changes.
@@ -91,7 +91,7 @@ func TestOneInstanceForManyWatchers(t *testing.T) {
 	expectSignal(t, ws[7], 5*time.Second)
 	cancel()
 	wg.Wait()
-	if dirs, open := h.stats(); dirs != 0 || open {
+	if dirs, open := stats(h); dirs != 0 || open {
 		t.Errorf("after every Watcher stopped: %d directories, open %v", dirs, open)
 	}
 }
@@ -113,14 +113,14 @@ func TestSharedDirectoryIsReferenceCounted(t *testing.T) {
 	go func() { doneA <- wa.Run(ctxA) }()
 	expectSignal(t, wa, 5*time.Second)
 	wb := startWatcher(t, Config{Paths: []string{b}, Debounce: 10 * time.Millisecond, hub: h})
-	if dirs, _ := h.stats(); dirs != 1 {
+	if dirs, _ := stats(h); dirs != 1 {
 		t.Fatalf("%d directories watched for two files of one directory", dirs)
 	}
 	cancelA()
 	if err := <-doneA; err != nil {
 		t.Fatal(err)
 	}
-	if dirs, open := h.stats(); dirs != 1 || !open {
+	if dirs, open := stats(h); dirs != 1 || !open {
 		t.Fatalf("after one of two stopped: %d directories, open %v", dirs, open)
 	}
 	writeFile(t, b, "b2")
@@ -204,7 +204,7 @@ func TestNoInstanceFallsBackToPolling(t *testing.T) {
 	testwait.Timer(t, clk)
 	clk.Step(DefaultPollInterval)
 	expectSignal(t, w, 5*time.Second)
-	if _, open := h.stats(); open {
+	if _, open := stats(h); open {
 		t.Fatal("the hub holds an instance it could not open")
 	}
 
@@ -212,7 +212,7 @@ func TestNoInstanceFallsBackToPolling(t *testing.T) {
 	testwait.Timer(t, clk)
 	clk.Step(DefaultPollInterval) // watches again; nothing changed
 	expectQuiet(t, w)
-	if dirs, open := h.stats(); dirs != 1 || !open {
+	if dirs, open := stats(h); dirs != 1 || !open {
 		t.Fatalf("after instances are available again: %d directories, open %v", dirs, open)
 	}
 	if got := testutil.ToFloat64(m.polling); got != 0 {
@@ -253,4 +253,12 @@ func TestDirectoryDeletedAndMadeAgain(t *testing.T) {
 		writeFile(t, p, fmt.Sprint("v", round, "b"))
 		stepUntilSignal(t, w, clk, debounce, 5*time.Second)
 	}
+}
+
+// stats returns how many directories h watches and whether its fsnotify
+// watcher is open.
+func stats(h *hub) (dirs int, open bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.dirs), h.be != nil
 }
