@@ -128,6 +128,13 @@ func (a *agent) buildComponents() ([]component, error) {
 	}
 	cs = append(cs, serving...)
 
+	// Node mode: the Pod Certificates signer, after the pod index it reads.
+	podCerts, err := a.podCertificates(source)
+	if err != nil {
+		return nil, err
+	}
+	cs = append(cs, podCerts...)
+
 	cs = append(cs, component{name: "status", run: a.status.Run})
 	return cs, nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
+	"github.com/meshagent/meshagent/podcert"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/workloadapi"
@@ -55,6 +56,10 @@ type certSource struct {
 	caRoots *secretmanager.Roots
 	// components run the manager and whatever feeds it.
 	components []component
+	// podCA and podRoots sign and verify pod certificates (podCertificates);
+	// nil without a CA.
+	podCA    podcert.CA
+	podRoots podcert.RootSource
 }
 
 // managerConfig fills the parts of a secret manager's configuration common to
@@ -174,7 +179,7 @@ func (a *agent) devSource() (certSource, error) {
 	mc := a.managerConfig(id, roots, "dev-ca")
 	mc.CA = client
 	m, cs, err := a.startManager(mc, client)
-	return certSource{manager: m, components: cs}, err
+	return certSource{manager: m, components: cs, podCA: localCASigner{ca: ca}, podRoots: roots}, err
 }
 
 // caSource asks the CA named by CA_PROVIDER (SPEC 5.4, 6).
@@ -207,7 +212,7 @@ func (a *agent) caSource() (certSource, error) {
 		return certSource{}, err
 	}
 	cs = append(cs, component{name: "ca_root_watcher", run: rootFeed.Run})
-	return certSource{manager: m, caRoots: roots, components: cs}, nil
+	return certSource{manager: m, caRoots: roots, components: cs, podCA: client, podRoots: roots}, nil
 }
 
 // caClient builds the CA client for CA_PROVIDER.
