@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/internal/kubeclient"
 )
 
 func TestPlanLifetime(t *testing.T) {
@@ -171,4 +173,46 @@ func TestSignerNames(t *testing.T) {
 	if got := BundleName("meshagent.io/workload-identity"); got != "meshagent.io:workload-identity:mesh-roots" {
 		t.Errorf("BundleName = %q", got)
 	}
+}
+
+// FuzzCheckSpec: whatever a request carries (the stub CSR and the
+// annotations are the pod author's and the kubelet's), the checks answer
+// without panicking, and a request they accept has a signed CSR of a
+// supported key type that names nothing.
+func FuzzCheckSpec(f *testing.F) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		f.Fatal(err)
+	}
+	stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		f.Fatal(err)
+	}
+	named, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{DNSNames: []string{"a.example"}}, key)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(stub, "")
+	f.Add(named, "")
+	f.Add(stub, "example.com/x")
+	f.Add([]byte{0x30, 0x03, 0x02, 0x01, 0x00}, "")
+	f.Fuzz(func(t *testing.T, der []byte, annotation string) {
+		spec := &kubeclient.PodCertificateRequestSpec{StubPKCS10Request: der}
+		if annotation != "" {
+			spec.UnverifiedUserAnnotations = map[string]string{annotation: "v"}
+		}
+		csr, v := checkSpec("meshagent.io/workload-identity", spec)
+		if v.condition != "" {
+			if v.condition != kubeclient.PodCertificateRequestDenied || v.reason == "" || v.message == "" {
+				t.Fatalf("verdict %+v", v)
+			}
+			return
+		}
+		if csr == nil || annotation != "" || !stubEmpty(csr) {
+			t.Fatalf("accepted %x with annotation %q", der, annotation)
+		}
+		if _, ok := keyTypeSupported(csr.PublicKey); !ok {
+			t.Fatalf("accepted a key of type %T", csr.PublicKey)
+		}
+	})
 }

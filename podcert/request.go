@@ -109,32 +109,42 @@ func (s *Signer) process(ctx context.Context, key string) (time.Duration, bool) 
 	return 0, false
 }
 
+// checkSpec checks what a request asks for, before any pod or CA is
+// consulted, and returns its stub CSR; a verdict with a condition denies it.
+func checkSpec(signer string, spec *kubeclient.PodCertificateRequestSpec) (*x509.CertificateRequest, verdict) {
+	if len(spec.UnverifiedUserAnnotations) > 0 {
+		keys := make([]string, 0, len(spec.UnverifiedUserAnnotations))
+		for k := range spec.UnverifiedUserAnnotations {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		return nil, deny(kubeclient.ReasonInvalidUserAnnotations,
+			"signer %s takes no unverifiedUserAnnotations (the identity is the pod's service account); remove %s",
+			signer, strings.Join(keys, ", "))
+	}
+	csr, err := x509.ParseCertificateRequest(spec.StubPKCS10Request)
+	if err != nil {
+		return nil, deny(ReasonInvalidStubCSR, "stubPKCS10Request does not parse: %v", err)
+	}
+	if name, ok := keyTypeSupported(csr.PublicKey); !ok {
+		return nil, deny(kubeclient.ReasonUnsupportedKeyType,
+			"signer %s does not issue for %s keys (mesh proxies cannot use them); use %s (or ECDSAP384, RSA3072, RSA4096)",
+			signer, name, SuggestedKeyType)
+	}
+	if !stubEmpty(csr) {
+		return nil, deny(ReasonInvalidStubCSR, "stubPKCS10Request must be empty (no subject, names or extensions): the identity is the pod's service account")
+	}
+	return csr, verdict{}
+}
+
 // decide checks the request, asks the CA and checks its answer.
 func (s *Signer) decide(ctx context.Context, key string, req *kubeclient.PodCertificateRequest) verdict {
 	if s.cfg.Refuse != "" {
 		return deny(ReasonUnsupportedCA, "%s", s.cfg.Refuse)
 	}
-	if len(req.Spec.UnverifiedUserAnnotations) > 0 {
-		keys := make([]string, 0, len(req.Spec.UnverifiedUserAnnotations))
-		for k := range req.Spec.UnverifiedUserAnnotations {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		return deny(kubeclient.ReasonInvalidUserAnnotations,
-			"signer %s takes no unverifiedUserAnnotations (the identity is the pod's service account); remove %s",
-			s.cfg.SignerName, strings.Join(keys, ", "))
-	}
-	csr, err := x509.ParseCertificateRequest(req.Spec.StubPKCS10Request)
-	if err != nil {
-		return deny(ReasonInvalidStubCSR, "stubPKCS10Request does not parse: %v", err)
-	}
-	if name, ok := keyTypeSupported(csr.PublicKey); !ok {
-		return deny(kubeclient.ReasonUnsupportedKeyType,
-			"signer %s does not issue for %s keys (mesh proxies cannot use them); use %s (or ECDSAP384, RSA3072, RSA4096)",
-			s.cfg.SignerName, name, SuggestedKeyType)
-	}
-	if !stubEmpty(csr) {
-		return deny(ReasonInvalidStubCSR, "stubPKCS10Request must be empty (no subject, names or extensions): the identity is the pod's service account")
+	csr, v := checkSpec(s.cfg.SignerName, &req.Spec)
+	if v.condition != "" {
+		return v
 	}
 	pod, ok := s.cfg.Pods.Get(string(req.Spec.PodUID))
 	if !ok {
