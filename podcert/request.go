@@ -265,7 +265,10 @@ func (s *Signer) failedAttempt(key, identity string) time.Duration {
 	return wait
 }
 
-// identityWait returns how long the identity is still backed off.
+// identityWait returns how long the identity is still backed off. An
+// identity quiet for longer than BackoffCap after its wait is forgotten:
+// its next failure starts the backoff afresh, and identities that left the
+// node are not kept.
 func (s *Signer) identityWait(id pki.Identity) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -273,7 +276,12 @@ func (s *Signer) identityWait(id pki.Identity) time.Duration {
 	if !ok {
 		return 0
 	}
-	return w.until.Sub(s.cfg.Clock.Now())
+	now := s.cfg.Clock.Now()
+	if now.After(w.until.Add(s.cfg.BackoffCap)) {
+		delete(s.waits, id.String())
+		return 0
+	}
+	return w.until.Sub(now)
 }
 
 // succeeded ends the identity's backoff.

@@ -316,7 +316,7 @@ var Registry = []Setting{
 		Name: "MESHAGENT_POD_CERTIFICATE_SIGNER", Group: GroupMeshagent,
 		Doc: "Node mode: the signer name under which the agent signs Kubernetes PodCertificateRequests of its node's pods " +
 			"(podCertificate projected volumes), e.g. `meshagent.io/workload-identity`, and publishes the mesh roots as that signer's ClusterTrustBundle. " +
-			"Empty: off. Needs the chart's podCertificates RBAC (docs/pod-certificates.md). No effect in sidecar mode.",
+			"Empty: off. Needs the RBAC the chart grants with node.podCertificateSigner (docs/pod-certificates.md). No effect in sidecar mode.",
 		Value: String(func(c *Config) *string { return &c.PodCertificateSigner }),
 		Unused: func(c *Config, set bool) string {
 			if set && c.Mode != ModeNode {
