@@ -7,17 +7,20 @@ import (
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	certsv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/istioca"
 )
 
@@ -261,5 +264,62 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("%s: not within 30s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// refusingCA fails every request for one identity and passes the others
+// on to the CA.
+type refusingCA struct {
+	CA
+	refuse string
+	mu     sync.Mutex
+	calls  int
+}
+
+func (r *refusingCA) Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
+	if id.SPIFFEID == r.refuse {
+		r.mu.Lock()
+		r.calls++
+		r.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "no certificates for this identity now")
+	}
+	return r.CA.Sign(ctx, csr, id, ttl)
+}
+
+func (r *refusingCA) refused() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls
+}
+
+// A failing identity waits out its backoff without holding the one CSR
+// slot: another pod's request is issued meanwhile, before the failing one
+// is tried again.
+func TestFailingIdentityDelaysNoOther(t *testing.T) {
+	c := newCluster(t, istioca.Config{})
+	ca := &refusingCA{CA: c.agentCA(), refuse: c.spiffeID("broken")}
+	c.startSigner(func(cfg *Config) {
+		cfg.CA = ca
+		cfg.MaxConcurrentCSRs = 1
+		cfg.BackoffBase, cfg.BackoffCap = 10*time.Second, 10*time.Second // the first retry after 5..10s
+	})
+	broken := c.request(c.pod("broken-0", "broken", nodeA), ecKey(t), 0, nil)
+	eventually(t, "the broken identity's first CA request", func() bool { return ca.refused() == 1 })
+
+	key := ecKey(t)
+	got, cond := c.answer(c.request(c.pod("fine-0", "fine", nodeA), key, 0, nil))
+	if cond.Type != "Issued" {
+		t.Fatalf("condition %+v, want Issued", cond)
+	}
+	c.checkIssued(got, key, c.spiffeID("fine"))
+	if n := ca.refused(); n != 1 {
+		t.Errorf("the failing identity was tried %d times before the other was issued, want once: it held the slot through its backoff", n)
+	}
+	b, err := c.admin.CertificatesV1().PodCertificateRequests(c.ns).Get(context.Background(), broken.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Status.Conditions) != 0 {
+		t.Errorf("the failing request was answered: %+v", b.Status.Conditions)
 	}
 }
