@@ -74,7 +74,7 @@ func (s *Signer) process(ctx context.Context, key string) (time.Duration, bool) 
 		return 0, false
 	}
 	req := obj.(*kubeclient.PodCertificateRequest)
-	if req.Spec.SignerName != s.cfg.SignerName || string(req.Spec.NodeName) != s.cfg.NodeName || answered(req) {
+	if req.Spec.SignerName != s.cfg.SignerName || req.Spec.NodeName != s.cfg.NodeName || answered(req) {
 		s.forget(key)
 		return 0, false
 	}
@@ -101,7 +101,8 @@ func (s *Signer) process(ctx context.Context, key string) (time.Duration, bool) 
 	s.forget(key)
 	s.metrics.requests.WithLabelValues(strings.ToLower(v.condition)).Inc()
 	if v.condition == kubeclient.PodCertificateRequestIssued {
-		log.Info("pod certificate issued", zap.Time(keyNotAfter, v.chain[0].NotAfter), zap.Time(keyRefreshAt, v.refresh))
+		log.Info("pod certificate issued", zap.String(keyMessage, v.message),
+			zap.Time(keyNotAfter, v.chain[0].NotAfter), zap.Time(keyRefreshAt, v.refresh))
 	} else {
 		log.Warn("pod certificate request answered without a certificate",
 			zap.String(keyCondition, v.condition), zap.String(keyReason, v.reason), zap.String(keyMessage, v.message))
