@@ -218,6 +218,17 @@ func (c *cluster) pod(name, sa, node string) *corev1.Pod {
 // does: through the node's own identity, with a stub CSR signed by key.
 func (c *cluster) request(pod *corev1.Pod, key crypto.Signer, maxExp int32, annotations map[string]string) *certsv1.PodCertificateRequest {
 	c.t.Helper()
+	req, err := c.requestAs(pod.Spec.NodeName, pod, key, maxExp, annotations)
+	if err != nil {
+		c.t.Fatalf("the kubelet of %s cannot create the request: %v", pod.Spec.NodeName, err)
+	}
+	return req
+}
+
+// requestAs creates the request for pod through the identity of kubelet's
+// node.
+func (c *cluster) requestAs(kubeletNode string, pod *corev1.Pod, key crypto.Signer, maxExp int32, annotations map[string]string) (*certsv1.PodCertificateRequest, error) {
+	c.t.Helper()
 	ctx := context.Background()
 	node := pod.Spec.NodeName
 	n, err := c.admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -232,7 +243,7 @@ func (c *cluster) request(pod *corev1.Pod, key crypto.Signer, maxExp int32, anno
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	kubelet, err := kubernetes.NewForConfig(c.env.ConfigForToken(c.env.NodeToken(node)))
+	kubelet, err := kubernetes.NewForConfig(c.env.ConfigForToken(c.env.NodeToken(kubeletNode)))
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -240,7 +251,7 @@ func (c *cluster) request(pod *corev1.Pod, key crypto.Signer, maxExp int32, anno
 	if maxExp > 0 {
 		maxp = &maxExp
 	}
-	req, err := kubelet.CertificatesV1().PodCertificateRequests(pod.Namespace).Create(ctx, &certsv1.PodCertificateRequest{
+	return kubelet.CertificatesV1().PodCertificateRequests(pod.Namespace).Create(ctx, &certsv1.PodCertificateRequest{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: pod.Name + "-"},
 		Spec: certsv1.PodCertificateRequestSpec{
 			SignerName:                testSigner,
@@ -255,10 +266,6 @@ func (c *cluster) request(pod *corev1.Pod, key crypto.Signer, maxExp int32, anno
 			UnverifiedUserAnnotations: annotations,
 		},
 	}, metav1.CreateOptions{})
-	if err != nil {
-		c.t.Fatalf("the kubelet of %s cannot create the request: %v", node, err)
-	}
-	return req
 }
 
 // answer waits for req's terminal condition and returns the request then.

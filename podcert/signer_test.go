@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	certsv1 "k8s.io/api/certificates/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/caclient/istio"
@@ -83,6 +84,18 @@ func TestIssuesForPodsOfItsNodeOnly(t *testing.T) {
 		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(testSigner), metav1.GetOptions{})
 		return err == nil && b.Spec.SignerName == testSigner && b.Spec.TrustBundle == string(c.ca.RootPEM())
 	})
+}
+
+// The requests of these tests are made as a kubelet's are, and checked as
+// the API server checks a kubelet's: a node cannot ask for another node's
+// pod.
+func TestNodeRestrictionApplies(t *testing.T) {
+	c := newCluster(t, istioca.Config{})
+	p := c.pod("web-0", "web", nodeA)
+	_, err := c.requestAs(nodeB, p, ecKey(t), 0, nil)
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("node %s asking for a pod of %s: %v, want Forbidden", nodeB, nodeA, err)
+	}
 }
 
 // What the signer cannot sign is denied with the API's reasons.
