@@ -172,6 +172,12 @@ func New(cfg Config) (*App, error) {
 		return nil, err
 	}
 	a.components = append(a.components, serving...)
+	// Node mode: the Pod Certificates signer, after the pod index it reads.
+	podCerts, err := a.podCertificates(src)
+	if err != nil {
+		return nil, err
+	}
+	a.components = append(a.components, podCerts...)
 	a.components = append(a.components, component{name: "status", run: a.status.Run})
 	return a, nil
 }

@@ -5,6 +5,8 @@ const (
 	keyVersion   = "version"
 	keyMode      = "mode"
 	keyReason    = "reason"
+	keySigner    = "signer"
+	keyBundle    = "bundle"
 	keyComponent = "component"
 	keyPath      = "path"
 	keyIdentity  = "identity"

@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/podcert"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -30,6 +31,10 @@ type certSource struct {
 	caRoots *secretmanager.Roots
 	// components run the manager and whatever feeds it.
 	components []component
+	// podCA and podRoots sign and verify pod certificates (podCertificates);
+	// nil without a CA.
+	podCA    podcert.CA
+	podRoots podcert.RootSource
 }
 
 // errSourceUnavailable: a source without a way to make it (a source added
@@ -169,7 +174,7 @@ func (a *App) devSource() (certSource, error) {
 	mc := a.managerConfig(id, roots, "dev-ca")
 	mc.CA = client
 	m, cs, err := a.newManager(mc, client)
-	return certSource{manager: m, components: cs}, err
+	return certSource{manager: m, components: cs, podCA: localCASigner{ca: ca}, podRoots: roots}, err
 }
 
 // caSource asks the CA named by CA_PROVIDER.
@@ -198,7 +203,7 @@ func (a *App) caSource() (certSource, error) {
 		return certSource{}, err
 	}
 	cs = append(cs, component{name: "ca_root_watcher", run: rootFeed.Run})
-	return certSource{manager: m, caRoots: roots, components: cs}, nil
+	return certSource{manager: m, caRoots: roots, components: cs, podCA: client, podRoots: roots}, nil
 }
 
 // outputCertsInitial returns a still-valid certificate for id found in

@@ -33,3 +33,35 @@ func TestPodDeepCopyIsIndependent(t *testing.T) {
 		t.Error("copy of a nil pod")
 	}
 }
+
+func TestPodCertificateRequestDeepCopyIsIndependent(t *testing.T) {
+	maxExp := int32(3600)
+	now := metav1.Now()
+	r := &PodCertificateRequest{
+		ObjectMeta: metav1.ObjectMeta{Name: "r", Labels: map[string]string{"a": "b"}},
+		Spec: PodCertificateRequestSpec{
+			MaxExpirationSeconds: &maxExp, StubPKCS10Request: []byte{1, 2},
+			UnverifiedUserAnnotations: map[string]string{"example.com/k": "v"},
+		},
+		Status: PodCertificateRequestStatus{Conditions: []metav1.Condition{{Type: "Issued"}}, NotBefore: &now},
+	}
+	list := &PodCertificateRequestList{Items: []PodCertificateRequest{*r}}
+	cp := list.DeepCopyObject().(*PodCertificateRequestList).Items[0]
+	*cp.Spec.MaxExpirationSeconds = 1
+	cp.Spec.StubPKCS10Request[0] = 9
+	cp.Spec.UnverifiedUserAnnotations["example.com/k"] = "changed"
+	cp.Status.Conditions[0].Type = "Denied"
+	cp.Status.NotBefore.Time = cp.Status.NotBefore.Add(1)
+	cp.Labels["a"] = "changed"
+	got := list.Items[0]
+	if *got.Spec.MaxExpirationSeconds != 3600 || got.Spec.StubPKCS10Request[0] != 1 || got.Spec.UnverifiedUserAnnotations["example.com/k"] != "v" ||
+		got.Status.Conditions[0].Type != "Issued" || !got.Status.NotBefore.Equal(&now) || got.Labels["a"] != "b" {
+		t.Errorf("the copy shares state with the original: %+v", got)
+	}
+	b := &ClusterTrustBundle{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"a": "b"}}, Spec: ClusterTrustBundleSpec{TrustBundle: "x"}}
+	bl := (&ClusterTrustBundleList{Items: []ClusterTrustBundle{*b}}).DeepCopyObject().(*ClusterTrustBundleList)
+	bl.Items[0].Labels["a"] = "changed"
+	if b.Labels["a"] != "b" || bl.Items[0].Spec.TrustBundle != "x" {
+		t.Errorf("bundle copy: %+v", bl.Items[0])
+	}
+}

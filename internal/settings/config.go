@@ -177,6 +177,9 @@ type Config struct {
 	// NodeFileResources serves file-cert: and file-root: resources in node
 	// mode (MESHAGENT_NODE_FILE_RESOURCES; any pod can then read the files).
 	NodeFileResources bool
+	// PodCertificateSigner is the signer name of the PodCertificateRequests
+	// the node agent signs; empty: none (MESHAGENT_POD_CERTIFICATE_SIGNER).
+	PodCertificateSigner string
 	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
 	WorkloadAPI bool
 

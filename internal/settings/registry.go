@@ -313,6 +313,19 @@ var Registry = []Setting{
 		Value: Bool(func(c *Config) *bool { return &c.NodeFileResources }),
 	},
 	{
+		Name: "MESHAGENT_POD_CERTIFICATE_SIGNER", Group: GroupMeshagent,
+		Doc: "Node mode: the signer name under which the agent signs Kubernetes PodCertificateRequests of its node's pods " +
+			"(podCertificate projected volumes), e.g. `meshagent.io/workload-identity`, and publishes the mesh roots as that signer's ClusterTrustBundle. " +
+			"Empty: off. Needs the RBAC the chart grants with node.podCertificateSigner (docs/pod-certificates.md). No effect in sidecar mode.",
+		Value: String(func(c *Config) *string { return &c.PodCertificateSigner }),
+		Unused: func(c *Config, set bool) string {
+			if set && c.Mode != ModeNode {
+				return "only node mode (MESHAGENT_MODE=node) signs pod certificates"
+			}
+			return ""
+		},
+	},
+	{
 		Name: "MESHAGENT_WORKLOAD_API", Flag: "workload-api", Default: "true", Group: GroupMeshagent,
 		Doc:   "Serve the SPIFFE Workload API (X.509-SVIDs and bundles, for go-spiffe, spiffe-helper and other SPIFFE clients) on the SDS socket beside SDS. Set SPIFFE_ENDPOINT_SOCKET=unix://<SDS socket> in the clients.",
 		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),

@@ -118,6 +118,11 @@ type Config struct {
 	PodCacheWait time.Duration
 	// Audiences the TokenReview asks for. Default [DefaultAudience].
 	Audiences []string
+	// KeyOnlyCSR takes only the key of a CSR, once its signature checks,
+	// as istiod's own CA does: a CSR naming nothing (the kubelet's stub
+	// CSR of a PodCertificateRequest) is signed. Without it the CSR must
+	// name exactly the caller's identity, as istio-csr wants.
+	KeyOnlyCSR bool
 	// TrustedNodeAccounts may ask for another identity with
 	// ImpersonatedIdentity in the request metadata (istiod's
 	// CA_TRUSTED_NODE_ACCOUNTS). Only callers authenticated by TokenReview.
@@ -409,8 +414,10 @@ func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificat
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "istioca: %v", err)
 	}
-	if err := checkCSR(csr, id); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "istioca: %v", err)
+	if !h.s.cfg.KeyOnlyCSR {
+		if err := checkCSR(csr, id); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "istioca: %v", err)
+		}
 	}
 	chain, err := h.s.issue(snap.mode, csr, id, h.s.ttl(req.GetValidityDuration()))
 	if err != nil {

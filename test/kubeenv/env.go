@@ -35,6 +35,11 @@ type Options struct {
 	// APIServerFlags are appended to the API server's command line; a flag given here
 	// overrides the default of the same name (the last occurrence wins).
 	APIServerFlags []string
+	// Nodes get a static token each (NodeToken), for user system:node:<name>
+	// in group system:nodes: the identity of the node's kubelet, to which
+	// the Node authorizer (and, with --enable-admission-plugins=NodeRestriction,
+	// the node restriction) applies. The Node objects are not created.
+	Nodes []string
 	// StartTimeout bounds the wait for each process to become ready, in Start and
 	// Restart. Zero means 90 seconds (a loaded 2-core machine can take 20).
 	StartTimeout time.Duration
@@ -52,6 +57,7 @@ type Env struct {
 	host            string // https://127.0.0.1:<port>
 	caPEM           []byte // the CA of the API server's serving certificate
 	adminToken      string
+	nodeTokens      map[string]string
 
 	etcd, api *process
 	config    *rest.Config
@@ -111,12 +117,13 @@ func start(ctx context.Context, opts Options, etcdBin, apiBin string) (_ *Env, e
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	e.host = fmt.Sprintf("https://127.0.0.1:%d", ports[2])
 
-	files, err := writeFiles(e.dir)
+	files, err := writeFiles(e.dir, opts.Nodes)
 	if err != nil {
 		return nil, fmt.Errorf("kubeenv: %w", err)
 	}
 	e.caPEM = files.caPEM
 	e.adminToken = files.adminToken
+	e.nodeTokens = files.nodeTokens
 
 	e.etcdArgs = []string{
 		"--name=kubeenv",
@@ -261,6 +268,10 @@ func (e *Env) CACert() []byte { return append([]byte(nil), e.caPEM...) }
 
 // AdminToken returns the static bearer token of the admin.
 func (e *Env) AdminToken() string { return e.adminToken }
+
+// NodeToken returns the static token of node name's kubelet (Options.Nodes),
+// or "" for a node not in Options.Nodes.
+func (e *Env) NodeToken(name string) string { return e.nodeTokens[name] }
 
 // Dir is the directory holding the processes' state and their logs (etcd.log,
 // kube-apiserver.log).

@@ -23,9 +23,10 @@ type files struct {
 	saPublic, saPrivate     string
 	tokens                  string
 	adminToken              string
+	nodeTokens              map[string]string
 }
 
-func writeFiles(dir string) (files, error) {
+func writeFiles(dir string, nodes []string) (files, error) {
 	var f files
 	pki := filepath.Join(dir, "pki")
 	if err := os.MkdirAll(pki, 0o700); err != nil {
@@ -109,6 +110,13 @@ func writeFiles(dir string) (files, error) {
 	f.adminToken = randomHex(24)
 	f.tokens = filepath.Join(pki, "tokens.csv")
 	line := fmt.Sprintf("%s,%s,%s,\"system:masters\"\n", f.adminToken, AdminUser, AdminUser)
+	// One kubelet per node: user system:node:<name>, group system:nodes.
+	f.nodeTokens = map[string]string{}
+	for _, n := range nodes {
+		tok := randomHex(24)
+		f.nodeTokens[n] = tok
+		line += fmt.Sprintf("%s,system:node:%s,system:node:%s,\"system:nodes\"\n", tok, n, n)
+	}
 	if err := os.WriteFile(f.tokens, []byte(line), 0o600); err != nil {
 		return f, err
 	}

@@ -1,0 +1,101 @@
+package app
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/settings"
+	"github.com/meshagent/meshagent/podcert"
+)
+
+// linkerdRefusal is the denial of every PodCertificateRequest under
+// CA_PROVIDER=Linkerd.
+const linkerdRefusal = "CA_PROVIDER=Linkerd: Linkerd's identity service signs only a CSR naming the identity as its one DNS SAN, " +
+	"and the kubelet's stub CSR names nothing (it is signed by the pod's own key, so the agent cannot make another); " +
+	"pod certificates need an Istio-protocol CA"
+
+// podCertificates builds the Pod Certificates signer of a node agent
+// (MESHAGENT_POD_CERTIFICATE_SIGNER, docs/pod-certificates.md): it signs
+// the PodCertificateRequests of the node's pods with the CA of src, on the
+// pods' behalf, and publishes src's roots as the signer's
+// ClusterTrustBundle. It needs node mode's pod index, built before it.
+func (a *App) podCertificates(src certSource) ([]component, error) {
+	c := a.s
+	if c.PodCertificateSigner == "" || !a.nodeMode() {
+		return nil, nil
+	}
+	if a.node == nil {
+		return nil, configError(errors.New("MESHAGENT_POD_CERTIFICATE_SIGNER needs node mode with a CA (the dev CA or CA_PROVIDER)"))
+	}
+	idx := a.node.idx.Load()
+	if idx == nil || src.podCA == nil || src.podRoots == nil {
+		return nil, configError(errors.New("MESHAGENT_POD_CERTIFICATE_SIGNER needs node mode with a CA (the dev CA or CA_PROVIDER)"))
+	}
+	rc, err := kubeclient.RESTConfig(kubeclient.Config{Kubeconfig: c.Kubeconfig, UserAgent: "meshagent/" + a.cfg.Version})
+	if err != nil {
+		return nil, configError(fmt.Errorf("MESHAGENT_POD_CERTIFICATE_SIGNER: %w", err))
+	}
+	api, err := kubeclient.NewCertificates(rc)
+	if err != nil {
+		return nil, err
+	}
+	jitter := c.GraceJitter
+	if jitter == 0 {
+		jitter = -1 // zero means none; the signer reads 0 as "default"
+	}
+	pc := podcert.Config{
+		SignerName:        c.PodCertificateSigner,
+		NodeName:          c.NodeName,
+		API:               api,
+		Pods:              idx,
+		Roots:             src.podRoots,
+		CA:                src.podCA,
+		TTL:               c.SecretTTL,
+		RefreshRatio:      c.GraceRatio,
+		RefreshJitter:     jitter,
+		MaxConcurrentCSRs: c.CAMaxConcurrentCSRs,
+		Logger:            a.base,
+		Registerer:        a.reg,
+	}
+	if c.CAProvider == settings.ProviderLinkerd {
+		pc.CA, pc.Refuse = nil, linkerdRefusal
+		a.log.Warn("pod certificates: every request is denied", zap.String(keyReason, linkerdRefusal))
+	}
+	s, err := podcert.New(pc)
+	if err != nil {
+		return nil, configError(fmt.Errorf("MESHAGENT_POD_CERTIFICATE_SIGNER: %w", err))
+	}
+	a.status.AddReadiness("pod_certificates", func() error {
+		if !s.HasSynced() {
+			return errors.New("the node's PodCertificateRequests are not listed yet")
+		}
+		return nil
+	})
+	a.log.Info("node mode: signing pod certificates", zap.String(keySigner, c.PodCertificateSigner),
+		zap.String(keyBundle, podcert.BundleName(c.PodCertificateSigner)))
+	return []component{{name: "pod_certificates", run: s.Run}}, nil
+}
+
+// localCASigner issues pod certificates from the dev CA for the CSR's key.
+// The dev CA's own client refuses a CSR that does not name the identity,
+// and the kubelet's stub CSR names nothing.
+type localCASigner struct{ ca *localca.CA }
+
+func (l localCASigner) Sign(ctx context.Context, csrDER []byte, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	csr, err := pki.ParseCSR(csrDER)
+	if err != nil {
+		return nil, err
+	}
+	return l.ca.Issue(localca.Leaf{PublicKey: csr.PublicKey, Identity: id, TTL: ttl})
+}

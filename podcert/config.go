@@ -1,0 +1,251 @@
+package podcert
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+
+	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/node/podindex"
+	"github.com/meshagent/meshagent/internal/pki"
+)
+
+// Defaults of Config.
+const (
+	DefaultMaxConcurrentCSRs = 8
+	DefaultTTL               = 24 * time.Hour
+	DefaultRefreshRatio      = 0.5
+	DefaultRefreshJitter     = 0.01
+	DefaultBackoffBase       = 500 * time.Millisecond
+	DefaultBackoffCap        = 60 * time.Second
+	DefaultSignTimeout       = time.Minute
+	DefaultMaxAttempts       = 8
+	DefaultPodWait           = time.Minute
+	DefaultCABackdate        = time.Minute
+	DefaultBundleResync      = 10 * time.Minute
+)
+
+// API is the part of the Kubernetes API the signer uses
+// (kubeclient.Certificates).
+type API interface {
+	// PodCertificateRequestListWatch lists and watches the requests that
+	// match fieldSelector, in every namespace.
+	PodCertificateRequestListWatch(fieldSelector string) cache.ListerWatcher
+	// UpdatePodCertificateRequestStatus writes a request's status.
+	UpdatePodCertificateRequestStatus(ctx context.Context, req *kubeclient.PodCertificateRequest) (*kubeclient.PodCertificateRequest, error)
+	GetClusterTrustBundle(ctx context.Context, name string) (*kubeclient.ClusterTrustBundle, error)
+	CreateClusterTrustBundle(ctx context.Context, b *kubeclient.ClusterTrustBundle) (*kubeclient.ClusterTrustBundle, error)
+	UpdateClusterTrustBundle(ctx context.Context, b *kubeclient.ClusterTrustBundle) (*kubeclient.ClusterTrustBundle, error)
+}
+
+// CA signs a CSR for an identity (caclient.Client's Sign): the node agent's
+// Istio client, which asks on the pod's behalf (ImpersonatedIdentity), or
+// the development CA. It returns the chain, leaf first, unjudged.
+type CA interface {
+	Sign(ctx context.Context, csrDER []byte, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error)
+}
+
+// Pods finds the pods of the agent's node by UID (podindex.Index).
+type Pods interface {
+	Get(uid string) (podindex.Pod, bool)
+}
+
+// RootSource is the mesh's current trust bundle and its changes
+// (secretmanager.Roots).
+type RootSource interface {
+	Bundle() (*pki.Bundle, string)
+	Watch() (<-chan struct{}, func())
+}
+
+// Budget bounds the CSRs in flight to the CA. Acquire waits for a slot
+// (or ctx); every successful Acquire is followed by one Release.
+type Budget interface {
+	Acquire(ctx context.Context) error
+	Release()
+}
+
+// Config describes a Signer. Zero values get the defaults noted.
+type Config struct {
+	// SignerName is the signer the agent implements, e.g.
+	// meshagent.io/workload-identity: requests naming another signer are
+	// left alone. Required.
+	SignerName string
+	// NodeName is the agent's node: only requests with spec.nodeName equal
+	// to it are listed (a field selector), and only for pods the agent's pod
+	// index holds. Required.
+	NodeName string
+	// API reads and writes the requests and the trust bundle. Required.
+	API API
+	// Pods holds the node's pods; a request is signed only for a pod of the
+	// node with the request's UID, name, namespace and service account.
+	// Required.
+	Pods Pods
+	// Roots is the mesh's trust bundle: every answer must chain to it, and
+	// it is published as a ClusterTrustBundle. Required.
+	Roots RootSource
+	// CA signs. Required unless Refuse is set.
+	CA CA
+	// Refuse, when set, denies every request with this message (reason
+	// UnsupportedCA): the CA cannot sign a kubelet's stub CSR (Linkerd's
+	// identity service wants the identity in the CSR).
+	Refuse string
+	// TTL is the life asked of the CA (SECRET_TTL), raised to one hour and
+	// capped at each request's maxExpirationSeconds. Default 24h.
+	TTL time.Duration
+	// CABackdate is how far the CA is expected to move NotBefore into the
+	// past (istiod and the test CA: a minute). It is subtracted from the
+	// validity asked, so the certificate does not outlive the request's
+	// maximum; every answer corrects it. Default 1m; negative means 0.
+	CABackdate time.Duration
+	// RefreshRatio (SECRET_GRACE_PERIOD_RATIO) is the share of life left
+	// at beginRefreshAt, in (0, 1). Default 0.5.
+	RefreshRatio float64
+	// RefreshJitter (SECRET_GRACE_PERIOD_RATIO_JITTER) moves beginRefreshAt
+	// by up to this share of the life either way. Default 0.01; negative
+	// means none.
+	RefreshJitter float64
+	// MaxConcurrentCSRs bounds the CA requests in flight
+	// (MESHAGENT_CA_MAX_CONCURRENT_CSRS); it is also the number of workers.
+	// Default 8.
+	MaxConcurrentCSRs int
+	// Budget, when set, is the CSR budget shared with other parts of the
+	// agent; default a budget of MaxConcurrentCSRs of the signer's own.
+	Budget Budget
+	// BackoffBase and BackoffCap: the wait after a failed CA request of an
+	// identity doubles per failure of that identity, with jitter. Other
+	// identities are not delayed. Defaults 500ms and 60s.
+	BackoffBase, BackoffCap time.Duration
+	// MaxAttempts is how many failed CA requests a PodCertificateRequest
+	// gets before it is marked Failed. Default 8.
+	MaxAttempts int
+	// SignTimeout bounds one CA request. Default 1m.
+	SignTimeout time.Duration
+	// PodWait is how long a request for a pod the index does not hold is
+	// retried before it is denied (the pod informer may lag the kubelet).
+	// Default 1m.
+	PodWait time.Duration
+	// BundleResync is how often the ClusterTrustBundle is checked even
+	// when the roots did not change. Default 10m.
+	BundleResync time.Duration
+	// Clock times backoff, retries and validity. Default the real clock.
+	Clock clock.WithTicker
+	// Rand returns uniform numbers in [0, 1) for the jitters. Default
+	// math/rand/v2.Float64. It must be safe for concurrent use.
+	Rand func() float64
+	// Logger receives the signer's logs. Nil means no logs.
+	Logger *zap.Logger
+	// Registerer receives the metrics. Nil means they are not registered.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) setDefaults() error {
+	var missing []string
+	for name, unset := range map[string]bool{
+		"SignerName": c.SignerName == "", "NodeName": c.NodeName == "", "API": c.API == nil,
+		"Pods": c.Pods == nil, "Roots": c.Roots == nil, "CA": c.CA == nil && c.Refuse == "",
+	} {
+		if unset {
+			missing = append(missing, name)
+		}
+	}
+	slices.Sort(missing)
+	if len(missing) > 0 {
+		return fmt.Errorf("podcert: Config.%s required", strings.Join(missing, ", Config."))
+	}
+	if err := ValidateSignerName(c.SignerName); err != nil {
+		return err
+	}
+	if c.TTL <= 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.CABackdate == 0 {
+		c.CABackdate = DefaultCABackdate
+	}
+	c.CABackdate = max(c.CABackdate, 0)
+	if !(c.RefreshRatio > 0 && c.RefreshRatio < 1) {
+		c.RefreshRatio = DefaultRefreshRatio
+	}
+	if c.RefreshJitter == 0 {
+		c.RefreshJitter = DefaultRefreshJitter
+	}
+	c.RefreshJitter = max(c.RefreshJitter, 0)
+	if c.MaxConcurrentCSRs <= 0 {
+		c.MaxConcurrentCSRs = DefaultMaxConcurrentCSRs
+	}
+	if c.Budget == nil {
+		c.Budget = newSemaphore(c.MaxConcurrentCSRs)
+	}
+	if c.BackoffBase <= 0 {
+		c.BackoffBase = DefaultBackoffBase
+	}
+	if c.BackoffCap <= 0 {
+		c.BackoffCap = DefaultBackoffCap
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.SignTimeout <= 0 {
+		c.SignTimeout = DefaultSignTimeout
+	}
+	if c.PodWait <= 0 {
+		c.PodWait = DefaultPodWait
+	}
+	if c.BundleResync <= 0 {
+		c.BundleResync = DefaultBundleResync
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Float64
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// ValidateSignerName checks the shape the API requires of a signer name:
+// <domain>/<path>, not under kubernetes.io (reserved).
+func ValidateSignerName(name string) error {
+	domain, path, ok := strings.Cut(name, "/")
+	switch {
+	case !ok || domain == "" || path == "" || strings.Contains(domain, ":"):
+		return fmt.Errorf("signer name %q: want <domain>/<name>, e.g. meshagent.io/workload-identity", name)
+	case domain == "kubernetes.io" || strings.HasSuffix(domain, ".kubernetes.io"):
+		return fmt.Errorf("signer name %q: the kubernetes.io domain is reserved", name)
+	}
+	return nil
+}
+
+// BundleName is the name of the ClusterTrustBundle holding the roots of
+// signer: the API requires the signer name, with '/' replaced by ':', as a
+// prefix.
+func BundleName(signer string) string {
+	return strings.ReplaceAll(signer, "/", ":") + ":mesh-roots"
+}
+
+// semaphore is the signer's own Budget.
+type semaphore chan struct{}
+
+func newSemaphore(n int) semaphore { return make(semaphore, n) }
+
+func (s semaphore) Acquire(ctx context.Context) error {
+	select {
+	case s <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s semaphore) Release() { <-s }

@@ -1,0 +1,70 @@
+package podcert
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/internal/promreg"
+)
+
+// Results of CA requests and bundle writes, the values of the "result" label.
+const (
+	resultSuccess = "success"
+	resultCAError = "ca_error"
+	resultError   = "error"
+)
+
+type metrics struct {
+	requests   *prometheus.CounterVec
+	caRequests *prometheus.CounterVec
+	rejected   *prometheus.CounterVec
+	latency    prometheus.Histogram
+	inFlight   prometheus.Gauge
+	bundle     *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_podcert_requests_total",
+			Help: "PodCertificateRequests answered, by condition (issued, denied, failed).",
+		}, []string{"condition"}),
+		caRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_podcert_ca_requests_total",
+			Help: "Certificate requests sent to the CA for PodCertificateRequests, by result (success, ca_error).",
+		}, []string{"result"}),
+		// The certificate cache's own metric: a rejected answer is counted
+		// the same way whichever part asked.
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_ca_answers_rejected_total",
+			Help: "CA answers rejected before use, by reason.",
+		}, []string{"reason"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "meshagent_podcert_ca_request_duration_seconds",
+			Help:    "Time the CA took to answer one certificate request for a PodCertificateRequest.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshagent_podcert_csrs_in_flight",
+			Help: "Certificate requests to the CA in flight for PodCertificateRequests (bounded by MESHAGENT_CA_MAX_CONCURRENT_CSRS).",
+		}),
+		bundle: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_podcert_trust_bundle_writes_total",
+			Help: "Writes of the signer's ClusterTrustBundle, by result (success, error).",
+		}, []string{"result"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.rejected, err = promreg.Register(reg, m.rejected); err != nil {
+		return nil, fmt.Errorf("registering pod certificate metrics: %w", err)
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.caRequests, m.latency, m.inFlight, m.bundle} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering pod certificate metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,372 @@
+package podcerts
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	certsv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/podcert"
+	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/istioca"
+	"github.com/meshagent/meshagent/test/kubeenv"
+)
+
+const (
+	nodeA   = "pc-node-a"
+	nodeB   = "pc-node-b"
+	signer  = "meshagent.io/workload-identity"
+	agentSA = "meshagent"
+)
+
+var kube = &kubeenv.Shared{Options: kubeenv.Options{
+	Nodes:          []string{nodeA, nodeB},
+	APIServerFlags: []string{"--enable-admission-plugins=NodeRestriction"},
+}}
+
+func TestMain(m *testing.M) { os.Exit(kube.Main(m)) }
+
+// The built agent, in node mode on nodeA with only the chart's RBAC, signs
+// the request of a pod of its node for the pod's SPIFFE ID and key, leaves
+// another node's alone, denies a key type it cannot issue for, and
+// publishes the CA's roots as the signer's ClusterTrustBundle.
+func TestNodeAgentSignsPodCertificates(t *testing.T) {
+	env := kube.Env(t)
+	admin := env.Client()
+	ctx := context.Background()
+	for _, n := range []string{nodeA, nodeB} {
+		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sys, ns := "meshagent-system", "apps"
+	for _, n := range []string{sys, ns} {
+		if _, err := env.CreateNamespace(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := env.CreateServiceAccount(ctx, sys, agentSA); err != nil {
+		t.Fatal(err)
+	}
+	bindChartRBAC(t, admin, sys)
+	agentPod, err := env.CreatePod(ctx, sys, "meshagent-"+nodeA, agentSA, nodeA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := istioca.Start(t, istioca.Config{Kube: admin, KeyOnlyCSR: true,
+		TrustedNodeAccounts: []istioca.ServiceAccount{{Namespace: sys, Name: agentSA}}})
+	caToken, err := env.Token(ctx, sys, agentSA, []string{istioca.DefaultAudience}, agentPod, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent's API credentials: its own service account's token, with
+	// the chart's RBAC and nothing else.
+	apiToken, err := env.Token(ctx, sys, agentSA, nil, agentPod, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := agentproc.TempDir(t)
+	write(t, filepath.Join(dir, "istio-token"), []byte(caToken))
+	write(t, filepath.Join(dir, "root-cert.pem"), ca.RootPEM())
+	if err := env.Kubeconfig(filepath.Join(dir, "kubeconfig"), apiToken); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	agent := agentproc.Start(t, dir,
+		"MESHAGENT_MODE=node",
+		"NODE_NAME="+nodeA,
+		"MESHAGENT_POD_CERTIFICATE_SIGNER="+signer,
+		"KUBECONFIG="+filepath.Join(dir, "kubeconfig"),
+		"CA_ADDR="+ca.Addr(),
+		"ISTIOD_SAN="+istioca.DefaultServerName,
+		"CA_ROOT_CA="+filepath.Join(dir, "root-cert.pem"),
+		"MESHAGENT_TOKEN_PATH="+filepath.Join(dir, "istio-token"),
+		"POD_NAMESPACE="+sys,
+		"SERVICE_ACCOUNT="+agentSA,
+		"POD_NAME="+agentPod.Name,
+		"STATUS_PORT="+strconv.Itoa(port),
+		"MESHAGENT_STATUS_HOST=127.0.0.1",
+	)
+	status := "http://127.0.0.1:" + strconv.Itoa(port)
+	eventually(t, "the agent ready", func() bool {
+		if agent.ExitCode() >= 0 {
+			t.Fatalf("agent exited:\n%s", agent.Logs())
+		}
+		code, _ := get(status + "/healthz/ready")
+		return code == http.StatusOK
+	})
+
+	elsewhere := request(t, env, pod(t, env, ns, "elsewhere", "web", nodeB), ecKey(t))
+	key := ecKey(t)
+	got, cond := answer(t, admin, request(t, env, pod(t, env, ns, "web-0", "web", nodeA), key))
+	if cond.Type != "Issued" {
+		t.Fatalf("condition %+v, want Issued\n%s", cond, agent.Logs())
+	}
+	chain, err := pki.ParseCertificates([]byte(got.Status.CertificateChain))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := chain[0]
+	if want := "spiffe://cluster.local/ns/" + ns + "/sa/web"; len(leaf.URIs) != 1 || leaf.URIs[0].String() != want {
+		t.Errorf("leaf URIs %v, want %s", leaf.URIs, want)
+	}
+	if !pki.PublicKeysEqual(leaf.PublicKey, key.Public()) {
+		t.Error("the leaf is not for the request's key")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: ca.Roots(), Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		t.Errorf("chain: %v", err)
+	}
+
+	_, ed, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cond = answer(t, admin, request(t, env, pod(t, env, ns, "ed", "web", nodeA), ed))
+	if cond.Type != "Denied" || cond.Reason != "UnsupportedKeyType" || !strings.Contains(cond.Message, "ECDSAP256") {
+		t.Errorf("ED25519: condition %+v, want Denied UnsupportedKeyType suggesting ECDSAP256", cond)
+	}
+
+	other, err := admin.CertificatesV1().PodCertificateRequests(ns).Get(ctx, elsewhere.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(other.Status.Conditions) != 0 {
+		t.Errorf("another node's request was answered: %+v", other.Status)
+	}
+	// The stub CSRs name nothing; the agent's own CSRs (its identity, the
+	// SDS certificates of the node's identities) name their identity.
+	stubs := 0
+	for _, r := range ca.CSRs() {
+		if r.Identity == "" {
+			stubs++
+		}
+	}
+	if stubs != 1 {
+		t.Errorf("the CA got %d stub CSRs, want 1 (the other node's request is not the agent's, the denied one is not sent)", stubs)
+	}
+
+	eventually(t, "the ClusterTrustBundle", func() bool {
+		b, err := admin.CertificatesV1().ClusterTrustBundles().Get(ctx, podcert.BundleName(signer), metav1.GetOptions{})
+		return err == nil && b.Spec.SignerName == signer && b.Spec.TrustBundle == string(ca.RootPEM())
+	})
+	_, metrics := get(status + "/metrics")
+	if !strings.Contains(metrics, `meshagent_podcert_requests_total{condition="issued"} 1`) ||
+		!strings.Contains(metrics, `meshagent_podcert_requests_total{condition="denied"} 1`) {
+		t.Errorf("metrics lack the answered requests:\n%s", grep(metrics, "meshagent_podcert"))
+	}
+}
+
+// bindChartRBAC renders the chart's node RBAC with a signer and binds its
+// ClusterRole to the agent's service account in sys.
+func bindChartRBAC(t *testing.T, admin kubernetes.Interface, sys string) {
+	t.Helper()
+	helm, err := kubeenv.ToolPath("helm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(helm, "template", "meshagent", "../../deploy/helm/meshagent", "--namespace", sys,
+		"--set", "sidecar.enabled=false", "--set", "node.enabled=true",
+		"--set", "node.serviceAccount.name="+agentSA, "--set", "node.podCertificateSigner="+signer,
+		"--show-only", "templates/rbac.yaml").CombinedOutput()
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	var role *rbacv1.ClusterRole
+	for _, doc := range bytes.Split(out, []byte("\n---")) {
+		var obj rbacv1.ClusterRole
+		if err := yaml.Unmarshal(doc, &obj); err != nil {
+			t.Fatalf("chart RBAC: %v\n%s", err, doc)
+		}
+		if obj.Kind == "ClusterRole" {
+			role = &obj
+		}
+	}
+	if role == nil {
+		t.Fatalf("no ClusterRole in the chart's RBAC:\n%s", out)
+	}
+	ctx := context.Background()
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: agentSA, Namespace: sys}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pod creates a pod of sa (made if missing) on node, mounting a
+// podCertificate volume of the signer.
+func pod(t *testing.T, env *kubeenv.Env, ns, name, sa, node string) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := env.Client().CoreV1().ServiceAccounts(ns).Get(ctx, sa, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		if _, err := env.CreateServiceAccount(ctx, ns, sa); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := env.Client().CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			ServiceAccountName: sa,
+			NodeName:           node,
+			Containers:         []corev1.Container{{Name: "app", Image: kubeenv.PodImage}},
+			Volumes: []corev1.Volume{{Name: "mesh-identity", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+				Sources: []corev1.VolumeProjection{{PodCertificate: &corev1.PodCertificateProjection{
+					SignerName: signer, KeyType: "ECDSAP256", CredentialBundlePath: "credentialbundle.pem",
+				}}},
+			}}}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// request creates the request for p as its node's kubelet does, through
+// the node's identity.
+func request(t *testing.T, env *kubeenv.Env, p *corev1.Pod, key crypto.Signer) *certsv1.PodCertificateRequest {
+	t.Helper()
+	ctx := context.Background()
+	node, err := env.Client().CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa, err := env.Client().CoreV1().ServiceAccounts(p.Namespace).Get(ctx, p.Spec.ServiceAccountName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelet, err := kubernetes.NewForConfig(env.ConfigForToken(env.NodeToken(p.Spec.NodeName)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := kubelet.CertificatesV1().PodCertificateRequests(p.Namespace).Create(ctx, &certsv1.PodCertificateRequest{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: p.Name + "-"},
+		Spec: certsv1.PodCertificateRequestSpec{
+			SignerName: signer, PodName: p.Name, PodUID: p.UID,
+			ServiceAccountName: sa.Name, ServiceAccountUID: sa.UID,
+			NodeName: types.NodeName(node.Name), NodeUID: node.UID,
+			StubPKCS10Request: stub,
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the kubelet of %s: %v", p.Spec.NodeName, err)
+	}
+	return req
+}
+
+func answer(t *testing.T, admin kubernetes.Interface, req *certsv1.PodCertificateRequest) (*certsv1.PodCertificateRequest, metav1.Condition) {
+	t.Helper()
+	var (
+		got  *certsv1.PodCertificateRequest
+		cond metav1.Condition
+	)
+	eventually(t, "an answer to "+req.Name, func() bool {
+		var err error
+		got, err = admin.CertificatesV1().PodCertificateRequests(req.Namespace).Get(context.Background(), req.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == "Issued" || c.Type == "Denied" || c.Type == "Failed" {
+				cond = c
+				return true
+			}
+		}
+		return false
+	})
+	return got, cond
+}
+
+func ecKey(t *testing.T) *ecdsa.PrivateKey {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func get(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func grep(s, substr string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func write(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 60s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
