@@ -643,6 +643,21 @@ func TestChartFixesFromARealNode(t *testing.T) {
 	if p := container(t, pod, "envoy").ImagePullPolicy; p != corev1.PullAlways {
 		t.Errorf("envoy pull policy %s, want its own Always", p)
 	}
+
+	// No Envoy and no xDS proxy: the agent serves its socket to the workload
+	// (DISABLE_ENVOY would turn the socket off, as for proxyless gRPC).
+	objs, err = render(t, "plain", ns, "sidecar:\n  xdsProxy: false\n  envoy:\n    enabled: false\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs.find(t, "Deployment", &dep)
+	agent = container(t, dep.Spec.Template.Spec, "meshagent")
+	checkEnv(t, agent, "MESHAGENT_XDS_PROXY", "false")
+	for _, e := range agent.Env {
+		if e.Name == "DISABLE_ENVOY" {
+			t.Errorf("DISABLE_ENVOY=%s with the xDS proxy off: the workload would get no socket", e.Value)
+		}
+	}
 }
 
 func checkProbes(t *testing.T, c corev1.Container) {

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -95,6 +96,10 @@ func runMain(m *testing.M) int {
 		code = 1
 	}
 	fmt.Fprintf(os.Stderr, "e2e: teardown in %.1fs\n", time.Since(stop).Seconds())
+	if left := kube.Leftovers(); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "e2e: teardown left %s\n", strings.Join(left, ", "))
+		code = 1
+	}
 	return code
 }
 

@@ -326,6 +326,31 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 		}
 	}
 	logCgroup(t, pods["alice"])
+	// The agent's own view: each identity is held for exactly the pod its resolver
+	// found behind the caller's cgroup.
+	var held []struct {
+		Identity string   `json:"identity"`
+		Pods     []string `json:"pods"`
+	}
+	if err := json.Unmarshal([]byte(debugCerts(t, agent)), &held); err != nil {
+		t.Fatalf("/debug/certs: %v", err)
+	}
+	for sa, p := range pods {
+		want := fmt.Sprintf("spiffe://cluster.local/ns/%s/sa/%s", appsNamespace, sa)
+		found := false
+		for _, h := range held {
+			if h.Identity == want {
+				found = true
+				if len(h.Pods) != 1 || h.Pods[0] != appsNamespace+"/"+p.Name {
+					t.Fatalf("the agent holds %s for pods %v, want only %s/%s", want, h.Pods, appsNamespace, p.Name)
+				}
+				t.Logf("the agent's resolver: %s -> %v", want, h.Pods)
+			}
+		}
+		if !found {
+			t.Fatalf("the agent holds no certificate for %s", want)
+		}
+	}
 
 	// Restarting the agent pod: the volumes keep the socket directory, the new agent's
 	// socket appears in it, nothing is mounted again.

@@ -30,9 +30,12 @@ func TestSidecarThenUpgradeToNodeModeThenUninstall(t *testing.T) {
 	ctx := context.Background()
 	core := kube.Client().CoreV1()
 	ca := startCA(t, istioca.ServiceAccount{Namespace: ns, Name: "mesh-meshagent-node"})
+	// The sidecar pods would pass Pod Security "restricted"; the node agent the upgrade
+	// brings cannot (hostPID, hostPath, the privileged CSI container), so the namespace
+	// must allow privileged pods, as any node agent's namespace must.
 	if _, err := core.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		Name:   ns,
-		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"},
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "privileged"},
 	}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

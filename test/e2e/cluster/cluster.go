@@ -48,17 +48,18 @@ type Config struct {
 
 // Cluster is a running single-node cluster.
 type Cluster struct {
-	cfg       Config
-	dir       string // work directory: configs, logs, etcd data, containerd root
-	netnsPath string
-	tools     map[string]string
-	procs     map[string]*process
-	sysctls   map[string]string
-	created   []string // directories Start made that Stop removes
-	token     string   // admin bearer token
-	caPEM     []byte
-	rest      *rest.Config
-	client    kubernetes.Interface
+	cfg            Config
+	dir            string // work directory: configs, logs, etcd data, containerd root
+	netnsPath      string
+	tools          map[string]string
+	procs          map[string]*process
+	sysctls        map[string]string
+	created        []string // directories Start made that Stop removes
+	createdAtStart []string // the same list, kept for Leftovers
+	token          string   // admin bearer token
+	caPEM          []byte
+	rest           *rest.Config
+	client         kubernetes.Interface
 }
 
 // Tools are the programs a cluster runs, built by scripts/tools.sh -node.
@@ -109,6 +110,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			c.created = append(c.created, d)
 		}
 	}
+	c.createdAtStart = append([]string(nil), c.created...)
 	if err := os.MkdirAll(filepath.Join(c.dir, "logs"), 0o755); err != nil {
 		return nil, err
 	}
@@ -260,7 +262,13 @@ func (c *Cluster) Stop() error {
 	}
 	errs = append(errs, c.cleanLeftovers())
 	for i := len(c.created) - 1; i >= 0; i-- {
-		if err := os.RemoveAll(c.created[i]); err != nil {
+		d := c.created[i]
+		if d == "/run/netns" {
+			// Shared by every network namespace on the machine: removed only if empty.
+			os.Remove(d)
+			continue
+		}
+		if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -313,3 +321,31 @@ func (c *Cluster) Logs(name string, lines int) string {
 // InNetns runs f on a thread inside the cluster's network namespace: listeners and
 // connections f makes stay there.
 func (c *Cluster) InNetns(f func() error) error { return inNetnsPath(c.netnsPath, f) }
+
+// Leftovers lists what a stopped cluster left on the machine: its network namespace,
+// cgroups under CgroupRoot, mounts under the kubelet's and containerd's directories,
+// and directories Start created. Empty after a clean Stop.
+func (c *Cluster) Leftovers() []string {
+	var left []string
+	if _, err := os.Stat(filepath.Join("/run/netns", NetnsName)); err == nil {
+		left = append(left, "network namespace "+NetnsName)
+	}
+	if hs, err := cgroupHierarchies(); err == nil {
+		for _, h := range hs {
+			if _, err := os.Stat(filepath.Join(h, CgroupRoot)); err == nil {
+				left = append(left, "cgroup "+filepath.Join(h, CgroupRoot))
+			}
+		}
+	}
+	if ms, err := mountsUnder(KubeletDir, runDir); err == nil {
+		for _, m := range ms {
+			left = append(left, "mount "+m)
+		}
+	}
+	for _, d := range c.createdAtStart {
+		if _, err := os.Stat(d); err == nil && d != "/run/netns" {
+			left = append(left, "directory "+d)
+		}
+	}
+	return left
+}
