@@ -78,6 +78,8 @@ type App struct {
 	components []component
 	// preconnect, when set, starts the CA connection: the first thing Run does.
 	preconnect func()
+	// undo releases what New made, if New fails.
+	undo []func()
 
 	kube    *kubeclient.Client
 	kubeErr error
@@ -111,7 +113,7 @@ var ErrRunning = errors.New("the agent runs already (Run is called once)")
 // Run (it only reads the settings' files and probes the SDS socket to decide
 // where certificates come from, and logs the decision). A configuration that
 // cannot work is a ConfigError.
-func New(cfg Config) (*App, error) {
+func New(cfg Config) (_ *App, err error) {
 	if cfg.Settings == nil {
 		return nil, configError(errors.New("app: no settings"))
 	}
@@ -133,6 +135,13 @@ func New(cfg Config) (*App, error) {
 		reg:       cfg.Registry,
 		firstCert: make(chan struct{}),
 	}
+	defer func() {
+		if err != nil {
+			for _, undo := range a.undo {
+				undo()
+			}
+		}
+	}()
 	// The settings that need no other part come first.
 	if err := a.checkNode(); err != nil {
 		return nil, configError(err)

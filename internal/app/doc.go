@@ -13,7 +13,7 @@
 //   - source.go: where certificates come from (SelectSource: another agent's
 //     socket, --dev, the workload credentials, the file-mounted
 //     certificates, or a CA) and the removal of a stale socket;
-//   - sources.go: the secret manager of each source and what feeds it (the
+//   - manager.go: the secret manager of each source and what feeds it (the
 //     dev CA, the CA client and its root file, the watched credential files);
 //   - caclient.go: the CA client of CA_PROVIDER and the bearer tokens;
 //   - serving.go: the local socket (SDS and the SPIFFE Workload API) and,

@@ -94,7 +94,7 @@ func (a *App) managerConfig(id pki.Identity, roots secretmanager.RootSource, sou
 // file-cert: and file-root: resources, and registers its health and
 // certificate listing. It returns the manager and the components that run
 // it and the provider. client, when not nil, is closed when the manager
-// stops (or now, if it cannot be made).
+// stops, or when New fails.
 func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secretmanager.Manager, []component, error) {
 	files := fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
 	if a.node == nil || a.node.fileResources() {
@@ -103,11 +103,11 @@ func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secr
 			secretmanager.FileRootPrefix: files,
 		}
 	}
+	if client != nil {
+		a.undo = append(a.undo, func() { _ = client.Close() })
+	}
 	m, err := secretmanager.New(mc)
 	if err != nil {
-		if client != nil {
-			_ = client.Close()
-		}
 		return nil, nil, configError(err)
 	}
 	a.status.AddReadiness("workload_certificate", m.Ready)
