@@ -79,7 +79,7 @@ var closedChan = func() chan struct{} {
 	return ch
 }()
 
-// classify applies the xDS stream rules of SPEC 9 to req.
+// classify applies the xDS stream rules (docs/architecture.md) to req.
 func (st *streamState) classify(req *discoveryv3.DiscoveryRequest) action {
 	if checkType(req.GetTypeUrl()) != nil {
 		return actBadType

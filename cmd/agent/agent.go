@@ -115,7 +115,7 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 func (a *agent) buildComponents() ([]component, error) {
 	var cs []component
 
-	// The certificate source chosen at start-up (SPEC 5).
+	// The certificate source chosen at start-up (docs/modes.md).
 	source, err := a.certificateSource()
 	if err != nil {
 		return nil, err
@@ -180,7 +180,7 @@ func runComponents(ctx context.Context, log *zap.Logger, cs []component) error {
 }
 
 // removeStaleSocket deletes the socket at the SDS path if it still answers
-// no gRPC dial (SPEC 5.1).
+// no gRPC dial (docs/modes.md).
 func removeStaleSocket(ctx context.Context, log *zap.Logger, path string) {
 	removed, err := sockprobe.RemoveStale(ctx, path, sdsProbeTimeout, sockprobe.GRPC)
 	if err != nil {

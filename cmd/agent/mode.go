@@ -12,7 +12,7 @@ import (
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
 
-// Mode is where workload certificates come from (SPEC 5).
+// Mode is where workload certificates come from (docs/modes.md).
 type Mode string
 
 // The modes, in the order they are considered.
@@ -33,7 +33,7 @@ const (
 // credentialFiles are the three files a credentials directory must hold.
 var credentialFiles = []string{"cert-chain.pem", "key.pem", "root-cert.pem"}
 
-// sdsProbeTimeout is how long an existing SDS socket has to answer (SPEC 5.1).
+// sdsProbeTimeout is how long an existing SDS socket has to answer (docs/modes.md).
 const sdsProbeTimeout = time.Second
 
 // ModeDecision is the certificate source chosen at start-up and why.
@@ -58,7 +58,7 @@ func missingFiles(dir string) []string {
 	return missing
 }
 
-// selectMode decides where certificates come from (SPEC 5), in this order:
+// selectMode decides where certificates come from (docs/modes.md), in this order:
 // a healthy socket at the SDS path (another agent serves SDS), --dev, the
 // workload credentials directory holding all three files,
 // FILE_MOUNTED_CERTS=true, and otherwise the CA. It only looks: a stale

@@ -17,7 +17,7 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
-// nodeMode reports whether the agent serves every pod of its node (SPEC 15).
+// nodeMode reports whether the agent serves every pod of its node (docs/node-mode.md).
 func (a *agent) nodeMode() bool { return a.cfg.Mode == settings.ModeNode }
 
 // nodeCallers builds node mode's pod index, whose arrivals and departures of

@@ -32,14 +32,14 @@ import (
 	"github.com/meshagent/meshagent/xdsproxy"
 )
 
-// Certificate files in a credentials directory (SPEC 2).
+// Certificate files in a credentials directory (docs/modes.md).
 const (
 	certChainFile = "cert-chain.pem"
 	keyFile       = "key.pem"
 	rootCertFile  = "root-cert.pem"
 )
 
-// linkerd renewal clamp (SPEC 8).
+// linkerd renewal clamp (docs/operations.md).
 const (
 	linkerdMinRenewDelay = 10 * time.Second
 	linkerdMaxRenewDelay = 24 * time.Hour
@@ -150,7 +150,7 @@ func (l managerLister) Certs() []status.CertInfo {
 	return out
 }
 
-// devSource makes the in-memory development CA (SPEC 5.5) and a secret
+// devSource makes the in-memory development CA (docs/modes.md) and a secret
 // manager that asks it.
 func (a *agent) devSource() (certSource, error) {
 	id, err := a.cfg.Identity()
@@ -177,7 +177,7 @@ func (a *agent) devSource() (certSource, error) {
 	return certSource{manager: m, components: cs}, err
 }
 
-// caSource asks the CA named by CA_PROVIDER (SPEC 5.4, 6).
+// caSource asks the CA named by CA_PROVIDER (docs/modes.md).
 func (a *agent) caSource() (certSource, error) {
 	c := a.cfg
 	id, err := c.Identity()
@@ -275,7 +275,7 @@ func (a *agent) caClient(roots caclient.RootSource) (caclient.Client, error) {
 }
 
 // outputCertsInitial returns a still-valid certificate for id found in
-// OUTPUT_CERTS (SPEC 11), to serve at once after a restart.
+// OUTPUT_CERTS (docs/configuration.md), to serve at once after a restart.
 func (a *agent) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 	if a.cfg.OutputCerts == "" {
 		return nil
@@ -293,7 +293,7 @@ func (a *agent) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 }
 
 // fileSource serves certificate files from dir (workload credentials or
-// file-mounted certificates, SPEC 5.2 and 5.3), watching them.
+// file-mounted certificates, docs/modes.md), watching them.
 func (a *agent) fileSource(dir, source string) (certSource, error) {
 	rootFeed, err := a.rootFeed(source+"_root", filepath.Join(dir, rootCertFile))
 	if err != nil {
@@ -411,7 +411,7 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 }
 
 // xdsProxy builds the proxy and, when the xDS root is a file of its own, the
-// feed that follows it (SPEC 7). The proxy presents the workload certificate
+// feed that follows it (docs/operations.md). The proxy presents the workload certificate
 // of src's manager to the control plane.
 func (a *agent) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, error) {
 	c := a.cfg
@@ -470,7 +470,7 @@ func (a *agent) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, e
 	return xp, rootFeed, nil
 }
 
-// writeBootstrap writes the gRPC xDS bootstrap once (SPEC 11).
+// writeBootstrap writes the gRPC xDS bootstrap once (docs/configuration.md).
 func (a *agent) writeBootstrap(context.Context) error {
 	c := a.cfg
 	ns := c.PodNamespace

@@ -46,9 +46,9 @@ type Config struct {
 	CAAddr string
 	// CAProvider is ProviderIstio or ProviderLinkerd (CA_PROVIDER).
 	CAProvider string
-	// CARoot is the CA root bundle path, or SystemRoots (CA_ROOT_CA, derived per SPEC 7).
+	// CARoot is the CA root bundle path, or SystemRoots (CA_ROOT_CA, derived as docs/operations.md says).
 	CARoot string
-	// XDSRoot is the xDS root bundle path, or SystemRoots (XDS_ROOT_CA, derived per SPEC 7).
+	// XDSRoot is the xDS root bundle path, or SystemRoots (XDS_ROOT_CA, derived as docs/operations.md says).
 	XDSRoot string
 	// PilotCertProvider names who signs istiod's serving certificate; it
 	// chooses the default CA root (PILOT_CERT_PROVIDER).
@@ -190,7 +190,7 @@ func (c *Config) StatusAddr() string {
 }
 
 // Identity is the workload identity: a SPIFFE ID, or for CA_PROVIDER=Linkerd
-// the Linkerd DNS-like name (SPEC 4). It fails when the namespace or the
+// the Linkerd DNS-like name (docs/modes.md). It fails when the namespace or the
 // service account is not set.
 func (c *Config) Identity() (pki.Identity, error) {
 	if c.PodNamespace == "" {
