@@ -127,4 +127,3 @@ func (p *PodTokens) Drop(namespace, serviceAccount string) {
 	defer p.mu.Unlock()
 	delete(p.byAcc, account{namespace, serviceAccount})
 }
-

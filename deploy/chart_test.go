@@ -502,7 +502,8 @@ func TestEnvoyBootstrapIsValid(t *testing.T) {
 	}
 }
 
-// checkSidecarPod checks what SPEC 2 and 12 require of the sidecar pod: the agent and
+// checkSidecarPod checks what the agent's paths and status probes require of the
+// sidecar pod (docs/kubernetes.md, docs/operations.md): the agent and
 // Envoy share the SDS socket directory on an emptyDir, the token (when projected, with
 // audience) and CA root are at the agent's default paths, the status port probes, and
 // every container runs non-root with a read-only root file system.

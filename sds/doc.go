@@ -17,7 +17,7 @@
 // Requests are read from the wire by wireRequest (request.go), which skips
 // the node and keeps the fields the rules below need.
 //
-// Stream rules (SPEC 9): a request whose resource names differ (as a set)
+// Stream rules (docs/architecture.md): a request whose resource names differ (as a set)
 // from the stream's current ones is answered with every named secret
 // available, even when it carries error_detail (a NACK that changes the
 // names is a subscription change); an ACK (our latest nonce, same names, no
@@ -28,7 +28,7 @@
 // as does a request for another type or for more than MaxNames names.
 // VersionInfo is a timestamp and a counter; the nonce is random.
 //
-// Every name on a stream resolves on its own (SPEC 13): the stream reads its
+// Every name on a stream resolves on its own (docs/architecture.md): the stream reads its
 // names with SecretSource.Current, which never waits. A name not available now (no certificate yet, CA down, expired, a
 // file not readable yet) is left out of the response, logged and counted in
 // meshagent_sds_resources_unavailable_total, and pushed as soon as its
@@ -49,7 +49,8 @@
 // caller (caller.FromContext) and is what the SecretSource is asked with.
 // File resources (file-cert:, file-root:) are held by the source while a
 // stream watches them, from a table of bounded size: so that no caller can
-// starve the others (SPEC 13), the streams of one caller (its pod when
+// starve the others (MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER in
+// docs/configuration.md), the streams of one caller (its pod when
 // resolved, else its identity, else its connecting uid and pid) hold at
 // most Config.MaxFileNamesPerCaller of them at once, counted here, where
 // the caller and its streams are known; one more ends the stream with

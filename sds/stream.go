@@ -58,7 +58,7 @@ type streamState struct {
 	respond bool
 }
 
-// classify applies the xDS stream rules of SPEC 9 to req.
+// classify applies the xDS stream rules (docs/architecture.md) to req.
 func (st *streamState) classify(req *discoveryv3.DiscoveryRequest) action {
 	if checkType(req.GetTypeUrl()) != nil {
 		return actBadType

@@ -7,7 +7,7 @@
 // and dropped once nothing holds it for Config.IdleGrace (the own identity,
 // Config.Identity, is never dropped); what "default" means for a caller
 // (caller.Info.Identity when set, else the own identity); the rotation
-// schedule of SPEC 8 (RenewAt, a pure function of the arrival time, the
+// schedule of docs/operations.md (RenewAt, a pure function of the arrival time, the
 // expiry and a random draw, raised to RenewalFloor so no setting makes it
 // loop); the scheduler that bounds the CSRs in flight across identities
 // (Config.MaxConcurrentCSRs) and orders them (a caller waiting, then a first

@@ -39,7 +39,7 @@ var (
 	// ErrExpired is wrapped by Ready and Live once the held certificate expired.
 	ErrExpired = errors.New("workload certificate expired")
 	// ErrRejected is wrapped, together with the pki error saying why, by
-	// errors for a CA answer that failed the checks of SPEC 6.
+	// errors for a CA answer that failed the checks of pki.VerifyIssued.
 	ErrRejected = errors.New("CA answer rejected")
 	// ErrManagedByCA is returned by Publish for the workload certificate when
 	// a CA client manages it.
@@ -127,7 +127,7 @@ type Config struct {
 
 // Manager holds the workload certificates of any number of identities and
 // the trust bundle, renews each certificate from the CA on the schedule of
-// SPEC 8, and signals subscribers when a secret changes. Create it with New
+// docs/operations.md, and signals subscribers when a secret changes. Create it with New
 // and start it with Run.
 type Manager struct {
 	cfg     Config

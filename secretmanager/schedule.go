@@ -6,7 +6,7 @@ import (
 	"github.com/meshagent/meshagent/internal/backoff"
 )
 
-// Policy is the rotation schedule of SPEC 8.
+// Policy is the rotation schedule of docs/operations.md.
 type Policy struct {
 	// GraceRatio is the share of a certificate's life left when it is renewed
 	// (SECRET_GRACE_PERIOD_RATIO).

@@ -8,7 +8,7 @@ import (
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
-// Resource names served over SDS (SPEC 9).
+// Resource names served over SDS (docs/architecture.md).
 const (
 	// WorkloadCertName is the workload certificate and key (TlsCertificate).
 	WorkloadCertName = "default"

@@ -294,7 +294,7 @@ func TestCoreManyStreamsOneCSR(t *testing.T) {
 	}
 	wg.Wait()
 	// No certificate yet: each stream gets ROOTCA alone, without waiting
-	// for default (SPEC 13: every name resolves on its own).
+	// for default (every name resolves on its own: docs/architecture.md).
 	for _, s := range streams {
 		if r := coreNext(t, s); len(r.Names) != 1 || r.Names[0] != "ROOTCA" {
 			t.Fatalf("first response holds %v, want ROOTCA alone", r.Names)

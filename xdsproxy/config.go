@@ -46,7 +46,7 @@ type Config struct {
 	// Upstream says how to reach the control plane:
 	//   Addr: the discovery address (PROXY_CONFIG discoveryAddress);
 	//   ServerName: the name its certificate must carry (ISTIOD_SAN);
-	//   Roots: the xDS root (XDS_ROOT_CA, see SPEC 7), asked at every handshake;
+	//   Roots: the xDS root (XDS_ROOT_CA, see docs/operations.md), asked at every handshake;
 	//   Token: the bearer token source (the same credfetcher as the CA's);
 	//   Metadata: "ClusterID" and one entry per XDS_HEADER_<NAME> variable
 	//   (key <NAME>, as pilot-agent strips the prefix);

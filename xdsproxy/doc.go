@@ -1,4 +1,4 @@
-// Package xdsproxy is the agent's ADS proxy (SPEC 10): Envoy, or a proxyless
+// Package xdsproxy is the agent's ADS proxy (docs/architecture.md): Envoy, or a proxyless
 // gRPC client, talks to a local Unix socket, and the proxy carries each of its
 // streams to the control plane over an authenticated connection, hiding the
 // control plane's restarts from it.

@@ -1,5 +1,5 @@
 // Package linkerd is the client of the Linkerd identity protocol:
-// /io.linkerd.proxy.identity.Identity/Certify (SPEC 6). It implements
+// /io.linkerd.proxy.identity.Identity/Certify. It implements
 // caclient.Client for CA_PROVIDER=Linkerd.
 //
 // It owns the request (the DNS-like identity, the token, the CSR in DER), the

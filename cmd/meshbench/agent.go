@@ -16,7 +16,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files"
 )
 
-// Paths inside an agent's working directory (SPEC 2), as pilot-agent uses them.
+// Paths inside an agent's working directory, as pilot-agent uses them.
 const (
 	tokenPath  = "var/run/secrets/tokens/istio-token"
 	caRootPath = "var/run/secrets/istio/" + files.RootCertFile

@@ -46,9 +46,9 @@ type Config struct {
 	CAAddr string
 	// CAProvider is ProviderIstio or ProviderLinkerd (CA_PROVIDER).
 	CAProvider string
-	// CARoot is the CA root bundle path, or SystemRoots (CA_ROOT_CA, derived per SPEC 7).
+	// CARoot is the CA root bundle path, or SystemRoots (CA_ROOT_CA, derived as docs/operations.md says).
 	CARoot string
-	// XDSRoot is the xDS root bundle path, or SystemRoots (XDS_ROOT_CA, derived per SPEC 7).
+	// XDSRoot is the xDS root bundle path, or SystemRoots (XDS_ROOT_CA, derived as docs/operations.md says).
 	XDSRoot string
 	// PilotCertProvider names who signs istiod's serving certificate; it
 	// chooses the default CA root (PILOT_CERT_PROVIDER).

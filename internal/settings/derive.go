@@ -9,7 +9,8 @@ import (
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
-// Default paths of SPEC 2 that other defaults are built from.
+// Default paths, relative to the working directory as in pilot-agent, that
+// other defaults are built from.
 const (
 	sdsSocketDir        = "./var/run/secrets/workload-spiffe-uds"
 	thirdPartyTokenPath = "./var/run/secrets/tokens/istio-token"

@@ -331,7 +331,7 @@ var Registry = []Setting{
 		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),
 	},
 
-	// Paths (SPEC 2), relative to the working directory as in pilot-agent.
+	// Paths, relative to the working directory as in pilot-agent.
 	{
 		Name: "MESHAGENT_SDS_SOCKET", Flag: "sds-socket", Group: GroupPaths,
 		DerivedDefault: "./var/run/secrets/workload-spiffe-uds/<WORKLOAD_IDENTITY_SOCKET_FILE>",

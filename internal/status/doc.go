@@ -1,4 +1,4 @@
-// Package status is the agent's status HTTP server (SPEC 12): readiness and
+// Package status is the agent's status HTTP server (docs/operations.md): readiness and
 // liveness probes, Prometheus metrics, the list of held certificates, and the
 // loopback-only debugging and shutdown endpoints.
 //

@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -91,13 +92,7 @@ func waitChanged(t *testing.T, ch <-chan struct{}, within time.Duration) {
 // was published.
 func expectRejected(t *testing.T, count func() float64, before float64, changed <-chan struct{}) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for count() <= before {
-		if time.Now().After(deadline) {
-			t.Fatal("no rejected load counted within 5 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, "a rejected load", func() bool { return count() > before })
 	select {
 	case <-changed:
 		t.Fatal("a new value was published")

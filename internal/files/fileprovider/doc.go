@@ -1,5 +1,5 @@
 // Package fileprovider serves the SDS resources that name files directly
-// (SPEC 9): "file-cert:<cert-path>~<key-path>" (a certificate chain and its
+// (docs/architecture.md): "file-cert:<cert-path>~<key-path>" (a certificate chain and its
 // key) and "file-root:<path>" or "file-root:system" (a trust bundle). It is a
 // secretmanager.Provider, registered in the manager's Config.Providers under
 // secretmanager.FileCertPrefix and secretmanager.FileRootPrefix.

@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -164,16 +165,7 @@ func TestFileCertFollowsChangesAndKeepsLastGood(t *testing.T) {
 // rejected: the reload after a bad change has happened.
 func waitRejected(t *testing.T, reg *prometheus.Registry, n float64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if rejectedLoads(t, reg) >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no rejected load counted within 5 s (want %v)", n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, fmt.Sprintf("%v rejected loads", n), func() bool { return rejectedLoads(t, reg) >= n })
 }
 
 func rejectedLoads(t *testing.T, reg *prometheus.Registry) float64 {

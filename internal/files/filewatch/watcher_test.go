@@ -238,7 +238,7 @@ func TestChangeSignalledAfterDebounce(t *testing.T) {
 }
 
 // Real files, real clock: every kind of change reaches the consumer within
-// the debounce period plus one second (SPEC 5).
+// the debounce period plus one second, as docs/operations.md promises.
 func TestChangeLatencyRealClock(t *testing.T) {
 	const debounce = 100 * time.Millisecond
 	for _, sc := range scenarios() {

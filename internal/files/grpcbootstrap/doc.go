@@ -1,5 +1,5 @@
 // Package grpcbootstrap writes the xDS bootstrap file that proxyless gRPC
-// applications read from GRPC_XDS_BOOTSTRAP (SPEC 11).
+// applications read from GRPC_XDS_BOOTSTRAP (docs/configuration.md).
 //
 // The bootstrap points gRPC at the agent's xDS proxy over its Unix socket,
 // by absolute path (pilot-agent writes a path that is only right when its

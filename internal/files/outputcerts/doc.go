@@ -1,5 +1,5 @@
 // Package outputcerts writes the workload certificate, its key and the trust
-// roots into the OUTPUT_CERTS directory (SPEC 11), for VMs and proxyless
+// roots into the OUTPUT_CERTS directory (docs/configuration.md), for VMs and proxyless
 // gRPC, and reads them back when the agent restarts.
 //
 // Every file is replaced atomically (temporary file in the same directory,

@@ -28,7 +28,7 @@ type SyncConfig struct {
 }
 
 // Sync keeps the OUTPUT_CERTS directory equal to the agent's current
-// workload certificate and trust bundle (SPEC 11): it writes what is held
+// workload certificate and trust bundle (docs/configuration.md): it writes what is held
 // when it starts and again after every change signalled by the secret
 // source. The Writer skips files whose content did not change.
 type Sync struct {

@@ -142,7 +142,7 @@ default paths of its settings land on the mounted volumes.
 {{- end }}
 {{- end -}}
 
-{{/* Probes on the status port (SPEC 12): ready once a certificate is held, live until it expires. */}}
+{{/* Probes on the status port (docs/operations.md): ready once a certificate is held, live until it expires. */}}
 {{- define "meshagent.probes" -}}
 readinessProbe:
   httpGet:
