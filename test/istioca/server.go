@@ -139,6 +139,7 @@ type Server struct {
 	failN       int
 	failCode    codes.Code
 	delay       time.Duration
+	next        *hold // the next call to arrive waits on it (HoldNext)
 	requests    int
 	csrs        []CSRRecord
 	inFlight    int // CreateCertificate calls not yet answered
@@ -368,6 +369,7 @@ type snapshot struct {
 	errCode codes.Code
 	fail    bool
 	delay   time.Duration
+	hold    *hold
 	token   string
 	hasTok  bool
 	sa      ServiceAccount
@@ -378,6 +380,9 @@ type snapshot struct {
 func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (resp *pb.IstioCertificateResponse, err error) {
 	snap := h.s.record(ctx, req)
 	defer func() { h.s.answered(snap.index, err == nil) }()
+	if err := snap.hold.wait(ctx); err != nil {
+		return nil, err
+	}
 	if snap.delay > 0 {
 		t := time.NewTimer(snap.delay)
 		select {
@@ -434,7 +439,7 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 		s.lastMD = metadata.MD{}
 	}
 	s.lastReq = proto.Clone(req).(*pb.IstioCertificateRequest)
-	snap := snapshot{mode: s.mode, errCode: s.errCode, delay: s.delay, index: len(s.csrs) - 1}
+	snap := snapshot{mode: s.mode, errCode: s.errCode, delay: s.delay, hold: s.takeHold(), index: len(s.csrs) - 1}
 	if s.failN > 0 {
 		s.failN--
 		snap.fail, snap.errCode = true, s.failCode
