@@ -17,6 +17,8 @@ const (
 	keyAudience       = "audience"
 	keyLifetime       = "lifetime"
 
-	keyNode     = "node"
-	keyNodeUIDs = "node_uid_identities"
+	keyNode           = "node"
+	keyNodeUIDs       = "node_uid_identities"
+	keyCgroupRoot     = "cgroup_root"
+	keyCgroupRootFrom = "cgroup_root_from"
 )

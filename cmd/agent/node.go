@@ -32,6 +32,10 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 	if err != nil {
 		return nil, nil, configError{fmt.Errorf("MESHAGENT_NODE_UID_IDENTITIES: %w", err)}
 	}
+	cgroupRoot, cgroupRootFrom, err := podresolver.CgroupRoot(c.NodeCgroupRoot, "/proc/self/cgroup")
+	if err != nil {
+		return nil, nil, configError{fmt.Errorf("MESHAGENT_NODE_CGROUP_ROOT: %w", err)}
+	}
 	td, err := spiffeid.TrustDomainFromString(c.TrustDomain)
 	if err != nil {
 		return nil, nil, configError{fmt.Errorf("TRUST_DOMAIN: %w", err)}
@@ -76,6 +80,7 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 	a.nodePods.idx.Store(idx)
 	r, err := podresolver.New(podresolver.Config{
 		Pods:       idx,
+		CgroupRoot: cgroupRoot,
 		NodeUIDs:   uids,
 		IdentityOf: func(ns, sa string) string { return identity(ns, sa).String() },
 		Logger:     a.base,
@@ -102,6 +107,7 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 		}
 		return nil
 	})
-	a.log.Info("node mode: serving the pods of this node", zap.String(keyNode, c.NodeName), zap.Int(keyNodeUIDs, len(uids)))
+	a.log.Info("node mode: serving the pods of this node", zap.String(keyNode, c.NodeName), zap.Int(keyNodeUIDs, len(uids)),
+		zap.Stringer(keyCgroupRoot, cgroupRoot), zap.String(keyCgroupRootFrom, cgroupRootFrom))
 	return r, []component{{name: "pod_index", run: idx.Run}}, nil
 }

@@ -65,6 +65,10 @@ type Pods interface {
 type Config struct {
 	// Pods are the node's pods. Required.
 	Pods Pods
+	// CgroupRoot is where the kubelet makes pod cgroups: a process counts
+	// as in a pod only under it (CgroupRoot finds it); the zero value is
+	// podcgroup.DefaultRoot.
+	CgroupRoot podcgroup.Root
 	// NodeUIDs are the identities of processes outside any pod, by uid. A
 	// node process whose uid is not here is refused.
 	NodeUIDs map[uint32]spiffeid.ID
@@ -152,7 +156,7 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 	if err != nil {
 		return caller.Info{}, "", err
 	}
-	where, err := podcgroup.Parse(data)
+	where, err := r.cfg.CgroupRoot.Parse(data)
 	if errors.Is(err, podcgroup.ErrNotInPod) {
 		id, ok := r.cfg.NodeUIDs[cred.UID]
 		if !ok {
