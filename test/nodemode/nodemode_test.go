@@ -107,7 +107,15 @@ func TestPodsOfOneNode(t *testing.T) {
 	t.Run("refused callers", func(t *testing.T) {
 		refused(t, "a pod of another node", startCaller(t, sock, callerOpts{podUID: string(far.UID), shape: podproc.Cgroupfs}).fetch())
 		refused(t, "a pod cgroup no pod owns", startCaller(t, sock, callerOpts{podUID: "0badc0de-1111-4222-8333-444455556666", shape: podproc.Systemd}).fetch())
-		got := startCaller(t, sock, callerOpts{cred: &syscall.Credential{Uid: nodeUID, Gid: nodeUID}}).fetch()
+		// A node user with a delegated cgroup subtree names a cgroup after
+		// cart-0 (served above in its own cgroup): not under the kubelet's
+		// root, so not cart-0.
+		got := startCaller(t, sock, callerOpts{podUID: string(cart.UID), shape: podproc.Delegated}).fetch()
+		refused(t, "a delegated cgroup named after another pod", got)
+		if !strings.Contains(got, "outside the kubelet's cgroup root") {
+			t.Errorf("delegated cgroup refusal %q does not say why", got)
+		}
+		got = startCaller(t, sock, callerOpts{cred: &syscall.Credential{Uid: nodeUID, Gid: nodeUID}}).fetch()
 		refused(t, "a node process of an unlisted uid", got)
 		if !strings.Contains(got, "is not in a pod") {
 			t.Errorf("node process refusal %q does not say why", got)
