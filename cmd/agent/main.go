@@ -31,6 +31,10 @@ const (
 )
 
 func main() {
+	if err := notDumpable(); err != nil {
+		fmt.Fprintln(os.Stderr, "meshagent: "+err.Error())
+		os.Exit(exitFailure)
+	}
 	os.Exit(run(context.Background(), os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
 }
 
