@@ -121,8 +121,9 @@ func (n *node) get(path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// certs returns /debug/certs: the pods of each identity held ("default").
-func (n *node) certs() map[string][]string {
+// certs returns /debug/certs: how many pods use each identity held
+// ("default").
+func (n *node) certs() map[string]int {
 	n.t.Helper()
 	code, body := n.get("/debug/certs")
 	if code != http.StatusOK {
@@ -132,7 +133,7 @@ func (n *node) certs() map[string][]string {
 	if err := json.Unmarshal([]byte(body), &list); err != nil {
 		n.t.Fatalf("/debug/certs: %v\n%s", err, body)
 	}
-	out := map[string][]string{}
+	out := map[string]int{}
 	for _, c := range list {
 		if c.ResourceName == "default" {
 			out[c.Identity] = c.Pods

@@ -57,7 +57,7 @@ func TestPodsOfOneNode(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "the deleted pod leaves /debug/certs", func() bool {
 		pods, held := n.certs()[goneID]
-		return held && len(pods) == 0
+		return held && pods == 0
 	})
 
 	t.Run("each pod its own identity", func(t *testing.T) {
