@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 )
@@ -52,8 +53,9 @@ func parseOwner(s string) (uid, gid int, err error) {
 }
 
 // ownSocketDir makes dir (0755) if missing and gives it to uid:gid. The mode
-// is set first, while the caller still owns the directory (no CAP_FOWNER
-// needed), then the owner (CAP_CHOWN).
+// is set only while the caller owns the directory (no CAP_FOWNER needed),
+// before the owner is changed (CAP_CHOWN); a directory already the agent's
+// is left as it is, so that the command can run at every start.
 func ownSocketDir(dir string, uid, gid int) error {
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("making the socket directory: %w", err)
@@ -65,8 +67,17 @@ func ownSocketDir(dir string, uid, gid int) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("%s is not a directory (%s)", dir, fi.Mode().Type())
 	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return fmt.Errorf("setting the socket directory's mode: %w", err)
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("%s: no owner information", dir)
+	}
+	if int(st.Uid) == uid && int(st.Gid) == gid {
+		return nil
+	}
+	if int(st.Uid) == os.Geteuid() {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			return fmt.Errorf("setting the socket directory's mode: %w", err)
+		}
 	}
 	if err := os.Lchown(dir, uid, gid); err != nil {
 		return fmt.Errorf("giving the socket directory to %d:%d: %w", uid, gid, err)
