@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -45,6 +46,13 @@ func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now()
 // trusted node accounts. The agent reads pods with an admin kubeconfig.
 func startNode(t *testing.T, name string, env ...string) *node {
 	t.Helper()
+	return startNodeAs(t, nil, name, env...)
+}
+
+// startNodeAs is startNode with the agent running as cred's uid and gid
+// (nil: the test's own, root), as the chart runs it: no capability at all.
+func startNodeAs(t *testing.T, cred *syscall.Credential, name string, env ...string) *node {
+	t.Helper()
 	ctx := context.Background()
 	n := &node{t: t, name: name, sys: uniq("sys")}
 	if _, err := kube.CreateNamespace(ctx, n.sys); err != nil {
@@ -74,9 +82,20 @@ func startNode(t *testing.T, name string, env ...string) *node {
 	if err := kube.Kubeconfig(filepath.Join(dir, "kubeconfig"), kube.AdminToken()); err != nil {
 		t.Fatal(err)
 	}
+	if cred != nil {
+		err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, int(cred.Uid), int(cred.Gid))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	port := freePort(t)
 	n.status = "http://127.0.0.1:" + strconv.Itoa(port)
-	n.agent = agentproc.Start(t, dir, append([]string{
+	n.agent = agentproc.StartAs(t, cred, dir, append([]string{
 		"MESHAGENT_MODE=node",
 		"NODE_NAME=" + name,
 		"KUBECONFIG=" + filepath.Join(dir, "kubeconfig"),
