@@ -56,18 +56,32 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 		return identity(seg[1], seg[3])
 	}
 	log := a.base.Named("node")
-	idx, err := podindex.New(podindex.Config{
+	// Certificates are fetched ahead only for identities whose pods ask for
+	// it (or for all with MESHAGENT_NODE_PREFETCH_ALL); the others on their
+	// first request. The handlers run on the index's one event goroutine,
+	// so prefetched needs no lock.
+	var idx *podindex.Index
+	prefetched := map[spiffeid.ID]bool{}
+	idx, err = podindex.New(podindex.Config{
 		Pods:        kube,
 		NodeName:    c.NodeName,
 		TrustDomain: td,
 		Handler: podindex.HandlerFuncs{
 			Added: func(id spiffeid.ID) {
+				if !c.NodePrefetchAll && !idx.Prefetch(id) {
+					return
+				}
 				if err := m.Prefetch(of(id)); err != nil {
 					log.Warn("certificate not fetched ahead", zap.Stringer(keyIdentity, id), zap.Error(err))
+					return
 				}
+				prefetched[id] = true
 			},
 			Removed: func(id spiffeid.ID) {
-				m.Release(of(id))
+				if prefetched[id] {
+					delete(prefetched, id)
+					m.Release(of(id))
+				}
 				a.dropNodeTokens(of(id))
 			},
 		},

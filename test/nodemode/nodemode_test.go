@@ -190,7 +190,8 @@ func TestPodsOfOneNode(t *testing.T) {
 }
 
 // TestTwentyIdentitiesTwentyCSRs: 200 pods of 20 service accounts on the
-// node: one certificate per identity, fetched ahead, shared by its pods.
+// node: one certificate per identity, fetched ahead (every pod's, by
+// MESHAGENT_NODE_PREFETCH_ALL), shared by its pods.
 func TestTwentyIdentitiesTwentyCSRs(t *testing.T) {
 	ns := namespace(t, "fleet")
 	name := uniq("node")
@@ -199,7 +200,7 @@ func TestTwentyIdentitiesTwentyCSRs(t *testing.T) {
 		sa := fmt.Sprintf("sa-%02d", p%20)
 		uids[sa] = append(uids[sa], string(pod(t, ns, fmt.Sprintf("pod-%03d", p), sa, name).UID))
 	}
-	n := startNode(t, name)
+	n := startNode(t, name, "MESHAGENT_NODE_PREFETCH_ALL=true")
 	prefix := "spiffe://cluster.local/ns/" + ns + "/"
 	csrs := func() map[string]int {
 		out := map[string]int{}

@@ -20,6 +20,12 @@ type Pod struct {
 	ContainerID string
 }
 
+// Static reports whether the pod is a static pod of the kubelet (from a
+// manifest file): its cgroup names the 32-hexadecimal-digit hash of the
+// manifest, which is not the UID of any pod of the API server (the mirror
+// pod the kubelet creates there has a UID of its own).
+func (p Pod) Static() bool { return len(p.UID) == 32 }
+
 // Error says why a cgroup file could not be read as a pod's.
 type Error struct {
 	// Line is the 1-based line of the file.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +85,24 @@ func TestCgroupRoot(t *testing.T) {
 	}
 	if _, _, err := CgroupRoot("", filepath.Join(dir, "missing")); err == nil {
 		t.Error("an unreadable own cgroup was not reported")
+	}
+}
+
+// A static pod's cgroup names the kubelet's manifest hash, which no pod of
+// the API server has: refused at once, not after waiting PodWait for a pod
+// that never comes.
+func TestStaticPodRefusedAtOnce(t *testing.T) {
+	root := t.TempDir()
+	fakeProc(t, root, 300, 1, "0::/kubepods/burstable/pod3d8b5a0f0c1b4f8e8a7d1e2f3a4b5c6d/"+cid+"\n")
+	r, err := New(Config{Pods: podMap{}, ProcRoot: root, PodWait: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = r.Resolve(ctx, caller.Cred{PID: 300})
+	wantRefusal(t, err, ReasonStaticPod)
+	if !strings.Contains(err.Error(), "static pod 3d8b5a0f0c1b4f8e8a7d1e2f3a4b5c6d") {
+		t.Errorf("refusal %q does not say why", err)
 	}
 }

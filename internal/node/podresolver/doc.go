@@ -30,7 +30,10 @@
 // the kubelet's cgroup root (Config.CgroupRoot: a delegated subtree whose
 // owner named a cgroup after another pod), or a path relative to the
 // agent's cgroup namespace (cgroup_invalid); a
-// node process whose uid has no configured identity (node_process); a pod UID
+// node process whose uid has no configured identity (node_process); a
+// process of a static pod, whose cgroup names the kubelet's manifest hash
+// and no pod of the API server (static_pod, at once rather than after
+// Config.PodWait); a pod UID
 // the node's pod list does not have after Config.PodWait (pod_unknown: a pod
 // of another node, a pod already deleted, or a cgroup nobody's pod owns); a
 // pod whose phase is Succeeded or Failed (pod_terminated); a request that

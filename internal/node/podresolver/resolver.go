@@ -27,6 +27,7 @@ const (
 	ReasonProcUnreadable = "proc_unreadable"
 	ReasonCgroup         = "cgroup_invalid"
 	ReasonNodeProcess    = "node_process"
+	ReasonStaticPod      = "static_pod"
 	ReasonPodUnknown     = "pod_unknown"
 	ReasonPodTerminated  = "pod_terminated"
 	ReasonCanceled       = "canceled"
@@ -166,6 +167,9 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 	}
 	if err != nil {
 		return caller.Info{}, "", refuse(ReasonCgroup, "process %d: %v", cred.PID, err)
+	}
+	if where.Static() {
+		return caller.Info{}, "", refuse(ReasonStaticPod, "process %d is in static pod %s (a kubelet manifest; its cgroup names the manifest's hash, not a pod of the API server): static pods are not served", cred.PID, where.UID)
 	}
 	pod, err := r.pod(ctx, where.UID)
 	if err != nil && ctx.Err() != nil {

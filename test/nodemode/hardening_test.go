@@ -1,12 +1,18 @@
 package nodemode
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/test/podproc"
 )
 
@@ -38,5 +44,43 @@ func TestUnprivilegedNodeAgent(t *testing.T) {
 	}
 	if got := startCaller(t, n.agent.Socket(), callerOpts{}).fetch(); !strings.Contains(got, "is not in a pod") {
 		t.Errorf("a node process: %q, want refused", got)
+	}
+}
+
+// Certificates are fetched ahead only for pods that ask for it
+// (meshagent.io/prefetch: "true"); a pod that does not (kube-system's, an
+// unmeshed one) costs no CSR until its first request.
+func TestPrefetchOnlyForPodsThatAsk(t *testing.T) {
+	ns := namespace(t, "prefetch")
+	name := uniq("node")
+	asks := pod(t, ns, "asks-0", "asks", name)
+	quiet := pod(t, ns, "quiet-0", "quiet", name)
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, podindex.PrefetchAnnotation)
+	if _, err := kube.Client().CoreV1().Pods(ns).Patch(context.Background(), asks.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, name)
+	asksID, quietID := spiffe(ns, "asks"), spiffe(ns, "quiet")
+	csrs := func(id string) int {
+		k := 0
+		for _, r := range n.ca.CSRs() {
+			if r.Identity == id {
+				k++
+			}
+		}
+		return k
+	}
+	eventually(t, 30*time.Second, "the certificate of the pod that asks is fetched ahead", func() bool {
+		_, held := n.certs()[asksID]
+		return held
+	})
+	if k := csrs(quietID); k != 0 {
+		t.Fatalf("%d CSRs for a pod that did not ask, before its first request", k)
+	}
+	if got := startCaller(t, n.agent.Socket(), callerOpts{podUID: string(quiet.UID), shape: podproc.Cgroupfs}).fetch(); got != "ok "+quietID {
+		t.Fatalf("quiet-0: %q, want %s", got, quietID)
+	}
+	if k := csrs(quietID); k != 1 {
+		t.Errorf("%d CSRs for quiet-0's identity after its first request, want 1", k)
 	}
 }
