@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -49,4 +50,28 @@ func (h *hold) wait(ctx context.Context) error {
 	case <-ctx.Done():
 		return status.FromContextError(ctx.Err()).Err()
 	}
+}
+
+// RefuseIdentity makes every CreateCertificate call whose CSR asks for
+// identity (a URI SAN) fail with code, whatever the mode, until the server
+// stops; codes.OK lifts the refusal. Calls for other identities go on as
+// before: a CA that refuses one workload and serves the others.
+func (s *Server) RefuseIdentity(identity string, code codes.Code) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.refused == nil {
+		s.refused = map[string]codes.Code{}
+	}
+	if code == codes.OK {
+		delete(s.refused, identity)
+		return
+	}
+	s.refused[identity] = code
+}
+
+// refusal returns the code a call for identity is refused with, if it is.
+// It is called with s.mu held.
+func (s *Server) refusal(identity string) (codes.Code, bool) {
+	c, ok := s.refused[identity]
+	return c, ok
 }

@@ -139,7 +139,8 @@ type Server struct {
 	failN       int
 	failCode    codes.Code
 	delay       time.Duration
-	next        *hold // the next call to arrive waits on it (HoldNext)
+	next        *hold                 // the next call to arrive waits on it (HoldNext)
+	refused     map[string]codes.Code // by identity (RefuseIdentity)
 	requests    int
 	csrs        []CSRRecord
 	inFlight    int // CreateCertificate calls not yet answered
@@ -431,7 +432,8 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requests++
-	s.csrs = append(s.csrs, CSRRecord{At: time.Now(), Identity: csrIdentity(req.GetCsr())})
+	ident := csrIdentity(req.GetCsr())
+	s.csrs = append(s.csrs, CSRRecord{At: time.Now(), Identity: ident})
 	s.inFlight++
 	s.maxInFlight = max(s.maxInFlight, s.inFlight)
 	s.lastMD = md.Copy()
@@ -443,6 +445,9 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 	if s.failN > 0 {
 		s.failN--
 		snap.fail, snap.errCode = true, s.failCode
+	}
+	if code, ok := s.refusal(ident); ok {
+		snap.fail, snap.errCode = true, code
 	}
 	if v := md.Get("authorization"); len(v) > 0 {
 		s.seen = append(s.seen, v[0])
