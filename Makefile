@@ -61,9 +61,9 @@ bench: build tools
 	$(GO) run ./cmd/meshbench -agent $(abspath $(BIN))
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./xdsproxy ./sds ./secretmanager
 
-## soak: fault-injection soak of bin/meshagent (default 3 minutes, at most 5); prints SOAK figures
+## soak: fault-injection soak of bin/meshagent (default 3 minutes, at most 5, then 1 minute of hostile pods); prints SOAK figures; SOAK_FLAGS="-duration 1m -pods-duration 30s" shortens it
 soak: build
-	$(GO) run ./cmd/meshsoak -agent $(abspath $(BIN))
+	$(GO) run ./cmd/meshsoak -agent $(abspath $(BIN)) $(SOAK_FLAGS)
 
 ## docs: regenerate docs/configuration.md from the settings registry
 docs:

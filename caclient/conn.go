@@ -1,15 +1,21 @@
 package caclient
 
 import (
+	"errors"
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 )
 
 // Conn is a CA client's connection to its CA: dialled (Dial) on first use,
-// or ahead of it by Preconnect; dropped after a failed call (Retire), so the
-// next call dials afresh, as pilot-agent rebuilds its channel; closed for
-// good by Close. It is safe for concurrent use; nothing waits on the network
+// or ahead of it by Preconnect; dropped after a call that failed in the
+// transport (Retire), so the next call dials afresh, as pilot-agent rebuilds
+// its channel; closed for good by Close. A status the CA answered (a refusal,
+// a bad request, even Unavailable sent by the CA itself) leaves the
+// connection alone: other identities' calls on it go on. It is safe for concurrent use; nothing waits on the network
 // while holding its lock.
 type Conn struct {
 	transport TransportConfig
@@ -59,10 +65,15 @@ func (c *Conn) Preconnect() {
 	}
 }
 
-// Retire drops conn after a failed call on it, if it is still the current
-// connection, so that the next Get dials afresh. A call still running on it
-// elsewhere ends with Canceled.
-func (c *Conn) Retire(conn *grpc.ClientConn) {
+// Retire drops conn after a call on it failed with err, when the failure was
+// the transport's and conn is still the current connection, so that the next
+// Get dials afresh. A call still running on a retired connection ends with
+// Canceled, which is why an answer from the CA never retires it: one
+// identity's refusal must not cancel another identity's request.
+func (c *Conn) Retire(conn *grpc.ClientConn, err error) {
+	if !TransportFailed(conn, err) {
+		return
+	}
 	c.mu.Lock()
 	current := c.conn == conn
 	if current {
@@ -72,6 +83,24 @@ func (c *Conn) Retire(conn *grpc.ClientConn) {
 	if current {
 		_ = conn.Close()
 	}
+}
+
+// TransportFailed reports whether a call on conn that ended with err failed
+// because the connection did: err is Unavailable or DeadlineExceeded and conn
+// is no longer ready, or err is ErrUnverifiedPeer (the connection reaches a
+// peer that must not be talked to). A status the CA sent arrives on a ready
+// connection, whatever its code; a connection that broke is idle, connecting
+// or failing by the time the call returns.
+func TransportFailed(conn *grpc.ClientConn, err error) bool {
+	if errors.Is(err, ErrUnverifiedPeer) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded:
+	default:
+		return false
+	}
+	return conn.GetState() != connectivity.Ready
 }
 
 // Close closes the connection; Get fails from then on. It is safe to call

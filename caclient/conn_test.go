@@ -3,10 +3,14 @@ package caclient
 import (
 	"errors"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
-// A connection is made once and reused, made again after a failed call
-// retired it (a stale retire changes nothing), and refused after Close.
+// A connection is made once and reused, kept after a status the CA
+// answered, made again after a transport failure retired it (a stale retire
+// changes nothing), and refused after Close.
 func TestConnLifecycle(t *testing.T) {
 	errClosed := errors.New("closed")
 	c := NewConn(TransportConfig{Addr: "127.0.0.1:1", Plaintext: true}, errClosed)
@@ -20,12 +24,16 @@ func TestConnLifecycle(t *testing.T) {
 	if again, _ := c.Get(); again != first {
 		t.Fatal("a second Get dialled again")
 	}
-	c.Retire(first)
+	c.Retire(first, status.Error(codes.PermissionDenied, "refused by the CA"))
+	if again, _ := c.Get(); again != first {
+		t.Fatal("a refusal retired the connection")
+	}
+	c.Retire(first, status.Error(codes.Unavailable, "connection refused"))
 	second, err := c.Get()
 	if err != nil || second == first {
 		t.Fatalf("after Retire: %p (first %p), %v; want a new connection", second, first, err)
 	}
-	c.Retire(first) // stale: second stays
+	c.Retire(first, status.Error(codes.Unavailable, "connection refused")) // stale: second stays
 	if again, _ := c.Get(); again != second {
 		t.Fatal("retiring an old connection dropped the current one")
 	}

@@ -6,7 +6,9 @@
 // A call the peer refuses with Unauthenticated is reported to a token fetcher
 // that keeps tokens (credfetcher.Invalidator), so the next call carries a new
 // one. Conn is the connection a protocol client keeps to its CA: dialled on
-// first use or by Preconnect, dropped after a failed call, closed once.
+// first use or by Preconnect, dropped after a call that failed in the
+// transport (never after a status the CA answered, which would cancel other
+// identities' calls in flight), closed once.
 //
 // The protocols live in sub-packages: caclient/istio (IstioCertificateService)
 // and caclient/linkerd (Identity.Certify). Clients are safe for concurrent use;

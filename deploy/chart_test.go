@@ -558,10 +558,7 @@ func checkNodePod(t *testing.T, objs objects, audience string) {
 	}) {
 		t.Errorf("node agent tolerations %v, want one tolerating every taint", pod.Tolerations)
 	}
-	if sc := agent.SecurityContext; sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
-		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
-		t.Errorf("node agent security context %+v, want every capability dropped and a read-only root", sc)
-	}
+	checkNodeAgentPrivileges(t, pod, agent)
 	if audience != "" {
 		checkMount(t, pod, agent, "/var/run/secrets/tokens", func(v corev1.Volume) bool {
 			return v.Projected != nil && v.Projected.Sources[0].ServiceAccountToken.Audience == audience
@@ -659,6 +656,40 @@ func TestChartFixesFromARealNode(t *testing.T) {
 			t.Errorf("DISABLE_ENVOY=%s with the xDS proxy off: the workload would get no socket", e.Value)
 		}
 	}
+}
+
+// checkNodeAgentPrivileges: the node agent runs as a non-root uid with no
+// capability (it holds every pod's keys; reading other processes' cgroups and
+// SO_PEERCRED need none once the pod shares the host's PID namespace), and the
+// only root step is the init container that gives it the socket's host
+// directory, with CAP_CHOWN alone.
+func checkNodeAgentPrivileges(t *testing.T, pod corev1.PodSpec, agent corev1.Container) {
+	t.Helper()
+	sc := agent.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser == 0 || sc.RunAsGroup == nil || *sc.RunAsGroup == 0 ||
+		sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Fatalf("node agent security context %+v, want a non-root uid and group", sc)
+	}
+	if sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Privileged != nil && *sc.Privileged {
+		t.Errorf("node agent security context %+v, want every capability dropped, none added, no escalation, a read-only root", sc)
+	}
+	if len(pod.InitContainers) != 1 {
+		t.Fatalf("node agent init containers %v, want the socket-dir one", pod.InitContainers)
+	}
+	init := pod.InitContainers[0]
+	want := []string{"socket-dir", fmt.Sprintf("--owner=%d:%d", *sc.RunAsUser, *sc.RunAsGroup), "/var/run/secrets/workload-spiffe-uds"}
+	if init.Name != "socket-dir" || !slices.Equal(init.Args, want) {
+		t.Errorf("init container %s args %v, want socket-dir with %v", init.Name, init.Args, want)
+	}
+	isc := init.SecurityContext
+	if isc == nil || isc.Capabilities == nil || !slices.Equal(isc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+		!slices.Equal(isc.Capabilities.Add, []corev1.Capability{"CHOWN"}) || isc.AllowPrivilegeEscalation == nil || *isc.AllowPrivilegeEscalation ||
+		isc.Privileged != nil && *isc.Privileged {
+		t.Errorf("socket-dir init container security context %+v, want CAP_CHOWN alone", isc)
+	}
+	checkMount(t, pod, init, "/var/run/secrets/workload-spiffe-uds", func(v corev1.Volume) bool { return v.HostPath != nil })
 }
 
 func checkProbes(t *testing.T, c corev1.Container) {

@@ -15,6 +15,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(inotifyHogEnv) == "1" {
 		os.Exit(hogInotify())
 	}
+	if pid := os.Getenv(peekEnv); pid != "" {
+		os.Exit(peek(pid))
+	}
 	if socket := os.Getenv(svidClientEnv); socket != "" {
 		os.Exit(svidClient(socket))
 	}

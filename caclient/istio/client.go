@@ -123,9 +123,11 @@ func PlaintextPort(addr string) bool {
 // Sign sends the DER csr to the CA asking for ttl and returns the parsed
 // chain, leaf first. It makes exactly one CreateCertificate call: retrying is
 // the caller's business (the secret manager's per-identity backoff), so a CA
-// under load never sees retries stacked on retries. After a failed call the
-// connection is dropped, so the next Sign dials afresh (as pilot-agent
-// rebuilds its channel) instead of waiting out gRPC's reconnect backoff. An
+// under load never sees retries stacked on retries. After a call that failed
+// in the transport the connection is dropped, so the next Sign dials afresh
+// (as pilot-agent rebuilds its channel) instead of waiting out gRPC's
+// reconnect backoff; a status the CA answered keeps it, so other identities'
+// calls in flight on it go on. An
 // error wraps the gRPC status (status.Code works on it) or ErrBadAnswer. The
 // chain is not judged here: check it with pki.VerifyIssued.
 func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
@@ -211,8 +213,9 @@ func (c *Client) attempt(ctx context.Context, req *pb.IstioCertificateRequest) (
 	resp, err := pb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, req)
 	c.metrics.latency.Observe(time.Since(start).Seconds())
 	if err != nil {
-		// Dial afresh next time, as pilot-agent rebuilds its channel.
-		c.conn.Retire(conn)
+		// Dial afresh next time when the transport failed, as pilot-agent
+		// rebuilds its channel; an answer from the CA keeps the connection.
+		c.conn.Retire(conn, err)
 		c.metrics.requests.WithLabelValues(codeLabel(status.Code(err))).Inc()
 		return nil, fmt.Errorf("CreateCertificate: %w", err)
 	}

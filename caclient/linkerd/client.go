@@ -179,12 +179,13 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 	resp, err := identitypb.NewIdentityClient(conn).Certify(callCtx, req, grpc.PerRPCCredentials(gate))
 	latency := time.Since(start)
 	if err != nil {
-		c.conn.Retire(conn)
 		if refusal := gate.refused(); refusal != nil {
+			c.conn.Retire(conn, refusal)
 			c.metrics.requests.WithLabelValues(outcomeUnverifiedPeer).Inc()
 			log.Error("token withheld from unverified identity service", zap.Error(refusal))
 			return nil, fmt.Errorf("certifying %s at %s: %w", id, c.transport.Addr, refusal)
 		}
+		c.conn.Retire(conn, err)
 		code := status.Code(err)
 		if tokenRefused(code) {
 			credfetcher.Refused(source, tok)

@@ -27,8 +27,9 @@
 // (credfetcher.Refused), so a source that keeps tokens gets a new one.
 //
 // A Client holds at most one gRPC connection, made on the first Sign and
-// dropped after a failed call so that the next call starts with a fresh
-// handshake (new roots, a restarted identity service). The connection is
+// dropped after a call that failed in the transport so that the next call
+// starts with a fresh handshake (new roots, a restarted identity service); a
+// status the identity service answered keeps it. The connection is
 // guarded by a mutex; Sign is safe for concurrent use and Close is safe to call
 // twice. The client starts no goroutines of its own beyond gRPC's. The token is
 // never logged.

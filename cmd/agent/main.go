@@ -3,7 +3,9 @@
 // and proxies Envoy's ADS stream to the control plane.
 //
 // Subcommands: run (the agent), config (the resolved configuration and the
-// certificate source that would be chosen) and version.
+// certificate source that would be chosen), version, and socket-dir (the
+// node chart's init container: gives the socket's host directory to the
+// agent's non-root uid).
 //
 // Exit codes: 0 after a clean stop (SIGTERM, SIGINT, /quitquitquit), 1 when
 // the agent fails while running, 2 for bad configuration or usage.
@@ -32,6 +34,10 @@ const (
 )
 
 func main() {
+	if err := notDumpable(); err != nil {
+		fmt.Fprintln(os.Stderr, "meshagent: "+err.Error())
+		os.Exit(exitFailure)
+	}
 	os.Exit(run(context.Background(), os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
 }
 
@@ -180,6 +186,7 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	docsCmd.Flags().StringVarP(&docsOut, "output", "o", "-", "file to write, - for stdout")
 
 	root.AddCommand(runCmd, configCmd, versionCmd, docsCmd, newCSICommand(stderr))
+	root.AddCommand(newSocketDirCommand())
 	return root
 }
 

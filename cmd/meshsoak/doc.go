@@ -3,7 +3,7 @@
 // ADS server (test/xdsserver) on loopback while injecting faults, and checks
 // that the agent keeps every workload served. It is what `make soak` runs:
 //
-//	go run ./cmd/meshsoak -agent bin/meshagent [-duration 2m] [-seed N] [-agent-uid N]
+//	go run ./cmd/meshsoak -agent bin/meshagent [-duration 2m] [-seed N] [-agent-uid N] [-pods-duration 1m]
 //
 // Faults, chosen at random: the CA is stopped and restarted, answers slowly
 // (2 s), or answers badly (wrong SAN, expired) for a few seconds; the xDS
@@ -36,6 +36,25 @@
 // a tolerance. The figures are printed; the exit status is 1 when an
 // invariant broke. Linux only.
 //
-// meshsoak owns the one agent process it starts; it is started with a
+// Hostile pods (-pods-duration, default 1 minute, 0 skips; needs root and
+// the API server binaries of scripts/tools.sh, else it is reported skipped):
+// after the soak above, a second agent runs in node mode against a real API
+// server (test/kubeenv) and the test CA applying istiod's node authorizer,
+// its pods' clients being meshsoak itself started again and moved into
+// kubelet-shaped pod cgroups (test/podproc). Two good pods fetch their
+// certificate over a new connection every 200 ms; one pod holds 2,000 idle
+// connections; one sends 20,000 FetchSecrets on one connection whose HTTP/2
+// window is 0 and reads nothing; the CA refuses one pod's identity
+// (istioca.RefuseIdentity) while it asks again and again; one pod holding a
+// stream is deleted halfway. Invariants: the agent's RSS stays under a
+// bound (this needs the per-caller limits on connections, streams and
+// queued response bytes); every good fetch after the first certificate
+// succeeds with its own identity within a latency bound; the refused
+// identity is never served; no CSR of a good identity fails (one identity's
+// refusal must not cancel another's CSR); the deleted pod's stream ends
+// within a bound and its connection is refused afterwards (this needs a
+// leaving pod's connections to be closed).
+//
+// meshsoak owns the agent processes it starts; it is started with a
 // parent-death signal and stopped when the command returns.
 package main

@@ -48,6 +48,9 @@ type options struct {
 	seed     uint64
 	keep     bool
 	agentUID int
+	// podsDuration is how long the hostile-pods phase (node mode) runs; 0
+	// skips it.
+	podsDuration time.Duration
 }
 
 // nobody is the user the agent runs as when meshsoak runs as root, so that
@@ -67,11 +70,15 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		defUID = nobody
 	}
 	fs.IntVar(&o.agentUID, "agent-uid", defUID, "uid (and gid) to run the agent as; -1 for this user (default nobody when run as root)")
+	fs.DurationVar(&o.podsDuration, "pods-duration", time.Minute, "how long the hostile-pods phase (node mode, API server, pod cgroups) runs; 0 skips it")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if o.duration <= 0 || o.duration > maxDuration {
 		return o, fmt.Errorf("-duration %s: must be positive and at most %s", o.duration, maxDuration)
+	}
+	if o.podsDuration < 0 || o.podsDuration > maxDuration {
+		return o, fmt.Errorf("-pods-duration %s: must be at most %s", o.podsDuration, maxDuration)
 	}
 	if o.seed == 0 {
 		o.seed = rand.Uint64()
@@ -80,6 +87,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 }
 
 func main() {
+	if mode := os.Getenv(podModeEnv); mode != "" {
+		os.Exit(runPodClient(mode, os.Getenv(podSocketEnv)))
+	}
 	opts, err := parseFlags(os.Args[1:], os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -106,6 +116,7 @@ type figures struct {
 	upstream                              xdsserver.Counts
 	hostile                               hostileCounts
 	budgets                               []budget
+	pods                                  podFigures
 }
 
 func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
@@ -242,6 +253,11 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 			led.Violate("rss", "start %d kB, end %d kB (tolerance +%.0f%% +%d kB)", f.rssStart, f.rssEnd, rssFrac*100, rssSlackKB)
 		}
 	}
+	if opts.podsDuration > 0 {
+		f.pods = runPods(ctx, opts.agent, opts.podsDuration, led, logf)
+	} else {
+		f.pods.skipped = "-pods-duration 0"
+	}
 	report(stdout, opts, f, led)
 	if led.Total() > 0 {
 		logf("agent log: %s", tail(a.path(agentLog)))
@@ -341,6 +357,7 @@ func report(w io.Writer, opts options, f figures, led *ledger) {
 		}
 		fmt.Fprintf(w, "SOAK ca_budget identity %s csrs %d max_per_minute %d (bound %d)\n", id, b.Total, b.MaxPerWindow, maxCSRsPerIdentityMinute)
 	}
+	reportPods(w, f.pods)
 	if led.Total() == 0 {
 		fmt.Fprintln(w, "SOAK PASS")
 	} else {

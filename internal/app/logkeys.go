@@ -19,6 +19,8 @@ const (
 	keyAudience       = "audience"
 	keyLifetime       = "lifetime"
 
-	keyNode     = "node"
-	keyNodeUIDs = "node_uid_identities"
+	keyNode           = "node"
+	keyNodeUIDs       = "node_uid_identities"
+	keyCgroupRoot     = "cgroup_root"
+	keyCgroupRootFrom = "cgroup_root_from"
 )

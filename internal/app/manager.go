@@ -124,7 +124,7 @@ func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secr
 }
 
 // managerLister lists the manager's certificates for /debug/certs; with
-// pods (node mode), each workload certificate with the pods using its
+// pods (node mode), each workload certificate with how many pods use its
 // identity.
 type managerLister struct {
 	m    *secretmanager.Manager
@@ -144,7 +144,7 @@ func (l managerLister) Certs() []status.CertInfo {
 			NotBefore: c.NotBefore, NotAfter: c.NotAfter, RenewAt: c.RenewAt, Source: c.Source,
 		}
 		if c.ResourceName == secretmanager.WorkloadCertName {
-			out[i].Pods = pods[c.Identity]
+			out[i].Pods = len(pods[c.Identity])
 		}
 	}
 	return out

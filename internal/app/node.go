@@ -83,19 +83,37 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	if err != nil {
 		return nil, nil, configError(fmt.Errorf("MESHAGENT_MODE=node: %w", err))
 	}
+	cgroupRoot, cgroupRootFrom, err := podresolver.CgroupRoot(c.NodeCgroupRoot, "/proc/self/cgroup")
+	if err != nil {
+		return nil, nil, configError(fmt.Errorf("MESHAGENT_NODE_CGROUP_ROOT: %w", err))
+	}
 	log := a.base.Named("node")
-	idx, err := podindex.New(podindex.Config{
+	// Certificates are fetched ahead only for identities whose pods ask for
+	// it (or for all with MESHAGENT_NODE_PREFETCH_ALL); the others on their
+	// first request. The handlers run on the index's one event goroutine,
+	// so prefetched needs no lock.
+	var idx *podindex.Index
+	prefetched := map[pki.Identity]bool{}
+	idx, err = podindex.New(podindex.Config{
 		Pods:     kube,
 		NodeName: c.NodeName,
 		Scheme:   c.Scheme(),
 		Handler: podindex.HandlerFuncs{
 			Added: func(id pki.Identity) {
+				if !c.NodePrefetchAll && !idx.Prefetch(id) {
+					return
+				}
 				if err := m.Prefetch(id); err != nil {
 					log.Warn("certificate not fetched ahead", zap.Stringer(keyIdentity, id), zap.Error(err))
+					return
 				}
+				prefetched[id] = true
 			},
 			Removed: func(id pki.Identity) {
-				m.Release(id)
+				if prefetched[id] {
+					delete(prefetched, id)
+					m.Release(id)
+				}
 				n.dropTokens(id)
 			},
 		},
@@ -108,6 +126,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	n.idx.Store(idx)
 	r, err := podresolver.New(podresolver.Config{
 		Pods:       idx,
+		CgroupRoot: cgroupRoot,
 		NodeUIDs:   n.uids,
 		Logger:     a.base,
 		Registerer: a.reg,
@@ -133,7 +152,8 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 		}
 		return nil
 	})
-	a.log.Info("node mode: serving the pods of this node", zap.String(keyNode, c.NodeName), zap.Int(keyNodeUIDs, len(n.uids)))
+	a.log.Info("node mode: serving the pods of this node", zap.String(keyNode, c.NodeName), zap.Int(keyNodeUIDs, len(n.uids)),
+		zap.Stringer(keyCgroupRoot, cgroupRoot), zap.String(keyCgroupRootFrom, cgroupRootFrom))
 	return r, []component{{name: "pod_index", run: idx.Run}}, nil
 }
 

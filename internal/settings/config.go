@@ -174,6 +174,13 @@ type Config struct {
 	// NodeUIDIdentities are node processes' identities by uid, as
 	// "<uid>=<spiffe id>,..." (MESHAGENT_NODE_UID_IDENTITIES).
 	NodeUIDIdentities string
+	// NodeCgroupRoot is where the kubelet makes pod cgroups, comma-separated
+	// absolute paths; "" means learned from the agent's own pod, else the
+	// top-level kubepods and kubepods.slice (MESHAGENT_NODE_CGROUP_ROOT).
+	NodeCgroupRoot string
+	// NodePrefetchAll fetches certificates ahead for every pod of the node,
+	// not only for pods that ask for it (MESHAGENT_NODE_PREFETCH_ALL).
+	NodePrefetchAll bool
 	// NodeFileResources serves file-cert: and file-root: resources in node
 	// mode (MESHAGENT_NODE_FILE_RESOURCES; any pod can then read the files).
 	NodeFileResources bool

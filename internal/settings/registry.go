@@ -302,8 +302,22 @@ var Registry = []Setting{
 	},
 	{
 		Name: "MESHAGENT_NODE_UID_IDENTITIES", Group: GroupMeshagent,
-		Doc:   "Node mode: identities of node processes outside any pod, by uid, as `<uid>=<spiffe id>` separated by commas. A node process whose uid is not listed is refused.",
+		Doc: "Node mode: identities of node processes outside any pod, by uid, as `<uid>=<spiffe id>` separated by commas. A node process whose uid is not listed is refused. " +
+			"An entry for uid 0 gives its identity to every root process of the node outside the pods' cgroups (the kubelet, the container runtime, every system service, any root login): list uid 0 only if all of them may hold that identity.",
 		Value: String(func(c *Config) *string { return &c.NodeUIDIdentities }),
+	},
+	{
+		Name: "MESHAGENT_NODE_CGROUP_ROOT", Group: GroupMeshagent,
+		Doc: "Node mode: where the kubelet makes pod cgroups, as absolute cgroup paths separated by commas, each ending in its kubepods component (`/kubepods`, `/kubepods.slice`, `/x/kubepods` for a kubelet with `cgroupRoot: /x`). " +
+			"A caller counts as a pod's only when its cgroup sits exactly there: a kubepods tree anywhere else (a delegated subtree of a node user, a systemd service or a machine) is refused. " +
+			"Empty: the root of the agent's own pod, learned from its cgroup, else the top-level `/kubepods` (cgroupfs driver) and `/kubepods.slice` (systemd driver).",
+		Value: String(func(c *Config) *string { return &c.NodeCgroupRoot }),
+	},
+	{
+		Name: "MESHAGENT_NODE_PREFETCH_ALL", Default: "false", Group: GroupMeshagent,
+		Doc: "Node mode: fetch a certificate ahead for every service account with a pod on the node (kube-system included). " +
+			"Off: only for pods annotated `meshagent.io/prefetch: \"true\"`; the others get theirs on their first request.",
+		Value: Bool(func(c *Config) *bool { return &c.NodePrefetchAll }),
 	},
 	{
 		Name: "MESHAGENT_NODE_FILE_RESOURCES", Default: "false", Group: GroupMeshagent,

@@ -9,7 +9,7 @@
 //	GET  /healthz/ready   200 when every readiness check passes, else 503 with the reasons
 //	GET  /healthz/live    200 unless a liveness check fails (e.g. the held certificate expired)
 //	GET  /metrics         Prometheus text format from Config.Gatherer
-//	GET  /debug/certs     JSON array of CertInfo (in node mode, with the pods of each identity)
+//	GET  /debug/certs     JSON array of CertInfo (in node mode, with how many pods use each identity), loopback callers only
 //	GET  /debug/pprof/*   net/http/pprof, loopback callers only
 //	POST /quitquitquit    loopback callers only; Run then returns nil
 //

@@ -39,9 +39,10 @@ type CertInfo struct {
 	RenewAt time.Time `json:"renew_at,omitzero"`
 	// Source says where it came from: "ca", "dev-ca", "file", "output-certs".
 	Source string `json:"source"`
-	// Pods are the pods using the identity ("<namespace>/<name>"), in node
-	// mode; empty otherwise.
-	Pods []string `json:"pods,omitempty"`
+	// Pods is how many pods use the identity, in node mode; 0 otherwise.
+	// Their names are not given: the list answers loopback callers only,
+	// yet a pod's name is none of another pod's business.
+	Pods int `json:"pods,omitempty"`
 }
 
 // CertLister lists held certificates.
@@ -103,7 +104,7 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("GET /healthz/ready", s.serveReady)
 	mux.HandleFunc("GET /healthz/live", s.serveLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /debug/certs", s.serveCerts)
+	mux.Handle("GET /debug/certs", s.loopbackOnly(http.HandlerFunc(s.serveCerts)))
 	mux.Handle("/debug/pprof/", s.loopbackOnly(http.HandlerFunc(pprof.Index)))
 	mux.Handle("/debug/pprof/cmdline", s.loopbackOnly(http.HandlerFunc(pprof.Cmdline)))
 	mux.Handle("/debug/pprof/profile", s.loopbackOnly(http.HandlerFunc(pprof.Profile)))

@@ -179,7 +179,9 @@ func TestLoopbackOnlyEndpoints(t *testing.T) {
 		{"GET", "/debug/pprof/cmdline", "[::ffff:127.0.0.1]:5555", http.StatusOK},
 		{"GET", "/quitquitquit", "127.0.0.1:5555", http.StatusMethodNotAllowed},
 		{"GET", "/healthz/live", "10.1.2.3:5555", http.StatusOK},
-		{"GET", "/debug/certs", "10.1.2.3:5555", http.StatusOK},
+		{"GET", "/debug/certs", "10.1.2.3:5555", http.StatusForbidden},
+		{"GET", "/debug/certs", "[::1]:5555", http.StatusOK},
+		{"GET", "/metrics", "10.1.2.3:5555", http.StatusOK},
 		{"POST", "/healthz/ready", "127.0.0.1:5555", http.StatusMethodNotAllowed},
 	}
 	for _, tt := range tests {

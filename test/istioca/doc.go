@@ -36,10 +36,12 @@
 // on the informer's timing. PodCacheMisses and PodReads count both.
 //
 // Tests steer it at run time: Stop and Restart on the same address, answer
-// badly on purpose (SetMode), fail with a chosen code (SetError, FailNext),
-// answer slowly (SetDelay), or present an unexpected serving certificate
-// (SetServingCert). It records what it received (Requests, LastMetadata,
-// LastRequest, Tokens, Reviews, Denials) so a test can assert on the CA side.
+// badly on purpose (SetMode), fail with a chosen code (SetError, FailNext;
+// RefuseIdentity for one identity), answer slowly (SetDelay, or HoldNext
+// until the test releases the call), or present an unexpected serving
+// certificate (SetServingCert). It records what it received (Requests,
+// LastMetadata, LastRequest, Tokens, Reviews, Denials) so a test can assert
+// on the CA side.
 //
 // It owns no process-wide state. A Server is safe for concurrent use; all its
 // mutable state sits behind one mutex (the pod informer's store has its

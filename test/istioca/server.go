@@ -144,6 +144,8 @@ type Server struct {
 	failN       int
 	failCode    codes.Code
 	delay       time.Duration
+	next        *hold                 // the next call to arrive waits on it (HoldNext)
+	refused     map[string]codes.Code // by identity (RefuseIdentity)
 	requests    int
 	csrs        []CSRRecord
 	inFlight    int // CreateCertificate calls not yet answered
@@ -373,6 +375,7 @@ type snapshot struct {
 	errCode codes.Code
 	fail    bool
 	delay   time.Duration
+	hold    *hold
 	token   string
 	hasTok  bool
 	sa      ServiceAccount
@@ -383,6 +386,9 @@ type snapshot struct {
 func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (resp *pb.IstioCertificateResponse, err error) {
 	snap := h.s.record(ctx, req)
 	defer func() { h.s.answered(snap.index, err == nil) }()
+	if err := snap.hold.wait(ctx); err != nil {
+		return nil, err
+	}
 	if snap.delay > 0 {
 		t := time.NewTimer(snap.delay)
 		select {
@@ -433,7 +439,8 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requests++
-	s.csrs = append(s.csrs, CSRRecord{At: time.Now(), Identity: csrIdentity(req.GetCsr())})
+	ident := csrIdentity(req.GetCsr())
+	s.csrs = append(s.csrs, CSRRecord{At: time.Now(), Identity: ident})
 	s.inFlight++
 	s.maxInFlight = max(s.maxInFlight, s.inFlight)
 	s.lastMD = md.Copy()
@@ -441,10 +448,13 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 		s.lastMD = metadata.MD{}
 	}
 	s.lastReq = proto.Clone(req).(*pb.IstioCertificateRequest)
-	snap := snapshot{mode: s.mode, errCode: s.errCode, delay: s.delay, index: len(s.csrs) - 1}
+	snap := snapshot{mode: s.mode, errCode: s.errCode, delay: s.delay, hold: s.takeHold(), index: len(s.csrs) - 1}
 	if s.failN > 0 {
 		s.failN--
 		snap.fail, snap.errCode = true, s.failCode
+	}
+	if code, ok := s.refusal(ident); ok {
+		snap.fail, snap.errCode = true, code
 	}
 	if v := md.Get("authorization"); len(v) > 0 {
 		s.seen = append(s.seen, v[0])

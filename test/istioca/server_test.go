@@ -558,3 +558,29 @@ func TestInFlightAndAnswers(t *testing.T) {
 		t.Errorf("MaxInFlight() = %d after the calls, want still 3", got)
 	}
 }
+
+// RefuseIdentity refuses one identity's CSRs and serves the others'.
+func TestRefuseIdentity(t *testing.T) {
+	other := ServiceAccount{Namespace: "shop", Name: "other"}
+	s := start(t, Config{Tokens: map[string]ServiceAccount{token: sa, "tok-other": other}})
+	c := client(t, s, nil)
+	ask := func(tok string, who ServiceAccount) error {
+		der, err := pki.NewCSR(newKey(t), s.Identity(who))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.CreateCertificate(withToken(t, tok), &pb.IstioCertificateRequest{Csr: string(pki.EncodeCSRPEM(der))})
+		return err
+	}
+	s.RefuseIdentity(s.Identity(sa).SPIFFEID, codes.PermissionDenied)
+	if err := ask(token, sa); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("refused identity: %v, want PermissionDenied", err)
+	}
+	if err := ask("tok-other", other); err != nil {
+		t.Fatalf("another identity: %v", err)
+	}
+	s.RefuseIdentity(s.Identity(sa).SPIFFEID, codes.OK)
+	if err := ask(token, sa); err != nil {
+		t.Fatalf("after the refusal was lifted: %v", err)
+	}
+}

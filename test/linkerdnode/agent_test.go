@@ -116,6 +116,7 @@ func TestLinkerdNodeModeTokensPerServiceAccount(t *testing.T) {
 		"POD_NAMESPACE="+ns, "SERVICE_ACCOUNT=meshagent", "POD_NAME=meshagent-node",
 		"MESHAGENT_TOKEN_LIFETIME=10m",
 		"MESHAGENT_TOKEN_PATH="+filepath.Join(dir, "no-such-token"),
+		"MESHAGENT_NODE_PREFETCH_ALL=true",
 	)
 	web, db := linkerdca.Identity(ns, "web"), linkerdca.Identity(ns, "db")
 	issued := func(id string) bool {

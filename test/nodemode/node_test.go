@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -45,6 +46,13 @@ func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now()
 // trusted node accounts. The agent reads pods with an admin kubeconfig.
 func startNode(t *testing.T, name string, env ...string) *node {
 	t.Helper()
+	return startNodeAs(t, nil, name, env...)
+}
+
+// startNodeAs is startNode with the agent running as cred's uid and gid
+// (nil: the test's own, root), as the chart runs it: no capability at all.
+func startNodeAs(t *testing.T, cred *syscall.Credential, name string, env ...string) *node {
+	t.Helper()
 	kube := kube.Env(t)
 	ctx := context.Background()
 	n := &node{t: t, name: name, sys: uniq("sys")}
@@ -75,9 +83,20 @@ func startNode(t *testing.T, name string, env ...string) *node {
 	if err := kube.Kubeconfig(filepath.Join(dir, "kubeconfig"), kube.AdminToken()); err != nil {
 		t.Fatal(err)
 	}
+	if cred != nil {
+		err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, int(cred.Uid), int(cred.Gid))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	port := freePort(t)
 	n.status = "http://127.0.0.1:" + strconv.Itoa(port)
-	n.agent = agentproc.Start(t, dir, append([]string{
+	n.agent = agentproc.StartAs(t, cred, dir, append([]string{
 		"MESHAGENT_MODE=node",
 		"NODE_NAME=" + name,
 		"KUBECONFIG=" + filepath.Join(dir, "kubeconfig"),
@@ -122,8 +141,9 @@ func (n *node) get(path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// certs returns /debug/certs: the pods of each identity held ("default").
-func (n *node) certs() map[string][]string {
+// certs returns /debug/certs: how many pods use each identity held
+// ("default").
+func (n *node) certs() map[string]int {
 	n.t.Helper()
 	code, body := n.get("/debug/certs")
 	if code != http.StatusOK {
@@ -133,7 +153,7 @@ func (n *node) certs() map[string][]string {
 	if err := json.Unmarshal([]byte(body), &list); err != nil {
 		n.t.Fatalf("/debug/certs: %v\n%s", err, body)
 	}
-	out := map[string][]string{}
+	out := map[string]int{}
 	for _, c := range list {
 		if c.ResourceName == "default" {
 			out[c.Identity] = c.Pods

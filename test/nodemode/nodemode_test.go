@@ -58,7 +58,7 @@ func TestPodsOfOneNode(t *testing.T) {
 	}
 	testwait.Within(t, 30*time.Second, "the deleted pod leaves /debug/certs", func() bool {
 		pods, held := n.certs()[goneID]
-		return held && len(pods) == 0
+		return held && pods == 0
 	})
 
 	t.Run("each pod its own identity", func(t *testing.T) {
@@ -108,7 +108,15 @@ func TestPodsOfOneNode(t *testing.T) {
 	t.Run("refused callers", func(t *testing.T) {
 		refused(t, "a pod of another node", startCaller(t, sock, callerOpts{podUID: string(far.UID), shape: podproc.Cgroupfs}).fetch())
 		refused(t, "a pod cgroup no pod owns", startCaller(t, sock, callerOpts{podUID: "0badc0de-1111-4222-8333-444455556666", shape: podproc.Systemd}).fetch())
-		got := startCaller(t, sock, callerOpts{cred: &syscall.Credential{Uid: nodeUID, Gid: nodeUID}}).fetch()
+		// A node user with a delegated cgroup subtree names a cgroup after
+		// cart-0 (served above in its own cgroup): not under the kubelet's
+		// root, so not cart-0.
+		got := startCaller(t, sock, callerOpts{podUID: string(cart.UID), shape: podproc.Delegated}).fetch()
+		refused(t, "a delegated cgroup named after another pod", got)
+		if !strings.Contains(got, "outside the kubelet's cgroup root") {
+			t.Errorf("delegated cgroup refusal %q does not say why", got)
+		}
+		got = startCaller(t, sock, callerOpts{cred: &syscall.Credential{Uid: nodeUID, Gid: nodeUID}}).fetch()
 		refused(t, "a node process of an unlisted uid", got)
 		if !strings.Contains(got, "is not in a pod") {
 			t.Errorf("node process refusal %q does not say why", got)
@@ -183,7 +191,8 @@ func TestPodsOfOneNode(t *testing.T) {
 }
 
 // TestTwentyIdentitiesTwentyCSRs: 200 pods of 20 service accounts on the
-// node: one certificate per identity, fetched ahead, shared by its pods.
+// node: one certificate per identity, fetched ahead (every pod's, by
+// MESHAGENT_NODE_PREFETCH_ALL), shared by its pods.
 func TestTwentyIdentitiesTwentyCSRs(t *testing.T) {
 	ns := namespace(t, "fleet")
 	name := uniq("node")
@@ -192,7 +201,7 @@ func TestTwentyIdentitiesTwentyCSRs(t *testing.T) {
 		sa := fmt.Sprintf("sa-%02d", p%20)
 		uids[sa] = append(uids[sa], string(pod(t, ns, fmt.Sprintf("pod-%03d", p), sa, name).UID))
 	}
-	n := startNode(t, name)
+	n := startNode(t, name, "MESHAGENT_NODE_PREFETCH_ALL=true")
 	prefix := "spiffe://cluster.local/ns/" + ns + "/"
 	csrs := func() map[string]int {
 		out := map[string]int{}

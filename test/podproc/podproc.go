@@ -35,6 +35,12 @@ const (
 	// Systemd is the systemd driver's
 	// /kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid_>.slice/cri-containerd-<id>.scope.
 	Systemd
+	// Delegated is the cgroupfs shape inside a delegated subtree, as a node
+	// user given cgroup delegation (systemd's Delegate=, nspawn, LXD) can
+	// make it: /machine.slice/meshagent-test-<uid>.scope/kubepods/besteffort/pod<uid>/<id>.
+	// It names a pod, but outside the kubelet's cgroup root. Move removes
+	// the whole subtree it made (machine.slice too, when it made it).
+	Delegated
 )
 
 // Roots returns the writable cgroup hierarchies test processes are placed
@@ -70,7 +76,34 @@ func Dirs(shape Shape, podUID, containerID string) (pod, container string) {
 		return pod, pod + "/cri-containerd-" + containerID + ".scope"
 	}
 	pod = "kubepods/besteffort/pod" + podUID
+	if shape == Delegated {
+		pod = delegatedScope(podUID) + "/" + pod
+	}
 	return pod, pod + "/" + containerID
+}
+
+// delegatedScope is the delegated subtree of the Delegated shape.
+func delegatedScope(podUID string) string {
+	return "machine.slice/meshagent-test-" + podUID + ".scope"
+}
+
+// removeDelegated removes, deepest first, the parents of a Delegated pod
+// cgroup under root: those of the test's own scope, and machine.slice when
+// it was not there before (madeSlice). A machine.slice another test still
+// uses stays.
+func removeDelegated(root, podUID string, madeSlice bool) error {
+	scope := filepath.Join(root, delegatedScope(podUID))
+	for _, dir := range []string{filepath.Join(scope, "kubepods/besteffort"), filepath.Join(scope, "kubepods"), scope} {
+		if err := removeCgroup(dir); err != nil {
+			return err
+		}
+	}
+	if madeSlice {
+		if err := removeCgroup(filepath.Dir(scope)); err != nil && !errors.Is(err, unix.ENOTEMPTY) {
+			return err
+		}
+	}
+	return nil
 }
 
 // Start starts `sleep` in the cgroup of container containerID of pod podUID.
@@ -116,6 +149,15 @@ func Move(t testing.TB, pid int, shape Shape, podUID, containerID string) {
 	}
 	podRel, ctrRel := Dirs(shape, podUID, containerID)
 	for _, root := range roots {
+		if shape == Delegated {
+			// Registered first, so it runs after moveIn's cleanups.
+			madeSlice := !exists(filepath.Join(root, "machine.slice"))
+			t.Cleanup(func() {
+				if err := removeDelegated(root, podUID, madeSlice); err != nil {
+					t.Errorf("removing test cgroup: %v", err)
+				}
+			})
+		}
 		moveIn(t, pid, filepath.Join(root, podRel), filepath.Join(root, ctrRel))
 	}
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))

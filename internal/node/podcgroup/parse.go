@@ -3,6 +3,7 @@ package podcgroup
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -19,6 +20,12 @@ type Pod struct {
 	ContainerID string
 }
 
+// Static reports whether the pod is a static pod of the kubelet (from a
+// manifest file): its cgroup names the 32-hexadecimal-digit hash of the
+// manifest, which is not the UID of any pod of the API server (the mirror
+// pod the kubelet creates there has a UID of its own).
+func (p Pod) Static() bool { return len(p.UID) == 32 }
+
 // Error says why a cgroup file could not be read as a pod's.
 type Error struct {
 	// Line is the 1-based line of the file.
@@ -31,10 +38,17 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("cgroup line %d: %s", e.Line, e.Reason)
 }
 
-// Parse reads the content of /proc/<pid>/cgroup. It returns ErrNotInPod when
-// no line names a pod, and an *Error when a line is malformed, a kubepods
-// path has an unknown shape, or two lines name different pods or containers.
-func Parse(data []byte) (Pod, error) {
+// Parse reads the content of /proc/<pid>/cgroup with pods under
+// DefaultRoot; see Root.Parse.
+func Parse(data []byte) (Pod, error) { return DefaultRoot.Parse(data) }
+
+// Parse reads the content of /proc/<pid>/cgroup, with pods under r. It
+// returns ErrNotInPod when no line names a pod, and an *Error when a line is
+// malformed, a kubepods path has an unknown shape or sits outside r, a path
+// is relative to the reader's cgroup namespace, or two lines name different
+// pods or containers.
+func (r Root) Parse(data []byte) (Pod, error) {
+	r = r.or()
 	var (
 		found Pod
 		have  bool
@@ -47,7 +61,7 @@ func Parse(data []byte) (Pod, error) {
 		if len(fields) != 3 || fields[0] == "" || !isDigits(fields[0]) {
 			return Pod{}, &Error{Line: i + 1, Reason: "not <hierarchy>:<controllers>:<path>"}
 		}
-		p, ok, reason := parsePath(fields[2])
+		p, ok, reason := r.parsePath(fields[2])
 		if reason != "" {
 			return Pod{}, &Error{Line: i + 1, Reason: reason}
 		}
@@ -69,32 +83,36 @@ func Parse(data []byte) (Pod, error) {
 }
 
 // parsePath reads one cgroup path. ok is false when the path names no pod;
-// a non-empty reason means the path is under kubepods but not understood.
-func parsePath(path string) (p Pod, ok bool, reason string) {
+// a non-empty reason means the path cannot be trusted or is under the root
+// but not understood.
+func (r Root) parsePath(path string) (p Pod, ok bool, reason string) {
 	if !strings.HasPrefix(path, "/") {
 		return Pod{}, false, "cgroup path is not absolute"
 	}
-	comps := strings.Split(path[1:], "/")
-	root := -1
-	for i, c := range comps {
-		if isRoot(c) {
-			root = i
-			break
-		}
-	}
-	if root < 0 {
+	if path == "/" {
 		return Pod{}, false, ""
 	}
-	for _, c := range comps[:root] {
-		if c == "user.slice" {
-			return Pod{}, false, "kubepods tree under user.slice (delegated to node users) is not trusted"
+	comps := strings.Split(path[1:], "/")
+	if comps[0] == ".." {
+		// The process sits outside the reader's cgroup namespace, at a
+		// place relative to it that cannot be checked against the root.
+		return Pod{}, false, "cgroup path is relative to the agent's cgroup namespace (the agent must see the host's cgroup hierarchy)"
+	}
+	for _, root := range r.paths {
+		if len(comps) < len(root) || !slices.Equal(comps[:len(root)], root) {
+			continue
 		}
+		last := root[len(root)-1]
+		rest := comps[len(root):]
+		if stem, ok := strings.CutSuffix(last, ".slice"); ok {
+			return parseSystemd(stem, rest)
+		}
+		return parseCgroupfs(rest)
 	}
-	rest := comps[root+1:]
-	if strings.HasSuffix(comps[root], ".slice") {
-		return parseSystemd(strings.TrimSuffix(comps[root], ".slice"), rest)
+	if slices.ContainsFunc(comps, isRoot) {
+		return Pod{}, false, "kubepods tree outside the kubelet's cgroup root " + r.String() + " is not trusted"
 	}
-	return parseCgroupfs(rest)
+	return Pod{}, false, ""
 }
 
 func isRoot(c string) bool {

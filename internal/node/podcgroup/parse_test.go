@@ -2,6 +2,7 @@ package podcgroup
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -41,11 +42,6 @@ func TestParse(t *testing.T) {
 		{"systemd v1 hierarchies", "11:memory:/kubepods.slice/kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n" +
 			"1:name=systemd:/kubepods.slice/kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", Pod{uid, cid}},
 		{"systemd pod slice itself", "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + uidU + ".slice\n", Pod{UID: uid}},
-		{"kind cgroup root", "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", Pod{uid, cid}},
-		{"kind guaranteed", "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", Pod{uid, cid}},
-		{"node in a docker container", "0::/docker/" + cid2 + "/kubepods/besteffort/pod" + uid + "/" + cid + "\n", Pod{uid, cid}},
-		{"host view of kind node", "0::/system.slice/docker-" + cid2 + ".scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", Pod{uid, cid}},
-		{"relative to cgroup namespace", "0::/../../kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", Pod{uid, cid}},
 		{"no trailing newline", "0::/kubepods/pod" + uid + "/" + cid, Pod{uid, cid}},
 		{"path with colon after pod", "0::/kubepods/pod" + uid + "/" + cid + "/a:b\n", Pod{uid, cid}},
 	}
@@ -57,6 +53,87 @@ func TestParse(t *testing.T) {
 			}
 			if got != tt.want {
 				t.Fatalf("Parse = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// A kubelet with a cgroupRoot (or a node that is itself a container) puts
+// pods below a prefix: accepted when the root names it.
+func TestParseUnderRoot(t *testing.T) {
+	tests := []struct {
+		name, root, in string
+		want           Pod
+	}{
+		{"kind cgroup root", "/kubelet.slice/kubelet-kubepods.slice", "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", Pod{uid, cid}},
+		{"kind guaranteed", "/kubelet.slice/kubelet-kubepods.slice", "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", Pod{uid, cid}},
+		{"node in a docker container", "/docker/" + cid2 + "/kubepods", "0::/docker/" + cid2 + "/kubepods/besteffort/pod" + uid + "/" + cid + "\n", Pod{uid, cid}},
+		{"host view of kind node", "/system.slice/docker-" + cid2 + ".scope/kubelet.slice/kubelet-kubepods.slice", "0::/system.slice/docker-" + cid2 + ".scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", Pod{uid, cid}},
+		{"kubelet cgroupRoot /x", "/x/kubepods", "8:pids:/x/kubepods/burstable/pod" + uid + "/" + cid + "\n", Pod{uid, cid}},
+		{"second of two roots", "/a/kubepods, /x/kubepods", "8:pids:/x/kubepods/pod" + uid + "/" + cid + "\n", Pod{uid, cid}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root, err := ParseRoot(tt.root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := root.Parse([]byte(tt.in))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if got != tt.want {
+				t.Fatalf("Parse = %+v, want %+v", got, tt.want)
+			}
+			// Under the default root the same path is a nested tree.
+			if _, err := Parse([]byte(tt.in)); err == nil {
+				t.Fatal("accepted under the default root")
+			}
+		})
+	}
+}
+
+func TestParseRoot(t *testing.T) {
+	for _, bad := range []string{"", "kubepods", "/", "/x", "/x/../kubepods", "/x//kubepods", "/kubepods,", "/kubepods-helper.service"} {
+		if r, err := ParseRoot(bad); err == nil {
+			t.Errorf("ParseRoot(%q) = %v, want an error", bad, r)
+		}
+	}
+	r, err := ParseRoot("/kubepods.slice , /x/kubepods/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.String(); got != "/kubepods.slice,/x/kubepods" {
+		t.Errorf("String = %q", got)
+	}
+	if got := (Root{}).String(); got != "/kubepods,/kubepods.slice" {
+		t.Errorf("zero Root String = %q, want the default", got)
+	}
+}
+
+// The agent learns the kubelet's root from its own pod's cgroup; outside a
+// pod (or inside its own cgroup namespace, where it sees "/") there is
+// nothing to learn.
+func TestLearnRoot(t *testing.T) {
+	tests := []struct{ name, in, want string }{
+		{"cgroupfs top", v1Top + "8:pids:/kubepods/burstable/pod" + uid + "/" + cid + "\n0::/\n", "/kubepods"},
+		{"cgroupRoot /x", "0::/x/kubepods/pod" + uid + "/" + cid + "\n", "/x/kubepods"},
+		{"kind", "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", "/kubelet.slice/kubelet-kubepods.slice"},
+		{"own cgroup namespace", "0::/\n", ""},
+		{"node service", "0::/system.slice/meshagent.service\n", ""},
+		{"kubepods without a pod", "0::/kubepods/besteffort\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := LearnRoot([]byte(tt.in))
+			if tt.want == "" {
+				if !errors.Is(err, ErrRootNotFound) {
+					t.Fatalf("LearnRoot = %v, %v; want ErrRootNotFound", r, err)
+				}
+				return
+			}
+			if err != nil || r.String() != tt.want {
+				t.Fatalf("LearnRoot = %v, %v; want %s", r, err, tt.want)
 			}
 		})
 	}
@@ -100,7 +177,14 @@ func TestParseRefuses(t *testing.T) {
 		{"systemd container not a scope", "0::/kubepods.slice/kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + "\n", "not a <runtime>"},
 		{"container with odd characters", "0::/kubepods/pod" + uid + "/../x\n", "not a container ID"},
 		{"empty container", "0::/kubepods/pod" + uid + "//\n", "not a container ID"},
-		{"user slice", "0::/user.slice/user-1000.slice/user@1000.service/kubepods.slice/kubepods-pod" + uidU + ".slice/x-1.scope\n", "user.slice"},
+		{"user slice", "0::/user.slice/user-1000.slice/user@1000.service/kubepods.slice/kubepods-pod" + uidU + ".slice/x-1.scope\n", "outside the kubelet's cgroup root"},
+		// A user with a delegated subtree (systemd Delegate=, nspawn, LXD)
+		// names a cgroup after another pod.
+		{"delegated scope", "8:pids:/machine.slice/x.scope/kubepods/besteffort/pod" + uid + "/" + cid + "\n", "outside the kubelet's cgroup root"},
+		{"delegated systemd shape", "0::/system.slice/foo.service/kubepods.slice/kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", "outside the kubelet's cgroup root"},
+		{"node in a docker container, default root", "0::/docker/" + cid2 + "/kubepods/pod" + uid + "\n", "outside the kubelet's cgroup root"},
+		{"relative to cgroup namespace", "0::/../../kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", "relative to the agent's cgroup namespace"},
+		{"relative, no kubepods", "0::/../../../besteffort/pod" + uid + "/" + cid + "\n", "relative to the agent's cgroup namespace"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -124,11 +208,21 @@ func FuzzParse(f *testing.F) {
 		"0::/../kubepods/pod" + hash + "\n",
 		v1Top + "0::/\n",
 		"0::/user.slice/kubepods/pod" + uid + "\n",
+		"8:pids:/machine.slice/x.scope/kubepods/besteffort/pod" + uid + "/" + cid + "\n",
+		"0::/x/kubepods/pod" + uid + "\n",
 	} {
-		f.Add([]byte(s))
+		f.Add([]byte(s), "")
+		f.Add([]byte(s), "/x/kubepods,/kubelet.slice/kubelet-kubepods.slice")
 	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		p, err := Parse(data)
+	f.Fuzz(func(t *testing.T, data []byte, rootSpec string) {
+		root := DefaultRoot
+		if rootSpec != "" {
+			var err error
+			if root, err = ParseRoot(rootSpec); err != nil {
+				return
+			}
+		}
+		p, err := root.Parse(data)
 		if err != nil {
 			if p != (Pod{}) {
 				t.Fatalf("Parse returned %+v with error %v", p, err)
@@ -144,9 +238,23 @@ func FuzzParse(f *testing.F) {
 		if p.ContainerID != "" && !strings.Contains(string(data), p.ContainerID) {
 			t.Fatalf("container ID %q does not appear in the input", p.ContainerID)
 		}
+		// Every line that names a kubepods tree starts at the root.
+		for _, line := range strings.Split(string(data), "\n") {
+			fields := strings.SplitN(line, ":", 3)
+			if len(fields) < 3 || !slices.ContainsFunc(strings.Split(fields[2], "/"), isRoot) {
+				continue
+			}
+			under := false
+			for _, r := range strings.Split(root.String(), ",") {
+				under = under || fields[2] == r || strings.HasPrefix(fields[2], r+"/")
+			}
+			if !under {
+				t.Fatalf("accepted %+v from a line outside the root %s: %q", p, root, line)
+			}
+		}
 		// A parsed file parses the same once more lines of other hierarchies
 		// at their roots are added.
-		again, err := Parse(append([]byte(v1Top), data...))
+		again, err := root.Parse(append([]byte(v1Top), data...))
 		if err != nil || again != p {
 			t.Fatalf("with root lines added: %+v, %v; want %+v", again, err, p)
 		}

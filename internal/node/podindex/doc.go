@@ -8,7 +8,8 @@
 // and watched through kubeclient as kubeclient.Pod (only the pod fields the
 // agent reads are decoded; client-go's clientset is not linked), a
 // transform that keeps only the fields node mode reads (name, namespace,
-// UID, service account, node name, phase, deletion timestamp), the UID map
+// UID, service account, node name, phase, deletion timestamp, and the
+// meshagent.io/prefetch annotation), the UID map
 // built from it, and the identity reference counts. It does not read /proc or
 // cgroups (package podresolver does) nor hold certificates (the caller's
 // IdentityHandler decides what an identity's arrival and departure mean).
@@ -27,6 +28,11 @@
 // concurrently and never while the index's lock is held, so a handler may
 // call back into the Index; a handler that blocks delays later events (and
 // Wait), not lookups.
+//
+// Prefetch says whether a counted pod of an identity asks for its
+// certificate ahead (annotation meshagent.io/prefetch: "true"): node mode
+// fetches ahead only for those, so that the pods of the node that never ask
+// (kube-system's, unmeshed ones) cost no certificate.
 //
 // PodsOf lists a service account's counted pods (those not being deleted
 // first), to which node mode binds the account's CA tokens when the CA has

@@ -27,10 +27,18 @@ type Pod struct {
 	Phase          kubeclient.PodPhase
 	// Deleting is true once the pod has a deletion timestamp.
 	Deleting bool
+	// Prefetch is true when the pod asks for its certificate ahead of its
+	// first request (annotation meshagent.io/prefetch: "true").
+	Prefetch bool
 	// Identity is the identity Config.Scheme gives the pod's namespace and
 	// service account.
 	Identity pki.Identity
 }
+
+// PrefetchAnnotation, set to "true" on a pod, asks the node agent to fetch
+// the certificate of the pod's identity as soon as the pod is on the node,
+// instead of at its first request.
+const PrefetchAnnotation = "meshagent.io/prefetch"
 
 // Terminated reports whether the pod's phase is Succeeded or Failed: none of
 // its containers runs any more.
@@ -319,6 +327,7 @@ func (x *Index) podOf(p *kubeclient.Pod) (Pod, error) {
 		NodeName:       p.Spec.NodeName,
 		Phase:          p.Status.Phase,
 		Deleting:       p.DeletionTimestamp != nil,
+		Prefetch:       p.Annotations[PrefetchAnnotation] == "true",
 		Identity:       id,
 	}, nil
 }
@@ -330,8 +339,13 @@ func strip(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
+	var annotations map[string]string
+	if v, ok := p.Annotations[PrefetchAnnotation]; ok {
+		annotations = map[string]string{PrefetchAnnotation: v}
+	}
 	return &kubeclient.Pod{
 		ObjectMeta: metav1.ObjectMeta{
+			Annotations:       annotations,
 			Name:              p.Name,
 			Namespace:         p.Namespace,
 			UID:               p.UID,
@@ -344,6 +358,19 @@ func strip(obj any) (any, error) {
 		},
 		Status: kubeclient.PodStatus{Phase: p.Status.Phase},
 	}, nil
+}
+
+// Prefetch reports whether a counted pod of id on the node asks for its
+// certificate ahead (Pod.Prefetch).
+func (x *Index) Prefetch(id pki.Identity) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, p := range x.pods {
+		if p.Identity == id && p.Prefetch && counted(p) {
+			return true
+		}
+	}
+	return false
 }
 
 // PodsOf returns the counted pods of namespace/serviceAccount on the node:

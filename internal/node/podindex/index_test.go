@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -396,4 +397,48 @@ func podClient(t *testing.T, kube *kubeenv.Env) *kubeclient.Client {
 		t.Fatal(err)
 	}
 	return client
+}
+
+// annotate sets the prefetch annotation of a pod to value.
+func (f *fixture) annotate(t *testing.T, p *corev1.Pod, value string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, PrefetchAnnotation, value)
+	if _, err := f.kube.Client().CoreV1().Pods(f.ns).Patch(context.Background(), p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Only pods that ask for it (meshagent.io/prefetch: "true") make their
+// identity fetched ahead; a terminated one does not count, and the stored
+// pod keeps that annotation alone.
+func TestPrefetchOnlyForPodsThatAsk(t *testing.T) {
+	f := newFixture(t, "node-pf", "web", "db", "job")
+	web := f.pod(t, "web-0", "web", "node-pf")
+	f.pod(t, "web-1", "web", "node-pf")
+	db := f.pod(t, "db-0", "db", "node-pf")
+	job := f.pod(t, "job-0", "job", "node-pf")
+	f.annotate(t, web, "true")
+	f.annotate(t, db, "false")
+	f.annotate(t, job, "true")
+	f.setPhase(t, job, corev1.PodSucceeded)
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		w, _ := f.idx.Get(string(web.UID))
+		j, _ := f.idx.Get(string(job.UID))
+		d, ok := f.idx.Get(string(db.UID))
+		return w.Prefetch && j.Prefetch && j.Terminated() && ok && !d.Prefetch, nil
+	})
+	if err != nil {
+		t.Fatalf("the index never saw the annotations: %v", err)
+	}
+	id := func(name string) pki.Identity { return pki.Identity{SPIFFEID: sa(f.ns, name)} }
+	for name, want := range map[string]bool{"web": true, "db": false, "job": false, "none": false} {
+		if got := f.idx.Prefetch(id(name)); got != want {
+			t.Errorf("Prefetch(%s) = %v, want %v", name, got, want)
+		}
+	}
+	for _, obj := range f.idx.informer.GetStore().List() {
+		if p := obj.(*kubeclient.Pod); p.Name == "web-0" && (len(p.Annotations) != 1 || p.Annotations[PrefetchAnnotation] != "true") {
+			t.Errorf("stored web-0 annotations %v, want the prefetch one alone", p.Annotations)
+		}
+	}
 }

@@ -39,8 +39,14 @@
 // meshagent_node_callers_refused_total: no pid (no_pid); a process that has
 // exited, or exits during the lookup (process_gone); a pid reused during the
 // lookup (pid_reused); /proc unreadable (proc_unreadable); a cgroup file
-// naming two pods or a kubepods path of unknown shape (cgroup_invalid); a
-// node process whose uid has no configured identity (node_process); a pod UID
+// naming two pods, a kubepods path of unknown shape, a kubepods tree outside
+// the kubelet's cgroup root (Config.CgroupRoot: a delegated subtree whose
+// owner named a cgroup after another pod), or a path relative to the
+// agent's cgroup namespace (cgroup_invalid); a
+// node process whose uid has no configured identity (node_process); a
+// process of a static pod, whose cgroup names the kubelet's manifest hash
+// and no pod of the API server (static_pod, at once rather than after
+// Config.PodWait); a pod UID
 // the node's pod list does not have after Config.PodWait (pod_unknown: a pod
 // of another node, a pod already deleted, or a cgroup nobody's pod owns); a
 // pod whose phase is Succeeded or Failed (pod_terminated); a request that

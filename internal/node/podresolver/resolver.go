@@ -27,6 +27,7 @@ const (
 	ReasonProcUnreadable = "proc_unreadable"
 	ReasonCgroup         = "cgroup_invalid"
 	ReasonNodeProcess    = "node_process"
+	ReasonStaticPod      = "static_pod"
 	ReasonPodUnknown     = "pod_unknown"
 	ReasonPodTerminated  = "pod_terminated"
 	ReasonCanceled       = "canceled"
@@ -65,6 +66,10 @@ type Pods interface {
 type Config struct {
 	// Pods are the node's pods. Required.
 	Pods Pods
+	// CgroupRoot is where the kubelet makes pod cgroups: a process counts
+	// as in a pod only under it (CgroupRoot finds it); the zero value is
+	// podcgroup.DefaultRoot.
+	CgroupRoot podcgroup.Root
 	// NodeUIDs are the identities of processes outside any pod, by uid. A
 	// node process whose uid is not here is refused.
 	NodeUIDs map[uint32]pki.Identity
@@ -148,7 +153,7 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 	if err != nil {
 		return caller.Info{}, "", err
 	}
-	where, err := podcgroup.Parse(data)
+	where, err := r.cfg.CgroupRoot.Parse(data)
 	if errors.Is(err, podcgroup.ErrNotInPod) {
 		id, ok := r.cfg.NodeUIDs[cred.UID]
 		if !ok {
@@ -158,6 +163,9 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 	}
 	if err != nil {
 		return caller.Info{}, "", refuse(ReasonCgroup, "process %d: %v", cred.PID, err)
+	}
+	if where.Static() {
+		return caller.Info{}, "", refuse(ReasonStaticPod, "process %d is in static pod %s (a kubelet manifest; its cgroup names the manifest's hash, not a pod of the API server): static pods are not served", cred.PID, where.UID)
 	}
 	pod, err := r.pod(ctx, where.UID)
 	if err != nil && ctx.Err() != nil {

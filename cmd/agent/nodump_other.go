@@ -1,0 +1,6 @@
+//go:build !linux
+
+package main
+
+// notDumpable does nothing where prctl does not exist.
+func notDumpable() error { return nil }

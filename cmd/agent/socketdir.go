@@ -1,0 +1,86 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// newSocketDirCommand is `meshagent socket-dir --owner <uid>:<gid> <dir>`:
+// the node chart's init container, running as root with CAP_CHOWN alone,
+// hands the host directory of the socket (which the kubelet makes
+// root-owned) to the agent's non-root uid. It makes dir if missing, sets
+// it 0755 and owns it to uid:gid; a symbolic link or a file at dir is an
+// error.
+func newSocketDirCommand() *cobra.Command {
+	var owner string
+	cmd := &cobra.Command{
+		Use:   "socket-dir --owner <uid>:<gid> <dir>",
+		Short: "Make the socket directory the non-root node agent's (run as root with CAP_CHOWN, before the agent)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			uid, gid, err := parseOwner(owner)
+			if err != nil {
+				return configError{err}
+			}
+			if err := ownSocketDir(args[0], uid, gid); err != nil {
+				return runFailure{err}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&owner, "owner", "", "numeric <uid>:<gid> the directory is given to")
+	return cmd
+}
+
+func parseOwner(s string) (uid, gid int, err error) {
+	u, g, ok := strings.Cut(s, ":")
+	if ok {
+		uid, err = strconv.Atoi(u)
+		if err == nil {
+			gid, err = strconv.Atoi(g)
+		}
+	}
+	if !ok || err != nil || uid < 0 || gid < 0 {
+		return 0, 0, fmt.Errorf("--owner %q: want numeric <uid>:<gid>", s)
+	}
+	return uid, gid, nil
+}
+
+// ownSocketDir makes dir (0755) if missing and gives it to uid:gid. The mode
+// is set only while the caller owns the directory (no CAP_FOWNER needed),
+// before the owner is changed (CAP_CHOWN); a directory already the agent's
+// is left as it is, so that the command can run at every start.
+func ownSocketDir(dir string, uid, gid int) error {
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("making the socket directory: %w", err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory (%s)", dir, fi.Mode().Type())
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("%s: no owner information", dir)
+	}
+	if int(st.Uid) == uid && int(st.Gid) == gid {
+		return nil
+	}
+	if int(st.Uid) == os.Geteuid() {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			return fmt.Errorf("setting the socket directory's mode: %w", err)
+		}
+	}
+	if err := os.Lchown(dir, uid, gid); err != nil {
+		return fmt.Errorf("giving the socket directory to %d:%d: %w", uid, gid, err)
+	}
+	return nil
+}
