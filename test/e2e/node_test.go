@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -241,12 +242,37 @@ func agentPod(t *testing.T, not string) *corev1.Pod {
 	return nil
 }
 
-// debugCerts reads the node agent's /debug/certs from inside the cluster's network.
+// debugCerts reads the node agent's /debug/certs as its loopback-only
+// handler allows: from 127.0.0.1 in the agent pod's network namespace,
+// entered from one of the pod's processes as nsenter --net would.
 func debugCerts(t *testing.T, agent *corev1.Pod) string {
+	t.Helper()
+	pid := podPID(t, agent)
+	code, body := getIn(t, func(f func() error) error { return cluster.InNetnsOf(pid, f) }, "http://127.0.0.1:15020/debug/certs")
+	if code != http.StatusOK {
+		t.Fatalf("/debug/certs from the agent's loopback: %d %s", code, body)
+	}
+	return body
+}
+
+// checkDebugCertsLoopbackOnly checks that /debug/certs refuses a caller
+// from the cluster's network (another pod or node process reaching the
+// agent's pod IP).
+func checkDebugCertsLoopbackOnly(t *testing.T, agent *corev1.Pod) {
+	t.Helper()
+	code, body := getIn(t, kube.InNetns, "http://"+net.JoinHostPort(agent.Status.PodIP, "15020")+"/debug/certs")
+	if code != http.StatusForbidden {
+		t.Fatalf("/debug/certs from the cluster's network: %d, want 403 (loopback callers only)\n%s", code, body)
+	}
+}
+
+// getIn GETs url over connections dialed inside the network namespace that
+// inNetns switches to.
+func getIn(t *testing.T, inNetns func(func() error) error, url string) (int, string) {
 	t.Helper()
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var c net.Conn
-		err := kube.InNetns(func() error {
+		err := inNetns(func() error {
 			var d net.Dialer
 			var err error
 			c, err = d.DialContext(ctx, network, addr)
@@ -254,13 +280,40 @@ func debugCerts(t *testing.T, agent *corev1.Pod) string {
 		})
 		return c, err
 	}}}
-	resp, err := hc.Get("http://" + net.JoinHostPort(agent.Status.PodIP, "15020") + "/debug/certs")
+	resp, err := hc.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return string(b)
+	return resp.StatusCode, string(b)
+}
+
+// podPID returns the host pid of one of a pod's processes, found in the
+// cgroups the kubelet made for the pod (under kubepods/ for a Guaranteed
+// pod, kubepods/<qos class>/ otherwise).
+func podPID(t *testing.T, pod *corev1.Pod) int {
+	t.Helper()
+	base := filepath.Join("/sys/fs/cgroup/pids", cluster.CgroupRoot, "kubepods")
+	for _, pattern := range []string{
+		filepath.Join(base, "pod"+string(pod.UID), "*", "cgroup.procs"),
+		filepath.Join(base, "*", "pod"+string(pod.UID), "*", "cgroup.procs"),
+	} {
+		dirs, _ := filepath.Glob(pattern)
+		for _, procs := range dirs {
+			b, err := os.ReadFile(procs)
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					return pid
+				}
+			}
+		}
+	}
+	t.Fatalf("no process found in the cgroups of pod %s under %s", pod.Name, base)
+	return 0
 }
 
 func TestNodeModeWithTheCSIDriver(t *testing.T) {
@@ -326,13 +379,15 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 		}
 	}
 	logCgroup(t, pods["alice"])
-	// The agent's own view: each identity is held for exactly the pod its resolver
-	// found behind the caller's cgroup.
+	// The agent's own view, read from its loopback (the list refuses any other
+	// caller): each identity is held for exactly one pod, counted, never named.
+	checkDebugCertsLoopbackOnly(t, agent)
+	certs := debugCerts(t, agent)
 	var held []struct {
-		Identity string   `json:"identity"`
-		Pods     []string `json:"pods"`
+		Identity string `json:"identity"`
+		Pods     int    `json:"pods"`
 	}
-	if err := json.Unmarshal([]byte(debugCerts(t, agent)), &held); err != nil {
+	if err := json.Unmarshal([]byte(certs), &held); err != nil {
 		t.Fatalf("/debug/certs: %v", err)
 	}
 	for sa, p := range pods {
@@ -341,14 +396,16 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 		for _, h := range held {
 			if h.Identity == want {
 				found = true
-				if len(h.Pods) != 1 || h.Pods[0] != appsNamespace+"/"+p.Name {
-					t.Fatalf("the agent holds %s for pods %v, want only %s/%s", want, h.Pods, appsNamespace, p.Name)
+				if h.Pods != 1 {
+					t.Fatalf("the agent holds %s for %d pods, want 1 (%s)", want, h.Pods, p.Name)
 				}
-				t.Logf("the agent's resolver: %s -> %v", want, h.Pods)
 			}
 		}
 		if !found {
 			t.Fatalf("the agent holds no certificate for %s", want)
+		}
+		if strings.Contains(certs, p.Name) {
+			t.Fatalf("/debug/certs names pod %s:\n%s", p.Name, certs)
 		}
 	}
 
@@ -479,33 +536,29 @@ func checkNothingLeft(t *testing.T, ns, rel string) {
 }
 
 // logCgroup logs the cgroup path the kubelet made for a pod's container, as the node
-// agent's resolver reads it from /proc/<pid>/cgroup.
+// agent's resolver reads it from /proc/<pid>/cgroup, with the cgroup root of this
+// cluster's kubelet.
 func logCgroup(t *testing.T, pod *corev1.Pod) {
 	t.Helper()
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/pids", cluster.CgroupRoot, "kubepods", "*", "pod"+string(pod.UID), "*", "cgroup.procs"))
-	for _, procs := range dirs {
-		b, err := os.ReadFile(procs)
-		if err != nil || len(strings.Fields(string(b))) == 0 {
-			continue
-		}
-		pid := strings.Fields(string(b))[0]
-		cg, err := os.ReadFile(filepath.Join("/proc", pid, "cgroup"))
-		if err != nil {
-			continue
-		}
-		parsed, err := podcgroup.Parse(cg)
-		if err != nil {
-			t.Fatalf("the resolver's parser refuses the kubelet's cgroup of %s: %v\n%s", pod.Name, err, cg)
-		}
-		if parsed.UID != string(pod.UID) {
-			t.Fatalf("parsed pod UID %v from %s, want %s", parsed.UID, cg, pod.UID)
-		}
-		for _, line := range strings.Split(string(cg), "\n") {
-			if strings.Contains(line, "pids:") {
-				t.Logf("%s: pid %s, /proc/%s/cgroup %s -> pod %v", pod.Name, pid, pid, line, parsed.UID)
-			}
-		}
-		return
+	root, err := podcgroup.ParseRoot(cluster.CgroupRoot + "/kubepods")
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("no process found in %s's cgroups (looked for %s)", pod.Name, filepath.Join("/sys/fs/cgroup/pids", cluster.CgroupRoot, "kubepods", "*", "pod"+string(pod.UID)))
+	pid := podPID(t, pod)
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := root.Parse(cg)
+	if err != nil {
+		t.Fatalf("the resolver's parser refuses the kubelet's cgroup of %s: %v\n%s", pod.Name, err, cg)
+	}
+	if parsed.UID != string(pod.UID) {
+		t.Fatalf("parsed pod UID %v from %s, want %s", parsed.UID, cg, pod.UID)
+	}
+	for _, line := range strings.Split(string(cg), "\n") {
+		if strings.Contains(line, "pids:") {
+			t.Logf("%s: pid %d, /proc/%d/cgroup %s -> pod %v", pod.Name, pid, pid, line, parsed.UID)
+		}
+	}
 }

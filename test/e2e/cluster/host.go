@@ -41,6 +41,13 @@ func inNetnsPath(path string, f func() error) error {
 	return <-errc
 }
 
+// InNetnsOf runs f on an OS thread switched into the network namespace of
+// the host process pid (a pod's processes share their pod's), as nsenter
+// --net does: there the pod's 127.0.0.1 is reachable.
+func InNetnsOf(pid int, f func() error) error {
+	return inNetnsPath(fmt.Sprintf("/proc/%d/ns/net", pid), f)
+}
+
 // dialIn returns a dialer that opens its connections inside the network namespace.
 func dialIn(path string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
