@@ -144,4 +144,3 @@ func (m *Merger) merge() ([]byte, int, []string) {
 	}
 	return pki.EncodeCertificates(out), len(out), sources
 }
-
