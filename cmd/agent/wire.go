@@ -188,7 +188,10 @@ func (a *agent) caSource() (certSource, error) {
 	if err != nil {
 		return certSource{}, err
 	}
-	roots := rootFeed.Roots()
+	roots, trustCs, err := a.trustRoots(rootFeed.Roots())
+	if err != nil {
+		return certSource{}, err
+	}
 	client, err := a.caClient(roots)
 	if err != nil {
 		return certSource{}, err
@@ -207,6 +210,7 @@ func (a *agent) caSource() (certSource, error) {
 		return certSource{}, err
 	}
 	cs = append(cs, component{name: "ca_root_watcher", run: rootFeed.Run})
+	cs = append(cs, trustCs...)
 	return certSource{manager: m, caRoots: roots, components: cs}, nil
 }
 
@@ -299,10 +303,15 @@ func (a *agent) fileSource(dir, source string) (certSource, error) {
 	if err != nil {
 		return certSource{}, err
 	}
-	m, cs, err := a.startManager(a.managerConfig(pki.Identity{}, rootFeed.Roots(), source), nil)
+	roots, trustCs, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {
 		return certSource{}, err
 	}
+	m, cs, err := a.startManager(a.managerConfig(pki.Identity{}, roots, source), nil)
+	if err != nil {
+		return certSource{}, err
+	}
+	cs = append(cs, trustCs...)
 	pairFeed, err := certfile.NewPairFeed(certfile.PairFeedConfig{
 		CertPath: filepath.Join(dir, certChainFile), KeyPath: filepath.Join(dir, keyFile),
 		Label: source, Into: m, Source: a.fileConfig(),

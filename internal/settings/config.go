@@ -180,6 +180,13 @@ type Config struct {
 	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
 	WorkloadAPI bool
 
+	// Trust bundle sources merged with the root files (docs/trust.md).
+	// TrustConfigMap is the ConfigMap key read (MESHAGENT_TRUST_CONFIGMAP).
+	TrustConfigMap ConfigMapRef
+	// TrustBundleSigner names the signer whose ClusterTrustBundles are read
+	// (MESHAGENT_TRUST_BUNDLE_SIGNER).
+	TrustBundleSigner string
+
 	proxyStatusPort int // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row
 }

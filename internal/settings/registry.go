@@ -318,6 +318,22 @@ var Registry = []Setting{
 		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),
 	},
 
+	// Trust bundle sources beside the root files (docs/trust.md).
+	{
+		Name: "MESHAGENT_TRUST_CONFIGMAP", Group: GroupMeshagent,
+		Doc: "A ConfigMap key whose PEM roots are trusted beside the root files, followed through the API server (KUBECONFIG, else in-cluster; needs get, list and watch on configmaps of the namespace): " +
+			"<namespace>/<name>[/<key>], key default root-cert.pem, e.g. istio-system/istio-ca-root-cert (the copy istiod writes in every namespace) or linkerd/linkerd-identity-trust-roots/ca-bundle.crt. " +
+			"Its roots join the merged bundle (union with the files and the ClusterTrustBundles) that ROOTCA, the Workload API, OUTPUT_CERTS and the CA and xDS connections use; a change applies without a restart. " +
+			"A deleted ConfigMap, a missing key or a bundle that does not parse is refused and its last good roots stay. Empty: none.",
+		Value: ConfigMapKey(func(c *Config) *ConfigMapRef { return &c.TrustConfigMap }),
+	},
+	{
+		Name: "MESHAGENT_TRUST_BUNDLE_SIGNER", Group: GroupMeshagent,
+		Doc: "A signer name whose ClusterTrustBundles (certificates.k8s.io/v1, field spec.signerName) are trusted beside the root files, as Istio's ENABLE_CLUSTER_TRUST_BUNDLE_API publishes them; needs list and watch on clustertrustbundles. " +
+			"The union of the signer's bundles joins the merged bundle; a bundle that does not parse is refused alone, and when none is left the signer's last good roots stay. Empty: none.",
+		Value: SignerName(func(c *Config) *string { return &c.TrustBundleSigner }),
+	},
+
 	// Paths (SPEC 2), relative to the working directory as in pilot-agent.
 	{
 		Name: "MESHAGENT_SDS_SOCKET", Flag: "sds-socket", Group: GroupPaths,

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/trust"
+	"github.com/meshagent/meshagent/secretmanager"
+)
+
+// trustRoots returns the roots a certificate source serves and verifies
+// with (docs/trust.md): files' roots as they are when no cluster trust
+// source is set; else a bundle of its own that holds the union of files and
+// the ConfigMap key and ClusterTrustBundles the settings name, with the
+// components that keep it live. Every user of the roots (ROOTCA, the
+// Workload API, OUTPUT_CERTS, the CA and xDS connections) then follows the
+// union.
+func (a *agent) trustRoots(files *secretmanager.Roots) (*secretmanager.Roots, []component, error) {
+	c := a.cfg
+	if c.TrustConfigMap.IsZero() && c.TrustBundleSigner == "" {
+		return files, nil, nil
+	}
+	first := files.Bundle()
+	merged, err := secretmanager.NewRoots(first.PEM, first.Source)
+	if err != nil {
+		return nil, nil, err
+	}
+	merger, err := trust.NewMerger(trust.MergerConfig{Publisher: merged, Logger: a.base, Metrics: trust.NewMetrics(a.reg)})
+	if err != nil {
+		return nil, nil, err
+	}
+	fromFiles := trust.Follow("file:"+first.Source, rootsPEM{files}, merger)
+	// The files come first in the merge, as they are now.
+	if err := merger.Update(fromFiles.Name(), first.PEM); err != nil {
+		return nil, nil, err
+	}
+	cs := []component{{name: "trust_files", run: fromFiles.Run}}
+
+	rc, err := kubeclient.RESTConfig(kubeclient.Config{Kubeconfig: c.Kubeconfig, UserAgent: "meshagent/" + version})
+	if err != nil {
+		return nil, nil, configError{fmt.Errorf("MESHAGENT_TRUST_CONFIGMAP and MESHAGENT_TRUST_BUNDLE_SIGNER read the Kubernetes API: %w", err)}
+	}
+	kube, err := trust.NewKube(rc)
+	if err != nil {
+		return nil, nil, err
+	}
+	if r := c.TrustConfigMap; !r.IsZero() {
+		src, err := trust.NewConfigMapSource(trust.ConfigMapConfig{
+			Kube: kube, Namespace: r.Namespace, Name: r.Name, Key: r.Key, Sink: merger, Logger: a.base,
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		a.status.AddReadiness("trust_configmap", synced(src, "the trust bundle ConfigMap "+r.String()+" is not read yet"))
+		cs = append(cs, component{name: "trust_configmap", run: src.Run})
+	}
+	if signer := c.TrustBundleSigner; signer != "" {
+		src, err := trust.NewClusterTrustBundleSource(trust.ClusterTrustBundleConfig{
+			Kube: kube, Signer: signer, Sink: merger, Logger: a.base,
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		a.status.AddReadiness("trust_bundle_signer", synced(src, "the ClusterTrustBundles of "+signer+" are not listed yet"))
+		cs = append(cs, component{name: "trust_cluster_trust_bundles", run: src.Run})
+	}
+	return merged, cs, nil
+}
+
+// synced is a readiness check that fails with msg until s has listed its
+// objects once: until then the bundle may lack roots peers already use.
+func synced(s interface{ HasSynced() bool }, msg string) func() error {
+	return func() error {
+		if !s.HasSynced() {
+			return errors.New(msg)
+		}
+		return nil
+	}
+}
+
+// rootsPEM is a root file's Roots as the merge reads them.
+type rootsPEM struct{ r *secretmanager.Roots }
+
+func (p rootsPEM) PEM() []byte                      { return p.r.Bundle().PEM }
+func (p rootsPEM) Watch() (<-chan struct{}, func()) { return p.r.Watch() }
