@@ -151,6 +151,7 @@ type Server struct {
 	podMisses   int      // node authorizer look-ups its pod cache lacked at first
 	podReads    int      // of those, the ones read from the API server
 	foreign     *localca.CA
+	issuer      *localca.CA // signs issued certificates when set (SetIssuer); else ca
 
 	pods *podCache // with Config.Kube; set by Start before serving
 }
@@ -308,6 +309,15 @@ func (s *Server) SetServingCert(c tls.Certificate) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.serving = c
+}
+
+// SetIssuer makes ca sign the certificates issued from now on, as a CA
+// that moves to a new root does; the serving certificate stays
+// (SetServingCert changes it) and so do RootPEM, Roots and CA.
+func (s *Server) SetIssuer(ca *localca.CA) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.issuer = ca
 }
 
 // AddToken makes tok authenticate as sa.
@@ -578,7 +588,12 @@ func (s *Server) issue(mode Mode, csr *x509.CertificateRequest, id pki.Identity,
 		notAfter = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 	}
 	leaf := localca.Leaf{PublicKey: csr.PublicKey, Identity: id, NotBefore: now.Add(-time.Minute), NotAfter: notAfter}
+	s.mu.Lock()
 	ca := s.ca
+	if s.issuer != nil {
+		ca = s.issuer
+	}
+	s.mu.Unlock()
 	switch mode {
 	case ModeWrongSAN:
 		leaf.Identity = pki.SPIFFEIdentity(s.cfg.TrustDomain, "wrong-namespace", "wrong-sa")
