@@ -390,7 +390,7 @@ func (m *Manager) loadInitial(in *Secret) {
 }
 
 func rootSecret(b *Bundle, version uint64) *Secret {
-	return &Secret{Name: RootCertName, Roots: b.PEM, NotAfter: b.NotAfter, Source: b.Source, Version: version}
+	return &Secret{Name: RootCertName, Roots: b.PEM, CRL: b.CRL, NotAfter: b.NotAfter, Source: b.Source, Version: version}
 }
 
 func (m *Manager) rand() float64 {
@@ -738,7 +738,7 @@ func (m *Manager) refreshRoots() bool {
 	m.pubMu.Lock()
 	defer m.pubMu.Unlock()
 	m.mu.Lock()
-	if b == nil || b == m.rootsBundle || bytes.Equal(b.PEM, m.rootsBundle.PEM) {
+	if b == nil || b == m.rootsBundle || (bytes.Equal(b.PEM, m.rootsBundle.PEM) && bytes.Equal(b.CRL, m.rootsBundle.CRL)) {
 		m.mu.Unlock()
 		return false
 	}

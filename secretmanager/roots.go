@@ -23,6 +23,9 @@ type Bundle struct {
 	NotAfter time.Time
 	// Source says where the bundle came from (a file path, "dev-ca", ...).
 	Source string
+	// CRL is the PEM certificate revocation lists served with the bundle
+	// in ROOTCA (nil: none). Roots.SetCRL sets it; Set keeps it.
+	CRL []byte
 }
 
 // ParseBundle parses a PEM bundle of one or more certificates. Anything else
@@ -84,6 +87,7 @@ func (r *Roots) Set(pemData []byte, source string) error {
 	r.mu.Lock()
 	same := bytes.Equal(r.b.PEM, b.PEM)
 	if !same {
+		b.CRL = r.b.CRL
 		r.b = b
 	}
 	r.mu.Unlock()
@@ -91,6 +95,23 @@ func (r *Roots) Set(pemData []byte, source string) error {
 		r.hub.notify("")
 	}
 	return nil
+}
+
+// SetCRL replaces the revocation lists served with the bundle (PEM, as
+// checked by the caller; nil: none). Setting the same bytes again signals
+// nothing.
+func (r *Roots) SetCRL(crl []byte) {
+	r.mu.Lock()
+	same := bytes.Equal(r.b.CRL, crl)
+	if !same {
+		b := *r.b
+		b.CRL = crl
+		r.b = &b
+	}
+	r.mu.Unlock()
+	if !same {
+		r.hub.notify("")
+	}
 }
 
 // Bundle returns the current bundle.

@@ -130,3 +130,35 @@ func FuzzParseBundle(f *testing.F) {
 		}
 	})
 }
+
+func TestRootsSetCRLKeepsItAcrossRootChanges(t *testing.T) {
+	a, b := newCA(t, localca.Config{}).RootPEM(), newCA(t, localca.Config{}).RootPEM()
+	r, err := NewRoots(a, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, stop := r.Watch()
+	defer stop()
+	r.SetCRL([]byte("crl"))
+	select {
+	case <-ch:
+	default:
+		t.Fatal("SetCRL did not signal")
+	}
+	r.SetCRL([]byte("crl"))
+	select {
+	case <-ch:
+		t.Fatal("the same CRL signalled")
+	default:
+	}
+	if err := r.Set(b, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Bundle(); string(got.CRL) != "crl" || got.Source != "b" {
+		t.Errorf("after Set: CRL %q source %q", got.CRL, got.Source)
+	}
+	r.SetCRL(nil)
+	if got := r.Bundle(); got.CRL != nil || got.Source != "b" {
+		t.Errorf("after SetCRL(nil): CRL %q source %q", got.CRL, got.Source)
+	}
+}

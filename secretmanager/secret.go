@@ -37,6 +37,8 @@ type Secret struct {
 	PrivateKey []byte
 	// Roots is the PEM trust bundle; set for ROOTCA and file-root secrets.
 	Roots []byte
+	// CRL is the PEM revocation lists served with ROOTCA; nil for none.
+	CRL []byte
 	// Leaf is the parsed leaf of CertChain; nil for a root secret.
 	Leaf *x509.Certificate
 	// NotAfter is the leaf's expiry (for roots, the earliest root expiry).

@@ -16,7 +16,23 @@ import (
 // components that keep it live. Every user of the roots (ROOTCA, the
 // Workload API, OUTPUT_CERTS, the CA and xDS connections) then follows the
 // union.
+//
+// The CRL file (MESHAGENT_CRL_FILE), when set, is followed into the roots
+// returned, and served with them in ROOTCA.
 func (a *agent) trustRoots(files *secretmanager.Roots) (*secretmanager.Roots, []component, error) {
+	roots, cs, err := a.clusterTrust(files)
+	if err != nil || a.cfg.CRLFile == "" {
+		return roots, cs, err
+	}
+	feed, err := trust.NewCRLFeed(trust.CRLFeedConfig{Path: a.cfg.CRLFile, Into: roots, Source: a.fileConfig()})
+	if err != nil {
+		return nil, nil, err
+	}
+	return roots, append(cs, component{name: "crl_watcher", run: feed.Run}), nil
+}
+
+// clusterTrust is trustRoots without the CRL.
+func (a *agent) clusterTrust(files *secretmanager.Roots) (*secretmanager.Roots, []component, error) {
 	c := a.cfg
 	if c.TrustConfigMap.IsZero() && c.TrustBundleSigner == "" {
 		return files, nil, nil

@@ -186,6 +186,8 @@ type Config struct {
 	// TrustBundleSigner names the signer whose ClusterTrustBundles are read
 	// (MESHAGENT_TRUST_BUNDLE_SIGNER).
 	TrustBundleSigner string
+	// CRLFile is the CRL served in ROOTCA; empty: none (MESHAGENT_CRL_FILE).
+	CRLFile string
 
 	proxyStatusPort int // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row

@@ -333,6 +333,13 @@ var Registry = []Setting{
 			"The union of the signer's bundles joins the merged bundle; a bundle that does not parse is refused alone, and when none is left the signer's last good roots stay. Empty: none.",
 		Value: SignerName(func(c *Config) *string { return &c.TrustBundleSigner }),
 	},
+	{
+		Name: "MESHAGENT_CRL_FILE", Default: "./var/run/secrets/istio/crl/ca-crl.pem", Group: GroupMeshagent,
+		Doc: "Certificate revocation lists (PEM X509 CRL blocks) served inline in ROOTCA's validation context (Envoy's crl), where pilot-agent reads istiod's istio-ca-crl ConfigMap. " +
+			"Watched: a change is pushed without a restart; a file that does not parse is refused and the last good CRL stays; no file means no CRL. " +
+			"Envoy then wants a CRL for every CA of a chain it checks (docs/trust.md). Empty: none.",
+		Value: Path(func(c *Config) *string { return &c.CRLFile }),
+	},
 
 	// Paths (SPEC 2), relative to the working directory as in pilot-agent.
 	{

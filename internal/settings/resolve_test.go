@@ -87,6 +87,7 @@ func TestDefaults(t *testing.T) {
 		WorkloadCredentialsDir: "./var/run/secrets/workload-spiffe-credentials", FileMountedCertsDir: "./etc/certs",
 		TokenPath: "./var/run/secrets/tokens/istio-token", LogLevel: "info", InstanceIP: "127.0.0.1",
 		CredentialIdentityProvider: "istio-ca", TokenLifetime: time.Hour, TokenRefreshRatio: 0.8,
+		CRLFile: "./var/run/secrets/istio/crl/ca-crl.pem",
 	}
 	c.rows, c.proxyStatusPort = nil, 0
 	if len(c.CAHeaders) != 0 || len(c.XDSHeaders) != 0 {

@@ -7,4 +7,5 @@ const (
 	keyRoots   = "roots"
 	keyReason  = "reason"
 	keyBundles = "bundles"
+	keyLists   = "lists"
 )
