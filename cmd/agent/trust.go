@@ -3,7 +3,10 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"syscall"
 
+	"github.com/meshagent/meshagent/internal/files/outputcerts"
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -100,3 +103,35 @@ type rootsPEM struct{ r *secretmanager.Roots }
 
 func (p rootsPEM) PEM() []byte                      { return p.r.Bundle().PEM }
 func (p rootsPEM) Watch() (<-chan struct{}, func()) { return p.r.Watch() }
+
+// outputCertsConfig is the OUTPUT_CERTS writer's configuration, with its
+// file modes, group and bundle file (MESHAGENT_OUTPUT_CERTS_*).
+func (a *agent) outputCertsConfig() outputcerts.Config {
+	c := a.cfg
+	return outputcerts.Config{
+		Dir: c.OutputCerts, KeyMode: c.OutputKeyMode, CertMode: c.OutputCertMode,
+		Group: c.OutputGroup, BundleFile: c.OutputBundleFile,
+		Logger: a.base, Registerer: a.reg,
+	}
+}
+
+// reloadHook is what tells an application that the OUTPUT_CERTS files
+// changed (MESHAGENT_OUTPUT_CERTS_RELOAD_*); nil when nothing is asked.
+func (a *agent) reloadHook() (outputcerts.Reloader, error) {
+	c := a.cfg
+	h, err := outputcerts.NewHook(outputcerts.HookConfig{
+		Command: strings.Fields(c.ReloadCommand), Timeout: c.ReloadTimeout,
+		PIDFile: c.ReloadPIDFile, ProcessName: c.ReloadProcess, Signal: signals[c.ReloadSignal],
+		Logger: a.base,
+	})
+	if err != nil || h == nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// signals are MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL's values.
+var signals = map[string]syscall.Signal{
+	"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2, "SIGINT": syscall.SIGINT,
+	"SIGTERM": syscall.SIGTERM, "SIGQUIT": syscall.SIGQUIT, "SIGWINCH": syscall.SIGWINCH,
+}

@@ -403,11 +403,15 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 		}
 	}
 	if m != nil && c.OutputCerts != "" {
-		w, err := outputcerts.New(outputcerts.Config{Dir: c.OutputCerts, Logger: a.base, Registerer: a.reg})
+		w, err := outputcerts.New(a.outputCertsConfig())
 		if err != nil {
-			return nil, err
+			return nil, configError{err}
 		}
-		sync, err := outputcerts.NewSync(outputcerts.SyncConfig{Secrets: m, Writer: w, Logger: a.base})
+		hook, err := a.reloadHook()
+		if err != nil {
+			return nil, configError{err}
+		}
+		sync, err := outputcerts.NewSync(outputcerts.SyncConfig{Secrets: m, Writer: w, Hook: hook, Logger: a.base})
 		if err != nil {
 			return nil, err
 		}

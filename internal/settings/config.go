@@ -2,6 +2,7 @@ package settings
 
 import (
 	"fmt"
+	"io/fs"
 	"net"
 	"strconv"
 	"time"
@@ -188,6 +189,15 @@ type Config struct {
 	TrustBundleSigner string
 	// CRLFile is the CRL served in ROOTCA; empty: none (MESHAGENT_CRL_FILE).
 	CRLFile string
+	// OUTPUT_CERTS files and reload hooks (MESHAGENT_OUTPUT_CERTS_*).
+	OutputKeyMode, OutputCertMode fs.FileMode
+	OutputGroup                   string
+	OutputBundleFile              string
+	ReloadCommand                 string
+	ReloadTimeout                 time.Duration
+	ReloadPIDFile                 string
+	ReloadProcess                 string
+	ReloadSignal                  string
 
 	proxyStatusPort int // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row

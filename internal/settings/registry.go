@@ -1,6 +1,7 @@
 package settings
 
 import (
+	"io/fs"
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
@@ -339,6 +340,63 @@ var Registry = []Setting{
 			"Watched: a change is pushed without a restart; a file that does not parse is refused and the last good CRL stays; no file means no CRL. " +
 			"Envoy then wants a CRL for every CA of a chain it checks (docs/trust.md). Empty: none.",
 		Value: Path(func(c *Config) *string { return &c.CRLFile }),
+	},
+
+	// OUTPUT_CERTS files and reload hooks (docs/vm.md).
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_KEY_MODE", Default: "0600", Group: GroupMeshagent,
+		Doc:    "Mode of OUTPUT_CERTS' key.pem and bundle file; 0640 or 0440 let MESHAGENT_OUTPUT_CERTS_GROUP read the key.",
+		Value:  FileMode(func(c *Config) *fs.FileMode { return &c.OutputKeyMode }, 0o600, 0o640, 0o400, 0o440),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_CERT_MODE", Default: "0644", Group: GroupMeshagent,
+		Doc:    "Mode of OUTPUT_CERTS' cert-chain.pem and root-cert.pem.",
+		Value:  FileMode(func(c *Config) *fs.FileMode { return &c.OutputCertMode }, certModes...),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_GROUP", Group: GroupMeshagent,
+		Doc:    "Group (name or numeric gid) given to every OUTPUT_CERTS file before it is renamed into place, so an application running as another user of that group can read them. Empty: the agent's group.",
+		Value:  String(func(c *Config) *string { return &c.OutputGroup }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_BUNDLE_FILE", Group: GroupMeshagent,
+		Doc:    "Name of an extra file in OUTPUT_CERTS holding the private key followed by the certificate chain, as Kubernetes podCertificate volumes write their credential bundle; replaced atomically with key.pem and cert-chain.pem, with the key's mode. Empty: none.",
+		Value:  FileName(func(c *Config) *string { return &c.OutputBundleFile }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_COMMAND", Group: GroupMeshagent,
+		Doc: "Command run after every rotation or root change, once the OUTPUT_CERTS files are in place (as spiffe-helper's cmd): a program and its arguments separated by spaces, run without a shell, " +
+			"with OUTPUT_CERTS=<dir> and OUTPUT_CERTS_FILES=<the files replaced, comma-separated> in its environment; killed with its process group after MESHAGENT_OUTPUT_CERTS_RELOAD_TIMEOUT. A failure is logged; the next change runs it again. Empty: none.",
+		Value:  String(func(c *Config) *string { return &c.ReloadCommand }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_TIMEOUT", Default: "10s", Group: GroupMeshagent,
+		Doc:    "How long MESHAGENT_OUTPUT_CERTS_RELOAD_COMMAND may run; the next write of the files waits for it at most this long.",
+		Value:  Duration(func(c *Config) *time.Duration { return &c.ReloadTimeout }, 100*time.Millisecond),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_PID_FILE", Group: GroupMeshagent,
+		Doc:    "File holding the pid of a process to send MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL after every rotation or root change, once the files are in place (as spiffe-helper's pid_file_name). Empty: none.",
+		Value:  Path(func(c *Config) *string { return &c.ReloadPIDFile }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_PROCESS", Group: GroupMeshagent,
+		Doc:    "Name of processes to send MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL after every rotation or root change: every process the agent sees in /proc (its pid namespace; a pod needs shareProcessNamespace) whose command name or first argument's base name is this. Empty: none.",
+		Value:  String(func(c *Config) *string { return &c.ReloadProcess }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL", Default: "SIGHUP", Group: GroupMeshagent,
+		Doc:    "Signal sent to MESHAGENT_OUTPUT_CERTS_RELOAD_PID_FILE's and MESHAGENT_OUTPUT_CERTS_RELOAD_PROCESS's processes.",
+		Value:  Enum(func(c *Config) *string { return &c.ReloadSignal }, "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGTERM", "SIGQUIT", "SIGWINCH"),
+		Unused: outputCertsOnly,
 	},
 
 	// Paths (SPEC 2), relative to the working directory as in pilot-agent.
