@@ -198,6 +198,10 @@ type Config struct {
 	ReloadPIDFile                 string
 	ReloadProcess                 string
 	ReloadSignal                  string
+	// The rest of pilot-agent's certificate and xDS-proxy settings
+	// (docs/configuration.md says what each does here).
+	PKCS8Key, XDSAuthPlaintext, ProxyConfigXDSAgent, MultiRootMesh bool
+	XDSAuthProvider, CredentialUDSSocket                           string
 
 	proxyStatusPort int // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row

@@ -342,6 +342,37 @@ var Registry = []Setting{
 		Value: Path(func(c *Config) *string { return &c.CRLFile }),
 	},
 
+	// The rest of pilot-agent's certificate and xDS-proxy half: honoured, or
+	// refused with one line.
+	{
+		Name: "PKCS8_KEY", Default: "false", Group: GroupIstio,
+		Doc:    "pilot-agent: write workload keys as PKCS#8. meshagent always does (PRIVATE KEY over SDS, the Workload API and in OUTPUT_CERTS), so true changes nothing; false set explicitly (pilot-agent's SEC 1 / PKCS#1 keys) is not available and is logged at start-up as having no effect.",
+		Value:  Bool(func(c *Config) *bool { return &c.PKCS8Key }),
+		Unused: pkcs8Unused,
+	},
+	{
+		Name: "XDS_AUTH_PROVIDER", Group: GroupIstio,
+		Doc:   "pilot-agent: a provider of the xDS connection's credentials (gcp). None is supported: the xDS proxy sends the bearer token of CREDENTIAL_FETCHER_TYPE (and the workload certificate); any value stops the agent at start-up.",
+		Value: NoneSupported(func(c *Config) *string { return &c.XDSAuthProvider }, "the xDS proxy authenticates with the token of CREDENTIAL_FETCHER_TYPE"),
+	},
+	{
+		Name: "XDS_AUTH_PLAINTEXT", Default: "false", Group: GroupIstio,
+		Doc:   "pilot-agent: send the token over a plaintext xDS connection (port 15010). Refused: a token goes over plaintext only to a loopback address; true stops the agent at start-up.",
+		Value: Refused(func(c *Config) *bool { return &c.XDSAuthPlaintext }, "the token is sent over plaintext only to a loopback address"),
+	},
+	{
+		Name: "PROXY_CONFIG_XDS_AGENT", Default: "false", Group: GroupIstio,
+		Doc:   "pilot-agent: take ProxyConfig (and with it the mesh's trust roots) from istiod over xDS. Not supported: true stops the agent at start-up; take the roots from MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER (docs/trust.md).",
+		Value: Refused(func(c *Config) *bool { return &c.ProxyConfigXDSAgent }, "ProxyConfig is not read over xDS; use MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER for the mesh roots"),
+	},
+	{
+		Name: "ISTIO_MULTIROOT_MESH", Default: "false", Group: GroupIstio,
+		Doc: "pilot-agent: trust several roots at once. meshagent always does: every root of every trust source is served and verified with, merged across sources (docs/trust.md). " +
+			"pilot-agent also takes the mesh's extra roots from the ProxyConfig over xDS, which meshagent does not read: with true and no MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER, the agent says so at start-up.",
+		Value:  Bool(func(c *Config) *bool { return &c.MultiRootMesh }),
+		Unused: multiRootUnused,
+	},
+
 	// OUTPUT_CERTS files and reload hooks (docs/vm.md).
 	{
 		Name: "MESHAGENT_OUTPUT_CERTS_KEY_MODE", Default: "0600", Group: GroupMeshagent,
@@ -420,6 +451,13 @@ var Registry = []Setting{
 		Name: "MESHAGENT_FILE_MOUNTED_CERTS_DIR", Flag: "file-mounted-certs-dir", Default: "./etc/certs", Group: GroupPaths,
 		Doc:   "Directory of file-mounted certificates (cert-chain.pem, key.pem, root-cert.pem) served when FILE_MOUNTED_CERTS=true.",
 		Value: Path(func(c *Config) *string { return &c.FileMountedCertsDir }),
+	},
+	{
+		Name: "MESHAGENT_CREDENTIAL_UDS_SOCKET", Default: "./var/run/secrets/credential-uds/socket", Group: GroupPaths,
+		Doc: "Where pilot-agent looks for an external SDS server's socket (credential-uds) and, when one is there, points Envoy's bootstrap at it for credentialName secrets. " +
+			"meshagent writes no Envoy bootstrap and neither serves nor proxies that socket: when a socket is found there at start-up, the agent says so, and Envoy's bootstrap must name it itself.",
+		Value:  Path(func(c *Config) *string { return &c.CredentialUDSSocket }),
+		Unused: credentialUDSUnused,
 	},
 	{
 		Name: "MESHAGENT_TOKEN_PATH", Flag: "token-path", Group: GroupPaths,
