@@ -18,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/kubeenv"
+	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
 var workload = istioca.ServiceAccount{Namespace: "app", Name: "web"}
@@ -113,9 +114,9 @@ func signer(ns string) string { return "meshagent.io/" + ns }
 
 // A root rotation through each cluster source, with the agent binary: the
 // new root is published beside the old one, reaches every place, the CA
-// moves to it (a new serving certificate too, verified on a new
-// connection), and then the old root is removed from the source and the
-// root file. A peer that also moves to the new root is handshaken with
+// and the control plane move to it (new serving certificates, verified on
+// new connections by the CA client and the xDS proxy), and then the old
+// root is removed from the source and the root file. A peer that also moves to the new root is handshaken with
 // every 100 ms, verified with each place's roots and presenting the
 // workload certificate: not one handshake fails.
 func TestRootRotation(t *testing.T) {
@@ -143,8 +144,10 @@ func rotate(t *testing.T, src source) {
 	}
 	src.publish(t, env, ns, a)
 	out := filepath.Join(dir, "out")
+	xds := xdsserver.Start(t, xdsserver.Config{CA: a.ca, ServerNames: []string{istioca.DefaultServerName}})
 	p := agentproc.Start(t, dir,
-		"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_XDS_PROXY=false", "MESHAGENT_LOG_LEVEL=debug",
+		"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_LOG_LEVEL=debug",
+		`PROXY_CONFIG={"discoveryAddress":"`+xds.Addr()+`"}`,
 		"CA_ADDR="+ca.Addr(), "ISTIOD_SAN="+istioca.DefaultServerName, "CA_ROOT_CA="+rootFile,
 		"POD_NAMESPACE="+workload.Namespace, "SERVICE_ACCOUNT="+workload.Name, "POD_NAME=web-0",
 		"MESHAGENT_TOKEN_PATH="+filepath.Join(dir, "istio-token"),
@@ -155,6 +158,9 @@ func rotate(t *testing.T, src source) {
 	pl := openPlaces(t, p, out)
 	pl.waitRoots(t, "root-a")
 	pl.waitIssuer(t, "root-a", 30*time.Second)
+
+	openADS(t, filepath.Join(dir, "etc/istio/proxy/XDS"))
+	waitUpstream(t, xds, 1, "under the old root")
 
 	peer := startPeer(t, pl, serving(t, a, peerName))
 	hs := startHandshakes(pl, peer.lis.Addr().String())
@@ -169,11 +175,18 @@ func rotate(t *testing.T, src source) {
 	ca.SetServingCert(serving(t, b, istioca.DefaultServerName))
 	ca.Restart(t)
 	pl.waitIssuer(t, "root-b", 30*time.Second)
+	// The control plane too, on the same address: the proxy reconnects.
+	xds.Stop()
+	xds = xdsserver.Start(t, xdsserver.Config{CA: b.ca, ServerNames: []string{istioca.DefaultServerName}, Addr: xds.Addr()})
+	waitUpstream(t, xds, 1, "under the new root, with both roots trusted")
 	// 3. The old root leaves the source and the root file.
 	src.publish(t, env, ns, b)
 	write(t, rootFile, b.ca.RootPEM())
 	pl.waitRoots(t, "root-b")
-	// The CA is still trusted with the new root alone.
+	// The CA and the control plane are still trusted with the new root
+	// alone, on new connections.
+	xds.Restart(t)
+	waitUpstream(t, xds, 2, "with the new root alone")
 	ca.Restart(t)
 	seen := pl.workloadCert().Leaf
 	if seen == nil {
