@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -134,4 +135,13 @@ func (a *agent) reloadHook() (outputcerts.Reloader, error) {
 var signals = map[string]syscall.Signal{
 	"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2, "SIGINT": syscall.SIGINT,
 	"SIGTERM": syscall.SIGTERM, "SIGQUIT": syscall.SIGQUIT, "SIGWINCH": syscall.SIGWINCH,
+}
+
+// bundleMapTrustDomain is the trust domain of OUTPUT_CERTS' SPIFFE trust
+// bundle map (MESHAGENT_SPIFFE_BUNDLE_MAP); "" for none.
+func (a *agent) bundleMapTrustDomain() string {
+	if !a.cfg.SPIFFEBundleMap || a.cfg.CAProvider == settings.ProviderLinkerd {
+		return ""
+	}
+	return a.cfg.TrustDomain
 }

@@ -411,7 +411,7 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 		if err != nil {
 			return nil, configError{err}
 		}
-		sync, err := outputcerts.NewSync(outputcerts.SyncConfig{Secrets: m, Writer: w, Hook: hook, Logger: a.base})
+		sync, err := outputcerts.NewSync(outputcerts.SyncConfig{Secrets: m, Writer: w, Hook: hook, TrustDomain: a.bundleMapTrustDomain(), Logger: a.base})
 		if err != nil {
 			return nil, err
 		}
@@ -492,11 +492,12 @@ func (a *agent) writeBootstrap(context.Context) error {
 		pod, _ = os.Hostname()
 	}
 	_, err := grpcbootstrap.WriteFile(c.GRPCXDSBootstrap, grpcbootstrap.Config{
-		XDSSocket:    c.XDSSocket,
-		NodeID:       grpcbootstrap.SidecarNodeID(c.InstanceIP, pod, ns, ""),
-		NodeMetadata: map[string]any{"CLUSTER_ID": c.ClusterID, "NAMESPACE": ns},
-		CertDir:      c.OutputCerts,
-		SecretTTL:    c.SecretTTL,
+		XDSSocket:       c.XDSSocket,
+		NodeID:          grpcbootstrap.SidecarNodeID(c.InstanceIP, pod, ns, ""),
+		NodeMetadata:    map[string]any{"CLUSTER_ID": c.ClusterID, "NAMESPACE": ns},
+		CertDir:         c.OutputCerts,
+		SPIFFEBundleMap: c.OutputCerts != "" && a.bundleMapTrustDomain() != "",
+		SecretTTL:       c.SecretTTL,
 	})
 	if err != nil {
 		return fmt.Errorf("writing the gRPC bootstrap: %w", err)

@@ -198,6 +198,9 @@ type Config struct {
 	ReloadPIDFile                 string
 	ReloadProcess                 string
 	ReloadSignal                  string
+	// SPIFFEBundleMap writes OUTPUT_CERTS' SPIFFE trust bundle map and names
+	// it in the gRPC bootstrap (MESHAGENT_SPIFFE_BUNDLE_MAP).
+	SPIFFEBundleMap bool
 	// The rest of pilot-agent's certificate and xDS-proxy settings
 	// (docs/configuration.md says what each does here).
 	PKCS8Key, XDSAuthPlaintext, ProxyConfigXDSAgent, MultiRootMesh bool

@@ -399,6 +399,13 @@ var Registry = []Setting{
 		Unused: outputCertsOnly,
 	},
 	{
+		Name: "MESHAGENT_SPIFFE_BUNDLE_MAP", Default: "true", Group: GroupMeshagent,
+		Doc: "Write the trust bundle as a SPIFFE trust bundle map (gRFC A87: {\"trust_domains\": {\"<TRUST_DOMAIN>\": <JWK set>}}) to OUTPUT_CERTS/spiffe-bundle-map.json, again at every root change, and name it as spiffe_trust_bundle_map_file in the gRPC bootstrap's file_watcher, " +
+			"so proxyless gRPC verifies peers per trust domain (grpc-go reads it with GRPC_EXPERIMENTAL_XDS_MTLS_SPIFFE=true, and then prefers it to root-cert.pem). Not for CA_PROVIDER=Linkerd, whose identities are not SPIFFE IDs.",
+		Value:  Bool(func(c *Config) *bool { return &c.SPIFFEBundleMap }),
+		Unused: outputCertsOnly,
+	},
+	{
 		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_COMMAND", Group: GroupMeshagent,
 		Doc: "Command run after every rotation or root change, once the OUTPUT_CERTS files are in place (as spiffe-helper's cmd): a program and its arguments separated by spaces, run without a shell, " +
 			"with OUTPUT_CERTS=<dir> and OUTPUT_CERTS_FILES=<the files replaced, comma-separated> in its environment; killed with its process group after MESHAGENT_OUTPUT_CERTS_RELOAD_TIMEOUT. A failure is logged; the next change runs it again. Empty: none.",

@@ -88,7 +88,7 @@ func TestDefaults(t *testing.T) {
 		TokenPath: "./var/run/secrets/tokens/istio-token", LogLevel: "info", InstanceIP: "127.0.0.1",
 		CredentialIdentityProvider: "istio-ca", TokenLifetime: time.Hour, TokenRefreshRatio: 0.8,
 		CRLFile: "./var/run/secrets/istio/crl/ca-crl.pem", OutputKeyMode: 0o600, OutputCertMode: 0o644,
-		ReloadTimeout: 10 * time.Second, ReloadSignal: "SIGHUP", CredentialUDSSocket: "./var/run/secrets/credential-uds/socket",
+		ReloadTimeout: 10 * time.Second, ReloadSignal: "SIGHUP", CredentialUDSSocket: "./var/run/secrets/credential-uds/socket", SPIFFEBundleMap: true,
 	}
 	c.rows, c.proxyStatusPort = nil, 0
 	if len(c.CAHeaders) != 0 || len(c.XDSHeaders) != 0 {

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -23,6 +24,9 @@ type SyncConfig struct {
 	Secrets Secrets
 	// Writer writes the files. Required.
 	Writer *Writer
+	// TrustDomain, when set, makes Sync write the roots as a SPIFFE trust
+	// bundle map for this trust domain too (BundleMapFile). Optional.
+	TrustDomain string
 	// Hook, when set, is fired after every write that replaced files (a
 	// rotation, a root change), once the files are in place. Optional.
 	Hook Reloader
@@ -43,6 +47,7 @@ type Sync struct {
 	secrets Secrets
 	w       *Writer
 	hook    Reloader
+	td      string
 	log     *zap.Logger
 }
 
@@ -54,7 +59,7 @@ func NewSync(cfg SyncConfig) (*Sync, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Sync{secrets: cfg.Secrets, w: cfg.Writer, hook: cfg.Hook, log: cfg.Logger.Named("outputcerts").With(zap.String(keyDir, cfg.Writer.Dir()))}, nil
+	return &Sync{secrets: cfg.Secrets, w: cfg.Writer, hook: cfg.Hook, td: cfg.TrustDomain, log: cfg.Logger.Named("outputcerts").With(zap.String(keyDir, cfg.Writer.Dir()))}, nil
 }
 
 // Run writes the files now and after every change until ctx ends, then
@@ -89,6 +94,9 @@ func (s *Sync) write(ctx context.Context) {
 	}
 	if root, err := s.secrets.Secret(now, secretmanager.RootCertName); err == nil {
 		f.Root = root.Roots
+		if s.td != "" {
+			f.BundleMap = s.bundleMap(root.Roots)
+		}
 	}
 	if f.CertChain == nil && f.Root == nil {
 		return
@@ -102,4 +110,18 @@ func (s *Sync) write(ctx context.Context) {
 	if err == nil && len(written) > 0 && s.hook != nil {
 		_ = s.hook.Fire(ctx, s.w.Dir(), written) // logged by the hook
 	}
+}
+
+// bundleMap is roots as a SPIFFE trust bundle map of the trust domain; nil
+// (the file is left as it is) when they cannot be written as one.
+func (s *Sync) bundleMap(roots []byte) []byte {
+	certs, err := pki.ParseCertificates(roots)
+	if err == nil {
+		var m []byte
+		if m, err = BundleMap(s.td, certs); err == nil {
+			return m
+		}
+	}
+	s.log.Warn("SPIFFE bundle map not written", zap.Error(err))
+	return nil
 }

@@ -71,6 +71,9 @@ type Files struct {
 	Key []byte
 	// Root is the PEM trust bundle.
 	Root []byte
+	// BundleMap is the SPIFFE trust bundle map (BundleMapFile), nil for
+	// none.
+	BundleMap []byte
 }
 
 // Writer writes the output files.
@@ -263,7 +266,7 @@ func (w *Writer) files(f Files) []outFile {
 		}
 		out = append(out, outFile{w.bundle, b, w.keyMode})
 	}
-	return append(out, outFile{RootCertFile, f.Root, w.certMode})
+	return append(out, outFile{RootCertFile, f.Root, w.certMode}, outFile{BundleMapFile, f.BundleMap, w.certMode})
 }
 
 // LookupGroup returns the gid of group, a group name or a numeric gid; -1
