@@ -311,15 +311,6 @@ func (s *Server) SetServingCert(c tls.Certificate) {
 	s.serving = c
 }
 
-// SetIssuer makes ca sign the certificates issued from now on, as a CA
-// that moves to a new root does; the serving certificate stays
-// (SetServingCert changes it) and so do RootPEM, Roots and CA.
-func (s *Server) SetIssuer(ca *localca.CA) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.issuer = ca
-}
-
 // AddToken makes tok authenticate as sa.
 func (s *Server) AddToken(tok string, sa ServiceAccount) {
 	s.mu.Lock()
@@ -588,12 +579,7 @@ func (s *Server) issue(mode Mode, csr *x509.CertificateRequest, id pki.Identity,
 		notAfter = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 	}
 	leaf := localca.Leaf{PublicKey: csr.PublicKey, Identity: id, NotBefore: now.Add(-time.Minute), NotAfter: notAfter}
-	s.mu.Lock()
-	ca := s.ca
-	if s.issuer != nil {
-		ca = s.issuer
-	}
-	s.mu.Unlock()
+	ca := s.issuing()
 	switch mode {
 	case ModeWrongSAN:
 		leaf.Identity = pki.SPIFFEIdentity(s.cfg.TrustDomain, "wrong-namespace", "wrong-sa")
