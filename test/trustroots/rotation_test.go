@@ -12,6 +12,7 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/localca"
@@ -138,8 +139,10 @@ func rotate(t *testing.T, src source) {
 	rootFile := filepath.Join(dir, "root-cert.pem")
 	write(t, rootFile, a.ca.RootPEM())
 	write(t, filepath.Join(dir, "istio-token"), []byte(workloadToken))
+	// The agent acts as a service account with only the RBAC docs/trust.md
+	// names.
 	kc := filepath.Join(dir, "kubeconfig")
-	if err := env.Kubeconfig(kc, env.AdminToken()); err != nil {
+	if err := env.Kubeconfig(kc, agentToken(t, env, ns)); err != nil {
 		t.Fatal(err)
 	}
 	src.publish(t, env, ns, a)
@@ -243,3 +246,48 @@ func write(t *testing.T, path string, data []byte) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// agentToken makes the agent's service account in ns with the RBAC of
+// docs/trust.md (get, list and watch on the namespace's ConfigMaps; list and
+// watch on ClusterTrustBundles) and returns a token of it.
+func agentToken(t *testing.T, env *kubeenv.Env, ns string) string {
+	t.Helper()
+	ctx := context.Background()
+	c := env.Client()
+	if _, err := env.CreateServiceAccount(ctx, ns, "meshagent"); err != nil {
+		t.Fatal(err)
+	}
+	subjects := []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: "meshagent"}}
+	if _, err := c.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "meshagent-trust"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "meshagent-trust"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "meshagent-trust"},
+		Subjects:   subjects,
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	name := "meshagent-trust-" + ns
+	if _, err := c.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"clustertrustbundles"}, Verbs: []string{"list", "watch"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
+		Subjects:   subjects,
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := env.Token(ctx, ns, "meshagent", nil, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
