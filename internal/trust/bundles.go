@@ -114,8 +114,10 @@ func (s *ClusterTrustBundleSource) recompute() {
 	var (
 		good []byte
 		used []string
+		seen = make(map[string]bool, len(bundles))
 	)
 	for _, b := range bundles {
+		seen[b.Name] = true
 		if _, err := pki.ParseCertificates([]byte(b.Spec.TrustBundle)); err != nil {
 			if s.refused[b.Name] != b.ResourceVersion {
 				s.refused[b.Name] = b.ResourceVersion
@@ -127,6 +129,11 @@ func (s *ClusterTrustBundleSource) recompute() {
 		good = append(good, b.Spec.TrustBundle...)
 		good = append(good, '\n')
 		used = append(used, b.Name)
+	}
+	for name := range s.refused {
+		if !seen[name] {
+			delete(s.refused, name) // deleted while bad
+		}
 	}
 	if len(used) == 0 {
 		s.sink.Refuse(s.name, fmt.Errorf("no usable ClusterTrustBundle of the signer: %w", ErrMissing))

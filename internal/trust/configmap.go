@@ -98,11 +98,12 @@ func (s *ConfigMapSource) apply(obj any) {
 	if !ok {
 		return
 	}
-	data, ok := []byte(cm.Data[s.key]), cm.Data != nil && cm.Data[s.key] != ""
-	if !ok {
-		data, ok = cm.BinaryData[s.key]
-	}
-	if !ok {
+	var data []byte
+	if text, ok := cm.Data[s.key]; ok {
+		data = []byte(text)
+	} else if bin, ok := cm.BinaryData[s.key]; ok {
+		data = bin
+	} else {
 		s.refuse(fmt.Errorf("the ConfigMap has no key %q: %w", s.key, ErrMissing))
 		return
 	}

@@ -21,6 +21,12 @@
 // counted in meshagent_trust_source_refusals_total, and its last good
 // roots stay in the merge; the other sources keep serving.
 //
+// CRLFeed follows the CRL file (pilot-agent's
+// ./var/run/secrets/istio/crl/ca-crl.pem) into the same roots, which serve
+// it in ROOTCA's validation context; a file that does not parse is refused
+// and the last good CRL stays; no file means no CRL. ParseCRL is strict
+// (fuzzed).
+//
 // It does not decide which sources run (cmd/agent does, from the
 // settings), and it reads no file itself. Kubernetes objects are read
 // through Kube, which, like internal/kubeclient, decodes the few fields it
