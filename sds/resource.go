@@ -21,13 +21,14 @@ const (
 	tlsCertificateChain     protowire.Number = 1 // TlsCertificate.certificate_chain
 	tlsPrivateKey           protowire.Number = 2 // TlsCertificate.private_key
 	validationTrustedCA     protowire.Number = 1 // CertificateValidationContext.trusted_ca
+	validationCRL           protowire.Number = 7 // CertificateValidationContext.crl
 	dataSourceInlineBytes   protowire.Number = 2 // DataSource.inline_bytes
 )
 
 // encodeSecret returns, in wire form, the Envoy Secret resource named name
 // holding s: a TlsCertificate (chain and PKCS#8 key, inline bytes) for a
-// certificate, a ValidationContext (trusted CA, inline bytes) for a trust
-// bundle. The bytes are those protobuf's deterministic encoding gives the
+// certificate, a ValidationContext (trusted CA and, when there is one, the
+// CRL, inline bytes) for a trust bundle. The bytes are those protobuf's deterministic encoding gives the
 // same message (TestEncodeSecretIsProtobufs); writing them directly spares
 // building the message and, at start-up, protobuf's reflective set-up of
 // these types on the way to the first certificate.
@@ -35,6 +36,9 @@ func encodeSecret(name string, s *secretmanager.Secret) []byte {
 	var body []byte
 	if s.IsRoot() {
 		body = appendField(nil, validationTrustedCA, inlineBytes(s.Roots))
+		if len(s.CRL) > 0 {
+			body = appendField(body, validationCRL, inlineBytes(s.CRL))
+		}
 		return appendField(appendName(name), secretValidationContext, body)
 	}
 	body = appendField(nil, tlsCertificateChain, inlineBytes(s.CertChain))

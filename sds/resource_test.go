@@ -20,12 +20,11 @@ func toProto(name string, s *secretmanager.Secret) *tlsv3.Secret {
 		return &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: b}}
 	}
 	if s.IsRoot() {
-		return &tlsv3.Secret{
-			Name: name,
-			Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
-				TrustedCa: inline(s.Roots),
-			}},
+		vc := &tlsv3.CertificateValidationContext{TrustedCa: inline(s.Roots)}
+		if len(s.CRL) > 0 {
+			vc.Crl = inline(s.CRL)
 		}
+		return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_ValidationContext{ValidationContext: vc}}
 	}
 	return &tlsv3.Secret{
 		Name: name,
@@ -48,6 +47,7 @@ func TestEncodeSecretIsProtobufs(t *testing.T) {
 	secrets := map[string]*secretmanager.Secret{
 		"default":                       {Name: "default", CertChain: []byte("chain PEM"), PrivateKey: []byte("key PEM")},
 		"ROOTCA":                        {Name: "ROOTCA", Roots: []byte("roots PEM")},
+		"ROOTCA with a CRL":             {Name: "ROOTCA", Roots: []byte("roots PEM"), CRL: []byte("crl PEM")},
 		"":                              {CertChain: []byte("c"), PrivateKey: []byte("k")},
 		"empty key":                     {Name: "x", CertChain: []byte("c")},
 		"file-root:/etc/certs/root.pem": {Name: "file-root:/etc/certs/root.pem", Roots: bytes.Repeat([]byte("r"), 300)},

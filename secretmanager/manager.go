@@ -264,6 +264,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m.version++
 	m.roots = RootSecret(RootCertName, b, source)
+	m.roots.CRL = cfg.Roots.CRL()
 	m.roots.Version = m.version
 	if !cfg.Identity.IsZero() || cfg.CA == nil {
 		// Without a CA the own entry holds whatever Publish brings, whose

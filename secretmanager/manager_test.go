@@ -572,6 +572,34 @@ func TestRootChange(t *testing.T) {
 	checkWorkloadSecret(t, second, next.Pool(), e.clock.Now())
 }
 
+// A CRL set on the roots is pushed in ROOTCA with the same bundle, and a
+// later root change keeps it.
+func TestRootCRLChange(t *testing.T) {
+	e := newEnv(t, nil)
+	rootCh, cancelRoot := e.m.Watch(context.Background(), RootCertName)
+	defer cancelRoot()
+	e.start()
+	old := e.secret(RootCertName)
+	if old.CRL != nil {
+		t.Fatalf("ROOTCA has a CRL before one was set: %q", old.CRL)
+	}
+	e.roots.SetCRL([]byte("crl PEM"))
+	waitSignal(t, rootCh, "ROOTCA after the CRL was set")
+	r := e.secret(RootCertName)
+	if r.Version <= old.Version || string(r.CRL) != "crl PEM" || !r.Bundle.Equal(old.Bundle) {
+		t.Fatalf("ROOTCA after SetCRL: version %d (was %d), CRL %q", r.Version, old.Version, r.CRL)
+	}
+	next := newCA(t, localca.Config{Name: "next", Now: e.clock.Now})
+	both := append(append([]byte{}, e.ca.ca.RootPEM()...), next.RootPEM()...)
+	if err := e.roots.Set(both, "test"); err != nil {
+		t.Fatal(err)
+	}
+	waitSignal(t, rootCh, "ROOTCA after a root was added")
+	if r := e.secret(RootCertName); string(r.CRL) != "crl PEM" || len(r.Bundle.Certs()) != 2 {
+		t.Fatalf("ROOTCA after a root change: %d roots, CRL %q", len(r.Bundle.Certs()), r.CRL)
+	}
+}
+
 func issuePair(t *testing.T, ca *localca.CA, id pki.Identity, nb, na time.Time) (chainPEM, keyPEM []byte) {
 	t.Helper()
 	key, err := pki.GenerateKey(pki.ECP256)

@@ -71,11 +71,13 @@ func (m *Manager) announce() {
 // whether it did. It touches no certificate.
 func (m *Manager) refreshRoots() bool {
 	b, source := m.cfg.Roots.Bundle()
+	crl := m.cfg.Roots.CRL()
 	pub := m.publish(func() (*Secret, notify.Set, bool) {
-		if b == nil || b.Equal(m.roots.Bundle) {
+		if b == nil || (b.Equal(m.roots.Bundle) && bytes.Equal(crl, m.roots.CRL)) {
 			return nil, nil, false
 		}
 		m.roots = RootSecret(RootCertName, b, source)
+		m.roots.CRL = crl
 		return m.roots, m.rootSubs, true
 	})
 	if pub == nil {

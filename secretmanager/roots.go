@@ -1,6 +1,7 @@
 package secretmanager
 
 import (
+	"bytes"
 	"crypto/x509"
 	"sync"
 
@@ -13,6 +14,9 @@ type RootSource interface {
 	// Bundle returns the current bundle (never nil) and where it came from
 	// (a file path, "dev-ca", ...).
 	Bundle() (b *pki.Bundle, source string)
+	// CRL returns the PEM certificate revocation lists served with the
+	// bundle in ROOTCA; nil for none.
+	CRL() []byte
 	// Watch returns a channel that receives a value after each change (signals
 	// merge) and a function that ends the subscription.
 	Watch() (<-chan struct{}, func())
@@ -25,6 +29,7 @@ type Roots struct {
 	mu     sync.Mutex
 	b      *pki.Bundle
 	source string
+	crl    []byte
 	hub    hub
 }
 
@@ -69,6 +74,28 @@ func (r *Roots) SetBundle(b *pki.Bundle, source string) {
 	if !same {
 		r.hub.notify()
 	}
+}
+
+// SetCRL replaces the revocation lists served with the bundle (PEM, as
+// checked by the caller; nil: none). They are kept apart from the bundle,
+// so a new bundle keeps them. Setting the same bytes again signals nothing.
+func (r *Roots) SetCRL(crl []byte) {
+	r.mu.Lock()
+	same := bytes.Equal(r.crl, crl)
+	if !same {
+		r.crl = crl
+	}
+	r.mu.Unlock()
+	if !same {
+		r.hub.notify()
+	}
+}
+
+// CRL returns the revocation lists set by SetCRL; nil for none.
+func (r *Roots) CRL() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.crl
 }
 
 // Bundle returns the current bundle and its source.

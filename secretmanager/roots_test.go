@@ -61,3 +61,35 @@ func TestRootsSetSignalsOnlyOnChange(t *testing.T) {
 		t.Fatalf("Roots() pool does not verify a leaf of the new root: %v", err)
 	}
 }
+
+func TestRootsSetCRLKeepsItAcrossRootChanges(t *testing.T) {
+	a, b := newCA(t, localca.Config{}).RootPEM(), newCA(t, localca.Config{}).RootPEM()
+	r, err := NewRoots(a, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, stop := r.Watch()
+	defer stop()
+	r.SetCRL([]byte("crl"))
+	select {
+	case <-ch:
+	default:
+		t.Fatal("SetCRL did not signal")
+	}
+	r.SetCRL([]byte("crl"))
+	select {
+	case <-ch:
+		t.Fatal("the same CRL signalled")
+	default:
+	}
+	if err := r.Set(b, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if got, source := r.Bundle(); string(r.CRL()) != "crl" || source != "b" || !bytes.Equal(got.PEM(), b) {
+		t.Errorf("after Set: CRL %q source %q", r.CRL(), source)
+	}
+	r.SetCRL(nil)
+	if _, source := r.Bundle(); r.CRL() != nil || source != "b" {
+		t.Errorf("after SetCRL(nil): CRL %q source %q", r.CRL(), source)
+	}
+}

@@ -40,6 +40,8 @@ type Secret struct {
 	// Bundle is the parsed trust bundle of which Roots is the PEM; set
 	// with it (RootSecret).
 	Bundle *pki.Bundle
+	// CRL is the PEM revocation lists served with ROOTCA; nil for none.
+	CRL []byte
 	// Leaf is the parsed leaf of CertChain; nil for a root secret.
 	Leaf *x509.Certificate
 	// NotAfter is the leaf's expiry (for roots, the earliest root expiry).

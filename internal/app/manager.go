@@ -187,7 +187,10 @@ func (a *App) caSource() (certSource, error) {
 	if err != nil {
 		return certSource{}, err
 	}
-	roots := rootFeed.Roots()
+	roots, trustCs, err := a.trustRoots(rootFeed.Roots())
+	if err != nil {
+		return certSource{}, err
+	}
 	client, err := a.caClient(roots)
 	if err != nil {
 		return certSource{}, err
@@ -203,6 +206,7 @@ func (a *App) caSource() (certSource, error) {
 		return certSource{}, err
 	}
 	cs = append(cs, component{name: "ca_root_watcher", run: rootFeed.Run})
+	cs = append(cs, trustCs...)
 	return certSource{manager: m, caRoots: roots, components: cs, podCA: client, podRoots: roots}, nil
 }
 
@@ -231,10 +235,15 @@ func (a *App) fileSource(dir, source string) (certSource, error) {
 	if err != nil {
 		return certSource{}, err
 	}
-	m, cs, err := a.newManager(a.managerConfig(pki.Identity{}, rootFeed.Roots(), source), nil)
+	roots, trustCs, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {
 		return certSource{}, err
 	}
+	m, cs, err := a.newManager(a.managerConfig(pki.Identity{}, roots, source), nil)
+	if err != nil {
+		return certSource{}, err
+	}
+	cs = append(cs, trustCs...)
 	pairFeed, err := certfile.NewPairFeed(certfile.PairFeedConfig{
 		CertPath: filepath.Join(dir, files.CertChainFile), KeyPath: filepath.Join(dir, files.KeyFile),
 		Label: source, Into: m, Source: a.fileConfig(),

@@ -107,11 +107,17 @@ func (a *App) sidecarOutputs(src certSource) ([]component, error) {
 		}
 	}
 	if src.manager != nil && c.OutputCerts != "" {
-		w, err := outputcerts.New(outputcerts.Config{Dir: c.OutputCerts, Logger: a.base, Registerer: a.reg})
+		w, err := outputcerts.New(a.outputCertsConfig())
 		if err != nil {
-			return nil, err
+			return nil, configError(err)
 		}
-		sync, err := outputcerts.NewSync(outputcerts.SyncConfig{Secrets: src.manager, Writer: w, Logger: a.base})
+		hook, err := a.reloadHook()
+		if err != nil {
+			return nil, configError(err)
+		}
+		sync, err := outputcerts.NewSync(outputcerts.SyncConfig{
+			Secrets: src.manager, Writer: w, Hook: hook, TrustDomain: a.bundleMapTrustDomain(), Logger: a.base,
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -193,11 +199,12 @@ func (a *App) writeBootstrap(context.Context) error {
 		pod, _ = os.Hostname()
 	}
 	_, err := grpcbootstrap.WriteFile(c.GRPCXDSBootstrap, grpcbootstrap.Config{
-		XDSSocket:    c.XDSSocket,
-		NodeID:       grpcbootstrap.SidecarNodeID(c.InstanceIP, pod, ns, ""),
-		NodeMetadata: map[string]any{"CLUSTER_ID": c.ClusterID, "NAMESPACE": ns},
-		CertDir:      c.OutputCerts,
-		SecretTTL:    c.SecretTTL,
+		XDSSocket:       c.XDSSocket,
+		NodeID:          grpcbootstrap.SidecarNodeID(c.InstanceIP, pod, ns, ""),
+		NodeMetadata:    map[string]any{"CLUSTER_ID": c.ClusterID, "NAMESPACE": ns},
+		CertDir:         c.OutputCerts,
+		SPIFFEBundleMap: c.OutputCerts != "" && a.bundleMapTrustDomain() != "",
+		SecretTTL:       c.SecretTTL,
 	})
 	if err != nil {
 		return fmt.Errorf("writing the gRPC bootstrap: %w", err)

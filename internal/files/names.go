@@ -14,4 +14,8 @@ const (
 	KeyFile = "key.pem"
 	// RootCertFile holds the trust bundle as PEM.
 	RootCertFile = "root-cert.pem"
+	// BundleMapFile is the SPIFFE trust bundle map (gRFC A87) written to the
+	// output directory beside the others; the gRPC bootstrap's file_watcher
+	// names it as spiffe_trust_bundle_map_file.
+	BundleMapFile = "spiffe-bundle-map.json"
 )

@@ -2,6 +2,7 @@ package settings
 
 import (
 	"fmt"
+	"io/fs"
 	"net"
 	"strconv"
 	"time"
@@ -189,6 +190,31 @@ type Config struct {
 	PodCertificateSigner string
 	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
 	WorkloadAPI bool
+
+	// Trust bundle sources merged with the root files (docs/trust.md).
+	// TrustConfigMap is the ConfigMap key read (MESHAGENT_TRUST_CONFIGMAP).
+	TrustConfigMap ConfigMapRef
+	// TrustBundleSigner names the signer whose ClusterTrustBundles are read
+	// (MESHAGENT_TRUST_BUNDLE_SIGNER).
+	TrustBundleSigner string
+	// CRLFile is the CRL served in ROOTCA; empty: none (MESHAGENT_CRL_FILE).
+	CRLFile string
+	// OUTPUT_CERTS files and reload hooks (MESHAGENT_OUTPUT_CERTS_*).
+	OutputKeyMode, OutputCertMode fs.FileMode
+	OutputGroup                   string
+	OutputBundleFile              string
+	ReloadCommand                 string
+	ReloadTimeout                 time.Duration
+	ReloadPIDFile                 string
+	ReloadProcess                 string
+	ReloadSignal                  string
+	// SPIFFEBundleMap writes OUTPUT_CERTS' SPIFFE trust bundle map and names
+	// it in the gRPC bootstrap (MESHAGENT_SPIFFE_BUNDLE_MAP).
+	SPIFFEBundleMap bool
+	// The rest of pilot-agent's certificate and xDS-proxy settings
+	// (docs/configuration.md says what each does here).
+	PKCS8Key, XDSAuthPlaintext, ProxyConfigXDSAgent, MultiRootMesh bool
+	XDSAuthProvider, CredentialUDSSocket                           string
 
 	scheme          pki.Scheme // of CA_PROVIDER, TRUST_DOMAIN and MESHAGENT_LINKERD_NAMESPACE
 	proxyStatusPort int        // statusPort from PROXY_CONFIG; 0 when not given

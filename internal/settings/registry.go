@@ -1,6 +1,7 @@
 package settings
 
 import (
+	"io/fs"
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
@@ -345,6 +346,124 @@ var Registry = []Setting{
 		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),
 	},
 
+	// Trust bundle sources beside the root files (docs/trust.md).
+	{
+		Name: "MESHAGENT_TRUST_CONFIGMAP", Group: GroupMeshagent,
+		Doc: "A ConfigMap key whose PEM roots are trusted beside the root files, followed through the API server (KUBECONFIG, else in-cluster; needs get, list and watch on configmaps of the namespace): " +
+			"<namespace>/<name>[/<key>], key default root-cert.pem, e.g. istio-system/istio-ca-root-cert (the copy istiod writes in every namespace) or linkerd/linkerd-identity-trust-roots/ca-bundle.crt. " +
+			"Its roots join the merged bundle (union with the files and the ClusterTrustBundles) that ROOTCA, the Workload API, OUTPUT_CERTS and the CA and xDS connections use; a change applies without a restart. " +
+			"A deleted ConfigMap, a missing key or a bundle that does not parse is refused and its last good roots stay. Empty: none.",
+		Value: ConfigMapKey(func(c *Config) *ConfigMapRef { return &c.TrustConfigMap }),
+	},
+	{
+		Name: "MESHAGENT_TRUST_BUNDLE_SIGNER", Group: GroupMeshagent,
+		Doc: "A signer name whose ClusterTrustBundles (certificates.k8s.io/v1, field spec.signerName) are trusted beside the root files, as Istio's ENABLE_CLUSTER_TRUST_BUNDLE_API publishes them; needs list and watch on clustertrustbundles. " +
+			"The union of the signer's bundles joins the merged bundle; a bundle that does not parse is refused alone, and when none is left the signer's last good roots stay. Empty: none.",
+		Value: SignerName(func(c *Config) *string { return &c.TrustBundleSigner }),
+	},
+	{
+		Name: "MESHAGENT_CRL_FILE", Default: "./var/run/secrets/istio/crl/ca-crl.pem", Group: GroupMeshagent,
+		Doc: "Certificate revocation lists (PEM X509 CRL blocks) served inline in ROOTCA's validation context (Envoy's crl), where pilot-agent reads istiod's istio-ca-crl ConfigMap. " +
+			"Watched: a change is pushed without a restart; a file that does not parse is refused and the last good CRL stays; no file means no CRL. " +
+			"Envoy then wants a CRL for every CA of a chain it checks (docs/trust.md). Empty: none.",
+		Value: Path(func(c *Config) *string { return &c.CRLFile }),
+	},
+
+	// The rest of pilot-agent's certificate and xDS-proxy half: honoured, or
+	// refused with one line.
+	{
+		Name: "PKCS8_KEY", Default: "false", Group: GroupIstio,
+		Doc:    "pilot-agent: write workload keys as PKCS#8. meshagent always does (PRIVATE KEY over SDS, the Workload API and in OUTPUT_CERTS), so true changes nothing; false set explicitly (pilot-agent's SEC 1 / PKCS#1 keys) is not available and is logged at start-up as having no effect.",
+		Value:  Bool(func(c *Config) *bool { return &c.PKCS8Key }),
+		Unused: pkcs8Unused,
+	},
+	{
+		Name: "XDS_AUTH_PROVIDER", Group: GroupIstio,
+		Doc:   "pilot-agent: a provider of the xDS connection's credentials (gcp). None is supported: the xDS proxy sends the bearer token of CREDENTIAL_FETCHER_TYPE (and the workload certificate); any value stops the agent at start-up.",
+		Value: NoneSupported(func(c *Config) *string { return &c.XDSAuthProvider }, "the xDS proxy authenticates with the token of CREDENTIAL_FETCHER_TYPE"),
+	},
+	{
+		Name: "XDS_AUTH_PLAINTEXT", Default: "false", Group: GroupIstio,
+		Doc:   "pilot-agent: send the token over a plaintext xDS connection (port 15010). Refused: a token goes over plaintext only to a loopback address; true stops the agent at start-up.",
+		Value: Refused(func(c *Config) *bool { return &c.XDSAuthPlaintext }, "the token is sent over plaintext only to a loopback address"),
+	},
+	{
+		Name: "PROXY_CONFIG_XDS_AGENT", Default: "false", Group: GroupIstio,
+		Doc:   "pilot-agent: take ProxyConfig (and with it the mesh's trust roots) from istiod over xDS. Not supported: true stops the agent at start-up; take the roots from MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER (docs/trust.md).",
+		Value: Refused(func(c *Config) *bool { return &c.ProxyConfigXDSAgent }, "ProxyConfig is not read over xDS; use MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER for the mesh roots"),
+	},
+	{
+		Name: "ISTIO_MULTIROOT_MESH", Default: "false", Group: GroupIstio,
+		Doc: "pilot-agent: trust several roots at once. meshagent always does: every root of every trust source is served and verified with, merged across sources (docs/trust.md). " +
+			"pilot-agent also takes the mesh's extra roots from the ProxyConfig over xDS, which meshagent does not read: with true and no MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER, the agent says so at start-up.",
+		Value:  Bool(func(c *Config) *bool { return &c.MultiRootMesh }),
+		Unused: multiRootUnused,
+	},
+
+	// OUTPUT_CERTS files and reload hooks (docs/vm.md).
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_KEY_MODE", Default: "0600", Group: GroupMeshagent,
+		Doc:    "Mode of OUTPUT_CERTS' key.pem and bundle file; 0640 or 0440 let MESHAGENT_OUTPUT_CERTS_GROUP read the key.",
+		Value:  FileMode(func(c *Config) *fs.FileMode { return &c.OutputKeyMode }, 0o600, 0o640, 0o400, 0o440),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_CERT_MODE", Default: "0644", Group: GroupMeshagent,
+		Doc:    "Mode of OUTPUT_CERTS' cert-chain.pem and root-cert.pem.",
+		Value:  FileMode(func(c *Config) *fs.FileMode { return &c.OutputCertMode }, certModes...),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_GROUP", Group: GroupMeshagent,
+		Doc:    "Group (name or numeric gid) given to every OUTPUT_CERTS file before it is renamed into place, so an application running as another user of that group can read them. Empty: the agent's group.",
+		Value:  String(func(c *Config) *string { return &c.OutputGroup }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_BUNDLE_FILE", Group: GroupMeshagent,
+		Doc:    "Name of an extra file in OUTPUT_CERTS holding the private key followed by the certificate chain, as Kubernetes podCertificate volumes write their credential bundle; replaced atomically with key.pem and cert-chain.pem, with the key's mode. Empty: none.",
+		Value:  FileName(func(c *Config) *string { return &c.OutputBundleFile }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_SPIFFE_BUNDLE_MAP", Default: "true", Group: GroupMeshagent,
+		Doc: "Write the trust bundle as a SPIFFE trust bundle map (gRFC A87: {\"trust_domains\": {\"<TRUST_DOMAIN>\": <JWK set>}}) to OUTPUT_CERTS/spiffe-bundle-map.json, again at every root change, and name it as spiffe_trust_bundle_map_file in the gRPC bootstrap's file_watcher, " +
+			"so proxyless gRPC verifies peers per trust domain (grpc-go reads it with GRPC_EXPERIMENTAL_XDS_MTLS_SPIFFE=true, and then prefers it to root-cert.pem). Not for CA_PROVIDER=Linkerd, whose identities are not SPIFFE IDs.",
+		Value:  Bool(func(c *Config) *bool { return &c.SPIFFEBundleMap }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_COMMAND", Group: GroupMeshagent,
+		Doc: "Command run after every rotation or root change, once the OUTPUT_CERTS files are in place (as spiffe-helper's cmd): a program and its arguments separated by spaces, run without a shell, " +
+			"with OUTPUT_CERTS=<dir> and OUTPUT_CERTS_FILES=<the files replaced, comma-separated> in its environment; killed with its process group after MESHAGENT_OUTPUT_CERTS_RELOAD_TIMEOUT. A failure is logged; the next change runs it again. Empty: none.",
+		Value:  String(func(c *Config) *string { return &c.ReloadCommand }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_TIMEOUT", Default: "10s", Group: GroupMeshagent,
+		Doc:    "How long MESHAGENT_OUTPUT_CERTS_RELOAD_COMMAND may run; the next write of the files waits for it at most this long.",
+		Value:  Duration(func(c *Config) *time.Duration { return &c.ReloadTimeout }, 100*time.Millisecond),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_PID_FILE", Group: GroupMeshagent,
+		Doc:    "File holding the pid of a process to send MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL after every rotation or root change, once the files are in place (as spiffe-helper's pid_file_name). Empty: none.",
+		Value:  Path(func(c *Config) *string { return &c.ReloadPIDFile }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_PROCESS", Group: GroupMeshagent,
+		Doc:    "Name of processes to send MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL after every rotation or root change: every process the agent sees in /proc (its pid namespace; a pod needs shareProcessNamespace) whose command name or first argument's base name is this. Empty: none.",
+		Value:  String(func(c *Config) *string { return &c.ReloadProcess }),
+		Unused: outputCertsOnly,
+	},
+	{
+		Name: "MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL", Default: "SIGHUP", Group: GroupMeshagent,
+		Doc:    "Signal sent to MESHAGENT_OUTPUT_CERTS_RELOAD_PID_FILE's and MESHAGENT_OUTPUT_CERTS_RELOAD_PROCESS's processes.",
+		Value:  Enum(func(c *Config) *string { return &c.ReloadSignal }, "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGTERM", "SIGQUIT", "SIGWINCH"),
+		Unused: outputCertsOnly,
+	},
+
 	// Paths, relative to the working directory as in pilot-agent.
 	{
 		Name: "MESHAGENT_SDS_SOCKET", Flag: "sds-socket", Group: GroupPaths,
@@ -366,6 +485,13 @@ var Registry = []Setting{
 		Name: "MESHAGENT_FILE_MOUNTED_CERTS_DIR", Flag: "file-mounted-certs-dir", Default: "./etc/certs", Group: GroupPaths,
 		Doc:   "Directory of file-mounted certificates (cert-chain.pem, key.pem, root-cert.pem) served when FILE_MOUNTED_CERTS=true.",
 		Value: Path(func(c *Config) *string { return &c.FileMountedCertsDir }),
+	},
+	{
+		Name: "MESHAGENT_CREDENTIAL_UDS_SOCKET", Default: "./var/run/secrets/credential-uds/socket", Group: GroupPaths,
+		Doc: "Where pilot-agent looks for an external SDS server's socket (credential-uds) and, when one is there, points Envoy's bootstrap at it for credentialName secrets. " +
+			"meshagent writes no Envoy bootstrap and neither serves nor proxies that socket: when a socket is found there at start-up, the agent says so, and Envoy's bootstrap must name it itself.",
+		Value:  Path(func(c *Config) *string { return &c.CredentialUDSSocket }),
+		Unused: credentialUDSUnused,
 	},
 	{
 		Name: "MESHAGENT_TOKEN_PATH", Flag: "token-path", Group: GroupPaths,

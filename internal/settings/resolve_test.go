@@ -87,6 +87,8 @@ func TestDefaults(t *testing.T) {
 		WorkloadCredentialsDir: "./var/run/secrets/workload-spiffe-credentials", FileMountedCertsDir: "./etc/certs",
 		TokenPath: "./var/run/secrets/tokens/istio-token", LogLevel: "info", InstanceIP: "127.0.0.1",
 		CredentialIdentityProvider: "istio-ca", TokenLifetime: time.Hour, TokenRefreshRatio: 0.8,
+		CRLFile: "./var/run/secrets/istio/crl/ca-crl.pem", OutputKeyMode: 0o600, OutputCertMode: 0o644,
+		ReloadTimeout: 10 * time.Second, ReloadSignal: "SIGHUP", CredentialUDSSocket: "./var/run/secrets/credential-uds/socket", SPIFFEBundleMap: true,
 	}
 	if want, _ := pki.IstioScheme("cluster.local"); c.Scheme() != want {
 		t.Errorf("scheme %v, want %v", c.Scheme(), want)

@@ -158,6 +158,7 @@ type Server struct {
 	podMisses   int      // node authorizer look-ups its pod cache lacked at first
 	podReads    int      // of those, the ones read from the API server
 	foreign     *localca.CA
+	issuer      *localca.CA // signs issued certificates when set (SetIssuer); else ca
 
 	pods *podCache // with Config.Kube; set by Start before serving
 }
@@ -595,7 +596,7 @@ func (s *Server) issue(mode Mode, csr *x509.CertificateRequest, id pki.Identity,
 		notAfter = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 	}
 	leaf := localca.Leaf{PublicKey: csr.PublicKey, Identity: id, NotBefore: now.Add(-time.Minute), NotAfter: notAfter}
-	ca := s.ca
+	ca := s.issuing()
 	switch mode {
 	case ModeWrongSAN:
 		leaf.Identity = pki.SPIFFEIdentity(s.cfg.TrustDomain, "wrong-namespace", "wrong-sa")

@@ -59,6 +59,15 @@ func Prepare(path string, data []byte, perm fs.FileMode) (_ *Pending, err error)
 	return &Pending{path: path, tmp: tmp}, nil
 }
 
+// SetGroup gives the temporary file the group gid, before Commit puts it in
+// place, so that the file never appears with another group.
+func (p *Pending) SetGroup(gid int) error {
+	if err := os.Lchown(p.tmp, -1, gid); err != nil {
+		return fmt.Errorf("setting the group of %s: %w", p.path, err)
+	}
+	return nil
+}
+
 // Commit renames the temporary file over the target. The caller syncs the
 // directory (SyncDir) once after its last Commit.
 func (p *Pending) Commit() error {

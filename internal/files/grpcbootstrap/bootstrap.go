@@ -64,6 +64,10 @@ type Config struct {
 	// provider (the application can then only use plaintext). A relative
 	// path is resolved against WorkDir.
 	CertDir string
+	// SPIFFEBundleMap names the SPIFFE trust bundle map in CertDir
+	// (files.BundleMapFile) as the file_watcher's
+	// spiffe_trust_bundle_map_file (gRFC A87).
+	SPIFFEBundleMap bool
 	// SecretTTL is the certificate lifetime the refresh interval is derived
 	// from. Zero means 24h (SECRET_TTL's default).
 	SecretTTL time.Duration
@@ -105,6 +109,9 @@ type fileWatcherConfig struct {
 	PrivateKeyFile    string `json:"private_key_file"`
 	CACertificateFile string `json:"ca_certificate_file"`
 	RefreshInterval   string `json:"refresh_interval"`
+	// SPIFFETrustBundleMapFile is gRFC A87's per-trust-domain roots; gRPC
+	// prefers it to CACertificateFile when its SPIFFE support is on.
+	SPIFFETrustBundleMapFile string `json:"spiffe_trust_bundle_map_file,omitempty"`
 }
 
 // SidecarNodeID returns Istio's node ID for a workload:
@@ -187,6 +194,9 @@ func Generate(cfg Config) ([]byte, error) {
 			PrivateKeyFile:    filepath.Join(dir, files.KeyFile),
 			CACertificateFile: filepath.Join(dir, files.RootCertFile),
 			RefreshInterval:   fmt.Sprintf("%ds", int64(RefreshInterval(cfg.SecretTTL)/time.Second)),
+		}
+		if cfg.SPIFFEBundleMap {
+			fw.SPIFFETrustBundleMapFile = filepath.Join(dir, files.BundleMapFile)
 		}
 		b.CertificateProviders = map[string]certProvider{
 			CertProviderInstance: {PluginName: FileWatcherPlugin, Config: fw},

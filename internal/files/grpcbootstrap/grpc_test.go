@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/tls/certprovider/pemfile"
 	"google.golang.org/grpc/xds"
 
+	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
@@ -208,5 +210,55 @@ func TestFileWatcherReadsOutputCerts(t *testing.T) {
 			t.Fatal("gRPC's file_watcher did not pick up the rotated certificate")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// With SPIFFEBundleMap, gRPC's own file_watcher reads the SPIFFE trust
+// bundle map the agent writes beside the other files (gRFC A87) and hands
+// out its roots per trust domain. gRPC reads the map only with
+// GRPC_EXPERIMENTAL_XDS_MTLS_SPIFFE=true, looked at when it starts: the
+// test runs again in a process of its own with it set.
+func TestSPIFFEBundleMapReadByGRPC(t *testing.T) {
+	const gate = "GRPC_EXPERIMENTAL_XDS_MTLS_SPIFFE"
+	if os.Getenv(gate) != "true" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestSPIFFEBundleMapReadByGRPC$", "-test.v")
+		cmd.Env = append(os.Environ(), gate+"=true")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !bytes.Contains(out, []byte("--- PASS: TestSPIFFEBundleMapReadByGRPC")) {
+			t.Fatalf("with %s=true: %v\n%s", gate, err, out)
+		}
+		return
+	}
+	ca, err := localca.New(localca.Config{Intermediate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	writeOutputCerts(t, ca, dir, time.Hour)
+	bm, err := outputcerts.BundleMap("cluster.local", []*x509.Certificate{ca.Root()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := outputcerts.New(outputcerts.Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(outputcerts.Files{BundleMap: bm}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := Generate(Config{XDSSocket: "/x/XDS", NodeID: "n", CertDir: dir, SPIFFEBundleMap: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(data, []byte(`"spiffe_trust_bundle_map_file": "`+filepath.Join(dir, files.BundleMapFile)+`"`)) {
+		t.Fatalf("no spiffe_trust_bundle_map_file in\n%s", data)
+	}
+	km := keyMaterial(t, buildProvider(t, data))
+	b, ok := km.SPIFFEBundleMap["cluster.local"]
+	if !ok {
+		t.Fatalf("gRPC read no bundle for cluster.local: %v", km.SPIFFEBundleMap)
+	}
+	if got := b.X509Authorities(); len(got) != 1 || !got[0].Equal(ca.Root()) {
+		t.Errorf("gRPC's roots for cluster.local: %v", got)
 	}
 }

@@ -13,6 +13,18 @@
 // pair matches and read again if not (Load does; gRPC's file_watcher keeps
 // its old material and retries).
 //
+// Options of the Writer: file modes and an owning group (set on the
+// temporary file, before the rename), and a single-file bundle of the key
+// followed by the chain (as Kubernetes' podCertificate volumes write it),
+// replaced with the pair. With a trust domain, Sync also writes the roots as
+// a SPIFFE trust bundle map (files.BundleMapFile, gRFC A87).
+//
+// Hook tells an application that files changed, as spiffe-helper's reload
+// hooks do: a command (no shell, in a process group of its own, killed after
+// its timeout), a signal to a pid file's process or to processes found by
+// name in /proc. Sync fires it once per write that replaced files, after
+// the last rename and the directory sync, on its own goroutine.
+//
 // Sync decides when to write: it subscribes to the agent's secret source
 // (the workload certificate "default" and the trust bundle "ROOTCA") and
 // hands what is held to the Writer at start and after every change signal.

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -23,8 +24,19 @@ type SyncConfig struct {
 	Secrets Secrets
 	// Writer writes the files. Required.
 	Writer *Writer
+	// TrustDomain, when set, makes Sync write the roots as a SPIFFE trust
+	// bundle map for this trust domain too (files.BundleMapFile). Optional.
+	TrustDomain string
+	// Hook, when set, is fired after every write that replaced files (a
+	// rotation, a root change), once the files are in place. Optional.
+	Hook Reloader
 	// Logger is narrowed with .Named("outputcerts"). Nil means zap.NewNop().
 	Logger *zap.Logger
+}
+
+// Reloader tells an application that files were replaced (*Hook).
+type Reloader interface {
+	Fire(ctx context.Context, dir string, written []string) error
 }
 
 // Sync keeps the OUTPUT_CERTS directory equal to the agent's current
@@ -34,6 +46,8 @@ type SyncConfig struct {
 type Sync struct {
 	secrets Secrets
 	w       *Writer
+	hook    Reloader
+	td      string
 	log     *zap.Logger
 }
 
@@ -45,13 +59,15 @@ func NewSync(cfg SyncConfig) (*Sync, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Sync{secrets: cfg.Secrets, w: cfg.Writer, log: cfg.Logger.Named("outputcerts").With(zap.String(keyDir, cfg.Writer.Dir()))}, nil
+	return &Sync{secrets: cfg.Secrets, w: cfg.Writer, hook: cfg.Hook, td: cfg.TrustDomain, log: cfg.Logger.Named("outputcerts").With(zap.String(keyDir, cfg.Writer.Dir()))}, nil
 }
 
 // Run writes the files now and after every change until ctx ends, then
 // returns nil. A failed write is logged (and counted by the Writer); the
 // next change tries again. While no workload certificate is held, only the
-// roots are written.
+// roots are written. The hook, if any, runs on Run's goroutine after each
+// write that replaced files; the next write waits for it (at most its
+// timeout).
 func (s *Sync) Run(ctx context.Context) error {
 	certs, stopCerts := s.secrets.Watch(ctx, secretmanager.WorkloadCertName)
 	defer stopCerts()
@@ -76,11 +92,34 @@ func (s *Sync) write(ctx context.Context) {
 	}
 	if root, err := s.secrets.Current(ctx, secretmanager.RootCertName); err == nil {
 		f.Root = root.Roots
+		if s.td != "" {
+			f.BundleMap = s.bundleMap(root.Roots)
+		}
 	}
 	if f.CertChain == nil && f.Root == nil {
 		return
 	}
-	if _, err := s.w.Write(f); err != nil {
+	written, err := s.w.Write(f)
+	if err != nil {
 		s.log.Error("writing OUTPUT_CERTS failed", zap.Error(err))
 	}
+	// Only once every file of the change is in place: a half-done write
+	// is not announced (the next change tries again, and fires then).
+	if err == nil && len(written) > 0 && s.hook != nil {
+		_ = s.hook.Fire(ctx, s.w.Dir(), written) // logged by the hook
+	}
+}
+
+// bundleMap is roots as a SPIFFE trust bundle map of the trust domain; nil
+// (the file is left as it is) when they cannot be written as one.
+func (s *Sync) bundleMap(roots []byte) []byte {
+	certs, err := pki.ParseCertificates(roots)
+	if err == nil {
+		var m []byte
+		if m, err = BundleMap(s.td, certs); err == nil {
+			return m
+		}
+	}
+	s.log.Warn("SPIFFE bundle map not written", zap.Error(err))
+	return nil
 }

@@ -3,6 +3,7 @@ package outputcerts
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -128,5 +129,50 @@ func TestNewSyncErrors(t *testing.T) {
 	}
 	if _, err := NewSync(SyncConfig{Secrets: &secretmanager.Manager{}}); err == nil {
 		t.Error("no writer accepted")
+	}
+}
+
+// With a trust domain, Sync also writes the roots as a SPIFFE trust bundle
+// map, again after every root change.
+func TestSyncWritesTheBundleMap(t *testing.T) {
+	ca1, ca2 := newCA(t), newCA(t)
+	roots, err := secretmanager.NewRoots(ca1.RootPEM(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := secretmanager.New(secretmanager.Config{Roots: roots, Source: "file"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "out")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	events := dirEvents(t, dir)
+	s, err := NewSync(SyncConfig{Secrets: m, Writer: newWriter(t, Config{Dir: dir}), TrustDomain: "example.org"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	go func() { done <- m.Run(ctx) }()
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		for range 2 {
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		}
+	}()
+	for _, ca := range []*localca.CA{ca1, ca2} {
+		if err := roots.Set(ca.RootPEM(), "test"); err != nil {
+			t.Fatal(err)
+		}
+		want, err := BundleMap("example.org", []*x509.Certificate{ca.Root()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitContent(t, events, dir, files.BundleMapFile, want)
 	}
 }

@@ -1,11 +1,14 @@
 package outputcerts
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +34,21 @@ type Config struct {
 	// 0700 (the default) or 0750 (to let a group read the certificates; the
 	// key stays 0600). An existing directory keeps its mode.
 	DirMode fs.FileMode
+	// KeyMode is the mode of key.pem and of the bundle file: 0600 (the
+	// default), 0640, 0400 or 0440. Never readable by others.
+	KeyMode fs.FileMode
+	// CertMode is the mode of cert-chain.pem and root-cert.pem. Zero means
+	// 0644; at most 0666.
+	CertMode fs.FileMode
+	// Group is the group every file is given (a name or a numeric gid),
+	// set on the temporary file before it is renamed into place. Empty
+	// keeps the agent's group.
+	Group string
+	// BundleFile, when set, is the name of a single file in Dir holding the
+	// private key followed by the certificate chain, as Kubernetes'
+	// podCertificate volumes write their credential bundle; written with
+	// KeyMode, atomically, with the other files.
+	BundleFile string
 	// Logger is narrowed with .Named("outputcerts"). Nil means zap.NewNop().
 	Logger *zap.Logger
 	// Registerer receives meshagent_outputcerts_* metrics. Nil means they are
@@ -47,16 +65,23 @@ type Files struct {
 	Key []byte
 	// Root is the PEM trust bundle.
 	Root []byte
+	// BundleMap is the SPIFFE trust bundle map (files.BundleMapFile), nil for
+	// none.
+	BundleMap []byte
 }
 
 // Writer writes the output files.
 type Writer struct {
-	dir     string
-	dirMode fs.FileMode
-	log     *zap.Logger
-	writes  *prometheus.CounterVec
-	fails   prometheus.Counter
-	mu      sync.Mutex
+	dir      string
+	dirMode  fs.FileMode
+	keyMode  fs.FileMode
+	certMode fs.FileMode
+	gid      int // -1: unchanged
+	bundle   string
+	log      *zap.Logger
+	writes   *prometheus.CounterVec
+	fails    prometheus.Counter
+	mu       sync.Mutex
 }
 
 // New checks cfg and returns a Writer. It touches nothing on disk; the
@@ -76,13 +101,37 @@ func New(cfg Config) (*Writer, error) {
 	default:
 		return nil, fmt.Errorf("outputcerts: directory mode %#o not allowed (0700 or 0750)", cfg.DirMode)
 	}
+	switch cfg.KeyMode {
+	case 0:
+		cfg.KeyMode = KeyMode
+	case 0o600, 0o640, 0o400, 0o440:
+	default:
+		return nil, fmt.Errorf("outputcerts: key mode %#o not allowed (0600, 0640, 0400 or 0440)", cfg.KeyMode)
+	}
+	if cfg.CertMode == 0 {
+		cfg.CertMode = CertMode
+	}
+	if cfg.CertMode&^0o666 != 0 {
+		return nil, fmt.Errorf("outputcerts: certificate mode %#o not allowed (at most 0666)", cfg.CertMode)
+	}
+	gid, err := LookupGroup(cfg.Group)
+	if err != nil {
+		return nil, err
+	}
+	if b := cfg.BundleFile; b != "" && (b != filepath.Base(b) || b == "." || b == ".." || b == files.KeyFile || b == files.CertChainFile || b == files.RootCertFile) {
+		return nil, fmt.Errorf("outputcerts: bundle file %q must be a file name of its own", b)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
 	w := &Writer{
-		dir:     dir,
-		dirMode: cfg.DirMode,
-		log:     cfg.Logger.Named("outputcerts").With(zap.String(keyDir, dir)),
+		dir:      dir,
+		dirMode:  cfg.DirMode,
+		keyMode:  cfg.KeyMode,
+		certMode: cfg.CertMode,
+		gid:      gid,
+		bundle:   cfg.BundleFile,
+		log:      cfg.Logger.Named("outputcerts").With(zap.String(keyDir, dir)),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_outputcerts_writes_total",
 			Help: "Files replaced in the OUTPUT_CERTS directory, by file.",
@@ -147,15 +196,7 @@ func (w *Writer) write(f Files) ([]string, error) {
 			p.Abort()
 		}
 	}()
-	for _, file := range []struct {
-		name string
-		data []byte
-		mode fs.FileMode
-	}{
-		{files.KeyFile, f.Key, KeyMode},
-		{files.CertChainFile, f.CertChain, CertMode},
-		{files.RootCertFile, f.Root, CertMode},
-	} {
+	for _, file := range w.files(f) {
 		if file.data == nil {
 			continue
 		}
@@ -165,6 +206,11 @@ func (w *Writer) write(f Files) ([]string, error) {
 			return nil, fmt.Errorf("outputcerts: %w", err)
 		}
 		if same {
+			if w.gid >= 0 {
+				if err := os.Lchown(path, -1, w.gid); err != nil {
+					return nil, fmt.Errorf("outputcerts: setting the group of %s: %w", path, err)
+				}
+			}
 			continue
 		}
 		p, err := atomicfile.Prepare(path, file.data, file.mode)
@@ -172,6 +218,11 @@ func (w *Writer) write(f Files) ([]string, error) {
 			return nil, fmt.Errorf("outputcerts: %w", err)
 		}
 		pending = append(pending, pendingFile{p, file.name})
+		if w.gid >= 0 {
+			if err := p.SetGroup(w.gid); err != nil {
+				return nil, fmt.Errorf("outputcerts: %w", err)
+			}
+		}
 	}
 	var written []string
 	for _, p := range pending {
@@ -186,6 +237,50 @@ func (w *Writer) write(f Files) ([]string, error) {
 		atomicfile.SyncDir(w.dir)
 	}
 	return written, nil
+}
+
+// outFile is one file to write.
+type outFile struct {
+	name string
+	data []byte
+	mode fs.FileMode
+}
+
+// files are f's files in the order they are renamed into place: key
+// first, then the chain, the bundle of both, the roots.
+func (w *Writer) files(f Files) []outFile {
+	out := []outFile{
+		{files.KeyFile, f.Key, w.keyMode},
+		{files.CertChainFile, f.CertChain, w.certMode},
+	}
+	if w.bundle != "" && f.Key != nil {
+		b := append(append(append([]byte(nil), f.Key...), '\n'), f.CertChain...)
+		if bytes.HasSuffix(f.Key, []byte("\n")) {
+			b = append(append([]byte(nil), f.Key...), f.CertChain...)
+		}
+		out = append(out, outFile{w.bundle, b, w.keyMode})
+	}
+	return append(out, outFile{files.RootCertFile, f.Root, w.certMode}, outFile{files.BundleMapFile, f.BundleMap, w.certMode})
+}
+
+// LookupGroup returns the gid of group, a group name or a numeric gid; -1
+// for "" (no group set).
+func LookupGroup(group string) (int, error) {
+	if group == "" {
+		return -1, nil
+	}
+	if gid, err := strconv.Atoi(group); err == nil && gid >= 0 {
+		return gid, nil
+	}
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		return 0, fmt.Errorf("outputcerts: group %q: %w", group, err)
+	}
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return 0, fmt.Errorf("outputcerts: group %q has gid %q: %w", group, g.Gid, err)
+	}
+	return gid, nil
 }
 
 func validate(f Files) error {

@@ -1,6 +1,7 @@
 package outputcerts
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/x509"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -363,5 +365,63 @@ func TestRelativeDir(t *testing.T) {
 	wd, _ := os.Getwd()
 	if w.Dir() != filepath.Join(wd, "etc/certs") {
 		t.Fatalf("Dir %s", w.Dir())
+	}
+}
+
+// File modes, an owning group and the single-file bundle (key, then chain)
+// are settings; the bundle is replaced atomically with the pair.
+func TestWriterModesGroupAndBundle(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("the test gives files another group, which needs root (the tests run as root here)")
+	}
+	ca := newCA(t)
+	dir := filepath.Join(t.TempDir(), "out")
+	w := newWriter(t, Config{Dir: dir, KeyMode: 0o640, CertMode: 0o640, Group: "1", BundleFile: "credential-bundle.pem"})
+	a := issue(t, ca, localca.Leaf{})
+	written, err := w.Write(a.files(ca))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{files.KeyFile, files.CertChainFile, "credential-bundle.pem", files.RootCertFile}; !slices.Equal(written, want) {
+		t.Fatalf("written %v, want %v", written, want)
+	}
+	for name, mode := range map[string]os.FileMode{files.KeyFile: 0o640, files.CertChainFile: 0o640, files.RootCertFile: 0o640, "credential-bundle.pem": 0o640} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != mode || fi.Sys().(*syscall.Stat_t).Gid != 1 {
+			t.Errorf("%s: mode %v gid %d, want %v gid 1", name, fi.Mode().Perm(), fi.Sys().(*syscall.Stat_t).Gid, mode)
+		}
+	}
+	bundle, err := os.ReadFile(filepath.Join(dir, "credential-bundle.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(bundle, append(append([]byte{}, a.keyPEM...), a.chainPEM...)) {
+		t.Errorf("bundle is not the key then the chain:\n%s", bundle)
+	}
+	// Only the roots changed: the bundle stays.
+	ino := inode(t, filepath.Join(dir, "credential-bundle.pem"))
+	if written, err := w.Write(Files{Root: newCA(t).RootPEM()}); err != nil || !slices.Equal(written, []string{files.RootCertFile}) {
+		t.Fatalf("root change wrote %v, %v", written, err)
+	}
+	if inode(t, filepath.Join(dir, "credential-bundle.pem")) != ino {
+		t.Error("a root change rewrote the bundle")
+	}
+}
+
+func TestWriterRefusesBadModesGroupsAndBundleNames(t *testing.T) {
+	for name, cfg := range map[string]Config{
+		"key readable by others": {KeyMode: 0o644},
+		"cert executable":        {CertMode: 0o755},
+		"unknown group":          {Group: "no-such-group-here"},
+		"bundle over the key":    {BundleFile: files.KeyFile},
+		"bundle in a directory":  {BundleFile: "sub/bundle.pem"},
+	} {
+		cfg.Dir = t.TempDir()
+		if _, err := New(cfg); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
 	}
 }
