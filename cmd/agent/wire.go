@@ -366,7 +366,7 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 			cs = append(cs, nodeCs...)
 		}
 		socket, err := udsserver.New(udsserver.Config{
-			SocketPath: c.SDSSocket, DirMode: dirMode, Services: services, Resolver: resolver,
+			SocketPath: c.SDSSocket, DirMode: dirMode, Replace: a.nodeMode(), Services: services, Resolver: resolver,
 			MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
 		})
 		if err != nil {

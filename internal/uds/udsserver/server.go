@@ -4,18 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"path/filepath"
 	"slices"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
+	"github.com/meshagent/meshagent/internal/uds/udslisten"
 )
 
 // Defaults of Config.
@@ -23,9 +22,7 @@ const (
 	// DefaultMaxRecvBytes bounds the size of one received message.
 	DefaultMaxRecvBytes = 64 << 10
 	// MaxSocketPath is the longest path a Unix socket address can hold.
-	MaxSocketPath = 107
-	// probeTimeout bounds the check whether an existing socket is alive.
-	probeTimeout = time.Second
+	MaxSocketPath = udslisten.MaxPath
 )
 
 // ErrSocketInUse is wrapped by Run's error when something already answers
@@ -38,13 +35,19 @@ type Config struct {
 	// created with mode 0750 (or DirMode) and the socket is made 0666, as
 	// pilot-agent does.
 	SocketPath string
-	// DirMode, when not zero, is the mode of the socket's directory: it is
-	// created with it, and an existing directory is given it. Node mode
-	// uses 0755: the directory is a host directory mounted into pods whose
-	// processes run as other uids, which must be able to reach the socket
-	// (who they are is asked of the kernel, not of the file system). Zero:
-	// a directory created is 0750, an existing one is left alone.
+	// DirMode, when not zero, is the mode of the directories created for
+	// the socket (an existing directory is never changed). Node mode uses
+	// 0755: the directory is mounted into pods whose processes run as other
+	// uids, which must be able to reach the socket (who they are is asked
+	// of the kernel, not of the file system). Zero: 0750.
 	DirMode os.FileMode
+	// Replace replaces whatever sits at SocketPath at start (node mode: a
+	// socket bound by a pod before the agent started, a regular file)
+	// instead of failing with ErrSocketInUse or leaving a file alone.
+	Replace bool
+	// Clock drives the check that the socket is still the agent's (see
+	// udslisten); nil means the real clock.
+	Clock clock.WithTicker
 	// Services register the gRPC services served on the socket (for
 	// example sds.Server.Register). At least one is required.
 	Services []func(*grpc.Server)
@@ -112,8 +115,11 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	info, _ := os.Lstat(s.cfg.SocketPath)
-	defer s.removeSocket(info)
+	defer lis.Close() // removes the socket if still ours; gs.Stop closed it already
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- lis.Watch(wctx) }()
+	defer func() { stopWatch(); <-watched }()
 
 	gs := grpc.NewServer(
 		grpc.Creds(peerCreds{log: s.log}),
@@ -161,46 +167,14 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 }
 
-func (s *Server) listen() (net.Listener, error) {
-	path := s.cfg.SocketPath
-	dirMode := s.cfg.DirMode
-	if dirMode == 0 {
-		dirMode = 0o750
-	}
-	if err := os.MkdirAll(filepath.Dir(path), dirMode); err != nil {
-		return nil, fmt.Errorf("creating socket directory: %w", err)
-	}
-	if s.cfg.DirMode != 0 {
-		// MkdirAll leaves an existing directory (and the umask trims a new one).
-		if err := os.Chmod(filepath.Dir(path), s.cfg.DirMode); err != nil {
-			return nil, fmt.Errorf("setting socket directory mode: %w", err)
-		}
-	}
-	removed, err := sockprobe.RemoveStale(context.Background(), path, probeTimeout, sockprobe.Connect)
+func (s *Server) listen() (*udslisten.Listener, error) {
+	lis, err := udslisten.Listen(udslisten.Config{
+		Path: s.cfg.SocketPath, DirMode: s.cfg.DirMode, Replace: s.cfg.Replace,
+		Clock: s.cfg.Clock, Logger: s.log,
+		OnRebind: func(reason string) { s.metrics.rebound.WithLabelValues(reason).Inc() },
+	})
 	if err != nil {
 		return nil, fmt.Errorf("local socket: %w", err)
 	}
-	if removed {
-		s.log.Info("removed stale socket", zap.String(keySocket, path))
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listening on socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o666); err != nil {
-		_ = lis.Close()
-		return nil, fmt.Errorf("setting socket mode: %w", err)
-	}
 	return lis, nil
-}
-
-// removeSocket removes the socket file if it is still the one Run made.
-func (s *Server) removeSocket(ours os.FileInfo) {
-	now, err := os.Lstat(s.cfg.SocketPath)
-	if err != nil || ours == nil || !os.SameFile(ours, now) {
-		return
-	}
-	if err := os.Remove(s.cfg.SocketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		s.log.Warn("removing socket failed", zap.Error(err))
-	}
 }

@@ -411,6 +411,25 @@ func TestSocketLifecycle(t *testing.T) {
 		t.Fatal("a regular file was replaced")
 	}
 
+	// In node mode (Replace) a live socket or a file at the path is replaced.
+	impostor, err := net.Listen("unix", socket+".x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer impostor.Close()
+	if err := os.Rename(socket+".x", socket); err != nil {
+		t.Fatal(err)
+	}
+	srv4, _ := New(Config{SocketPath: socket, Services: services, Replace: true})
+	ctx4, cancel4 := context.WithCancel(context.Background())
+	done4 := make(chan error, 1)
+	go func() { done4 <- srv4.Run(ctx4) }()
+	call(t)
+	cancel4()
+	if err := <-done4; err != nil {
+		t.Fatal(err)
+	}
+
 	if _, err := New(Config{SocketPath: "/" + strings.Repeat("x", 120), Services: services}); err == nil {
 		t.Fatal("New accepted a socket path too long for a Unix address")
 	}
