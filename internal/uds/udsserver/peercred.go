@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/credentials"
@@ -43,6 +45,69 @@ type conn struct {
 	lock     chan struct{}
 	resolved bool
 	info     caller.Info
+
+	// refusal, set at accept, refuses every RPC of a connection over its
+	// caller's limit (closed shortly after).
+	refusal error
+	// key and state are the caller the connection counts against (see
+	// callers); key is guarded by callers.mu.
+	key    string
+	state  atomic.Pointer[callerState]
+	queued atomic.Int64 // response bytes handed to gRPC, not yet written
+
+	streamsMu sync.Mutex
+	streams   map[*context.CancelCauseFunc]struct{} // of the streams being served
+	closeConn func()                                // closes the connection; set at accept
+}
+
+// written takes n bytes written to the socket off what is queued.
+func (c *conn) written(n int64) {
+	for {
+		q := c.queued.Load()
+		d := min(q, n)
+		if d <= 0 {
+			return
+		}
+		if c.queued.CompareAndSwap(q, q-d) {
+			if st := c.state.Load(); st != nil {
+				st.queued.Add(-d)
+			}
+			return
+		}
+	}
+}
+
+// queue counts n bytes handed to gRPC for sending.
+func (c *conn) queue(n int64) {
+	c.queued.Add(n)
+	if st := c.state.Load(); st != nil {
+		st.queued.Add(n)
+	}
+}
+
+// addStream records the cancel function of a stream being served.
+func (c *conn) addStream(cancel *context.CancelCauseFunc) {
+	c.streamsMu.Lock()
+	defer c.streamsMu.Unlock()
+	if c.streams == nil {
+		c.streams = map[*context.CancelCauseFunc]struct{}{}
+	}
+	c.streams[cancel] = struct{}{}
+}
+
+func (c *conn) removeStream(cancel *context.CancelCauseFunc) {
+	c.streamsMu.Lock()
+	defer c.streamsMu.Unlock()
+	delete(c.streams, cancel)
+}
+
+// endStreams cancels every stream being served with cause.
+func (c *conn) endStreams(cause error) {
+	c.streamsMu.Lock()
+	defer c.streamsMu.Unlock()
+	for cancel := range c.streams {
+		(*cancel)(cause)
+	}
 }
 
 func newConn() *conn { return &conn{lock: make(chan struct{}, 1), pidfd: -1} }
@@ -111,6 +176,9 @@ func (c *conn) resolve(ctx context.Context, r caller.Resolver) (caller.Info, err
 	}
 	info.Cred = c.cred // the kernel's answer, whatever the resolver filled in
 	c.info, c.resolved = info, true
+	// Pinned: the connection is the caller's for its life, the pidfd is no
+	// longer needed (closed now, or by the deferred release).
+	c.closePIDFD()
 	return info, nil
 }
 
@@ -123,60 +191,111 @@ type authInfo struct {
 func (authInfo) AuthType() string { return "peercred" }
 
 // peerCreds is a TransportCredentials that adds no security (the socket is
-// local) but reads the peer's uid, gid and pid on every new connection and
-// logs them.
+// local) but identifies the caller of every new connection (SO_PEERCRED, a
+// pidfd, the Resolver) and counts the connection against its caller.
 type peerCreds struct {
-	log *zap.Logger
+	s *Server
 }
 
-func (c peerCreds) ServerHandshake(nc net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	info := authInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, conn: newConn()}
+// resolveTimeout bounds a caller's resolution at accept (the resolver's own
+// wait for a pod is shorter).
+const resolveTimeout = 10 * time.Second
+
+// refusedGrace is how long a connection refused at accept stays open, for
+// its first RPCs to be told why.
+const refusedGrace = 2 * time.Second
+
+func (p peerCreds) ServerHandshake(nc net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	s := p.s
+	c := newConn()
+	info := authInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, conn: c}
 	uc, isUnix := nc.(*net.UnixConn)
 	if !isUnix {
-		c.log.Warn("local client connected; peer credentials not read", zap.Error(errNoPeerCred))
+		s.log.Warn("local client connected; peer credentials not read", zap.Error(errNoPeerCred))
 		return nc, info, nil
 	}
 	cred, err := readPeerCred(uc)
 	if err != nil {
-		c.log.Warn("local client connected; peer credentials not read", zap.Error(err))
+		s.log.Warn("local client connected; peer credentials not read", zap.Error(err))
 		return nc, info, nil
 	}
-	info.conn.cred, info.conn.credOK = cred, true
+	c.cred, c.credOK = cred, true
 	if fd, err := peerpidfd.FromConn(uc); err != nil {
-		info.conn.pidfdErr = err
-		c.log.Warn("local client connected; its process could not be pinned", zap.Int32(keyPID, cred.PID), zap.Error(err))
+		c.pidfdErr = err
+		s.log.Warn("local client connected; its process could not be pinned", zap.Int32(keyPID, cred.PID), zap.Error(err))
 	} else {
-		info.conn.pidfd = fd
-		nc = newPinnedConn(uc, info.conn)
+		c.pidfd = fd
 	}
-	c.log.Info("local client connected", zap.Uint32(keyUID, cred.UID), zap.Uint32(keyGID, cred.GID), zap.Int32(keyPID, cred.PID))
-	return nc, info, nil
+	key := callerKey(caller.Info{}, cred)
+	if s.cfg.Resolver != nil {
+		// Identified now, so that the connection counts against its pod
+		// from the start; a refusal is told at the first RPC, which tries
+		// again (the pod may be unknown for a moment).
+		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+		if info, err := c.resolve(ctx, s.cfg.Resolver); err == nil {
+			key = callerKey(info, cred)
+		}
+		cancel()
+	} else {
+		c.closePIDFD()
+	}
+	lc := newLocalConn(uc, c, s)
+	c.closeConn = func() { _ = lc.Close() }
+	if err := s.callers.join(c, key, s.cfg.MaxConnsPerCaller); err != nil {
+		c.refusal = err
+		s.metrics.refused.WithLabelValues(refusedConnections).Inc()
+		s.log.Warn("local client refused: too many connections", zap.Stringer(keyCred, cred), zap.String(keyCaller, key),
+			zap.Int(keyMaxConns, s.cfg.MaxConnsPerCaller))
+		c.closePIDFD()
+		time.AfterFunc(refusedGrace, c.closeConn)
+		return lc, info, nil
+	}
+	s.metrics.conns.Inc()
+	s.log.Info("local client connected", zap.Uint32(keyUID, cred.UID), zap.Uint32(keyGID, cred.GID), zap.Int32(keyPID, cred.PID),
+		zap.String(keyCaller, key))
+	return lc, info, nil
 }
 
-// pinnedConn is a connection holding a pidfd of its peer, closed with it.
+// localConn is a connection to the socket: it gives back its caller's
+// counts and its pidfd when closed, and counts what is written.
 //
 // Wrapping the socket hides it from gRPC, which reads a bare *net.UnixConn
 // only when data is there, into a buffer taken from a pool for that read,
 // instead of keeping a read buffer per connection while it waits. On Linux
-// pinnedConn reads the same way (ReadOnReady), so an idle connection holds
+// localConn reads the same way (ReadOnReady), so an idle connection holds
 // no read buffer: with one connection per pod in node mode, that is 4 KiB
 // per pod.
-type pinnedConn struct {
+type localConn struct {
 	net.Conn
 	c    *conn
+	s    *Server
 	once sync.Once
 	rd   readyRead // used by gRPC's reading goroutine only
 }
 
-func newPinnedConn(uc *net.UnixConn, c *conn) *pinnedConn {
-	p := &pinnedConn{Conn: uc, c: c}
+func newLocalConn(uc *net.UnixConn, c *conn, s *Server) *localConn {
+	p := &localConn{Conn: uc, c: c, s: s}
 	p.rd.init(uc)
 	return p
 }
 
-func (p *pinnedConn) Close() error {
+func (p *localConn) Write(b []byte) (int, error) {
+	n, err := p.Conn.Write(b)
+	if n > 0 {
+		p.c.written(int64(n))
+	}
+	return n, err
+}
+
+func (p *localConn) Close() error {
 	err := p.Conn.Close()
-	p.once.Do(p.c.closePIDFD)
+	p.once.Do(func() {
+		p.c.closePIDFD()
+		if p.c.refusal == nil {
+			p.s.callers.leave(p.c)
+			p.s.metrics.conns.Dec()
+		}
+	})
 	return err
 }
 
@@ -188,7 +307,7 @@ func (peerCreds) Info() credentials.ProtocolInfo {
 	return credentials.ProtocolInfo{SecurityProtocol: "peercred"}
 }
 
-func (c peerCreds) Clone() credentials.TransportCredentials { return c }
+func (p peerCreds) Clone() credentials.TransportCredentials { return p }
 
 func (peerCreds) OverrideServerName(string) error { return nil }
 

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/internal/uds/caller"
@@ -67,7 +69,39 @@ type Config struct {
 	Logger *zap.Logger
 	// Registerer receives the metrics. Nil means they are not registered.
 	Registerer prometheus.Registerer
+
+	// Limits per caller: a caller is a pod when a Resolver names one, else
+	// the connecting process's uid. Each refusal is ResourceExhausted
+	// naming the setting (Setting... constants).
+
+	// MaxConnsPerCaller bounds the connections one caller holds open; one
+	// more is refused. Default DefaultMaxConnsPerCaller.
+	MaxConnsPerCaller int
+	// MaxStreamsPerConn bounds the RPCs open at once on one connection
+	// (HTTP/2 MaxConcurrentStreams). Default DefaultMaxStreamsPerConn.
+	MaxStreamsPerConn uint32
+	// MaxUnaryPerCaller bounds the unary calls of one caller served at
+	// once. Default DefaultMaxUnaryPerCaller.
+	MaxUnaryPerCaller int
+	// MaxQueuedBytesPerCaller bounds the response bytes queued for one
+	// caller that its connections have not taken (a client that stops
+	// reading, or sets its HTTP/2 window to 0): beyond it the caller's
+	// calls are refused until it reads. Default
+	// DefaultMaxQueuedBytesPerCaller.
+	MaxQueuedBytesPerCaller int
+	// IdleTimeout closes a connection without an RPC for that long.
+	// Default DefaultIdleTimeout.
+	IdleTimeout time.Duration
 }
+
+// Defaults of the per-caller limits.
+const (
+	DefaultMaxConnsPerCaller       = 32
+	DefaultMaxStreamsPerConn       = 100
+	DefaultMaxUnaryPerCaller       = 16
+	DefaultMaxQueuedBytesPerCaller = 4 << 20
+	DefaultIdleTimeout             = 5 * time.Minute
+)
 
 // Server serves gRPC services on a Unix socket to local callers. Create it
 // with New and start it with Run.
@@ -75,6 +109,7 @@ type Server struct {
 	cfg     Config
 	log     *zap.Logger
 	metrics *metrics
+	callers callers
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -100,7 +135,22 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, log: cfg.Logger.Named("uds"), metrics: m}, nil
+	if cfg.MaxConnsPerCaller <= 0 {
+		cfg.MaxConnsPerCaller = DefaultMaxConnsPerCaller
+	}
+	if cfg.MaxStreamsPerConn == 0 {
+		cfg.MaxStreamsPerConn = DefaultMaxStreamsPerConn
+	}
+	if cfg.MaxUnaryPerCaller <= 0 {
+		cfg.MaxUnaryPerCaller = DefaultMaxUnaryPerCaller
+	}
+	if cfg.MaxQueuedBytesPerCaller <= 0 {
+		cfg.MaxQueuedBytesPerCaller = DefaultMaxQueuedBytesPerCaller
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	return &Server{cfg: cfg, log: cfg.Logger.Named("uds"), metrics: m, callers: callers{m: map[string]*callerState{}}}, nil
 }
 
 // connReadBuffer is each connection's read buffer: an SDS request or a
@@ -122,7 +172,9 @@ func (s *Server) Run(ctx context.Context) error {
 	defer func() { stopWatch(); <-watched }()
 
 	gs := grpc.NewServer(
-		grpc.Creds(peerCreds{log: s.log}),
+		grpc.Creds(peerCreds{s: s}),
+		grpc.MaxConcurrentStreams(s.cfg.MaxStreamsPerConn),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.cfg.IdleTimeout}),
 		grpc.MaxRecvMsgSize(s.cfg.MaxRecvBytes),
 		// One connection per pod in node mode: gRPC's 32 KiB read buffer
 		// per connection was most of the agent's heap with 1,000 pods. The
