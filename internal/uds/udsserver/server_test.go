@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,23 @@ func describe(ctx context.Context) string {
 	return fmt.Sprintf("%s identity=%q pod=%q", info.Cred, info.Identity, info.Pod)
 }
 
+// answer is the unary method's answer to req: the caller; for "block",
+// nothing until the call ends; for "big:<n>", the caller and n more bytes.
+func answer(ctx context.Context, req string) (any, error) {
+	if req == "block" {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if n, ok := strings.CutPrefix(req, "big:"); ok {
+		size, err := strconv.Atoi(n)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		return wrapperspb.String(describe(ctx) + strings.Repeat("x", size)), nil
+	}
+	return wrapperspb.String(describe(ctx)), nil
+}
+
 func registerWho(gs *grpc.Server) {
 	gs.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "udsserver.test.Who",
@@ -67,7 +85,7 @@ func registerWho(gs *grpc.Server) {
 				if err := dec(&req); err != nil {
 					return nil, err
 				}
-				h := func(ctx context.Context, _ any) (any, error) { return wrapperspb.String(describe(ctx)), nil }
+				h := func(ctx context.Context, _ any) (any, error) { return answer(ctx, req.GetValue()) }
 				if in == nil {
 					return h(ctx, &req)
 				}
@@ -82,7 +100,14 @@ func registerWho(gs *grpc.Server) {
 				if err := ss.RecvMsg(&req); err != nil {
 					return err
 				}
-				return ss.SendMsg(wrapperspb.String(describe(ss.Context())))
+				if err := ss.SendMsg(wrapperspb.String(describe(ss.Context()))); err != nil {
+					return err
+				}
+				if req.GetValue() == "wait" { // stay open until the stream ends
+					<-ss.Context().Done()
+					return status.FromContextError(ss.Context().Err()).Err()
+				}
+				return nil
 			},
 		}},
 	}, nil)
