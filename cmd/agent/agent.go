@@ -7,6 +7,7 @@ import (
 	"io"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +20,7 @@ import (
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
+	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -51,6 +53,8 @@ type agent struct {
 	// certificate of the agent's own identity (noteFirstCert).
 	firstCert     chan struct{}
 	firstCertOnce sync.Once
+	// localSocket is the SDS socket's server, once built (podLeft).
+	localSocket atomic.Pointer[udsserver.Server]
 }
 
 // noteFirstCert is the managers' OnPublish: it closes firstCert at the first

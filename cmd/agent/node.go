@@ -67,6 +67,7 @@ func (a *agent) nodeCallers(m *secretmanager.Manager) (caller.Resolver, []compon
 				a.dropNodeTokens(of(id))
 			},
 		},
+		PodLeft:    a.podLeft,
 		Logger:     a.base,
 		Registerer: a.reg,
 	})

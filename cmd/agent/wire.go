@@ -25,6 +25,7 @@ import (
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/internal/uds/caller"
+	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -334,8 +335,10 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 	var cs []component
 	m := src.manager
 	if m != nil && !c.DisableEnvoy {
+		// One count per pod of its SDS and Workload API streams.
+		var streams streamlimit.Callers
 		srv, err := sds.New(sds.Config{
-			Secrets: m, MaxStreams: c.SDSMaxStreams, MaxStreamsPerCaller: c.SDSMaxStreamsPerPod,
+			Secrets: m, MaxStreams: c.SDSMaxStreams, MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams,
 			MaxFileNamesPerCaller: c.SDSMaxFileResourcesPerCaller,
 			Logger:                a.base, Registerer: a.reg,
 		})
@@ -344,7 +347,8 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 		}
 		services := []func(*grpc.Server){srv.Register}
 		if c.WorkloadAPI {
-			wl, err := workloadapi.New(workloadapi.Config{Secrets: m, Logger: a.base, Registerer: a.reg})
+			wl, err := workloadapi.New(workloadapi.Config{Secrets: m, MaxStreams: c.WorkloadAPIMaxStreams,
+				MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams, Logger: a.base, Registerer: a.reg})
 			if err != nil {
 				return nil, err
 			}
@@ -365,13 +369,14 @@ func (a *agent) servingComponents(src certSource) ([]component, error) {
 			resolver = r
 			cs = append(cs, nodeCs...)
 		}
-		socket, err := udsserver.New(udsserver.Config{
+		socket, err := udsserver.New(a.withSocketLimits(udsserver.Config{
 			SocketPath: c.SDSSocket, DirMode: dirMode, Replace: a.nodeMode(), Services: services, Resolver: resolver,
 			MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
-		})
+		}))
 		if err != nil {
 			return nil, err
 		}
+		a.localSocket.Store(socket)
 		cs = append(cs, component{name: "sds", run: socket.Run})
 	}
 	if a.nodeMode() {

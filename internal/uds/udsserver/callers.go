@@ -36,9 +36,9 @@ func podKey(uid string) string { return "pod:" + uid }
 
 // callerState is what one caller holds across its connections.
 type callerState struct {
-	conns  map[*conn]struct{}        // guarded by callers.mu
-	unary  atomic.Int64              // unary calls being served
-	queued atomic.Int64              // response bytes handed to gRPC, not yet written
+	conns  map[*conn]struct{}      // guarded by callers.mu
+	unary  atomic.Int64            // unary calls being served
+	queued atomic.Int64            // response bytes handed to gRPC, not yet written
 	gone   atomic.Pointer[gonePod] // set when the pod left: its connections are refused
 }
 
