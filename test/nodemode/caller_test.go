@@ -30,6 +30,7 @@ import (
 //
 //	fetch <seconds> <name>...  one Fetch on a new connection: "ok <URI SAN>..." or "error <code> <message>"
 //	stream                     opens a stream for "default" and answers with its first certificate
+//	next                       the stream's next answer, or how it ended: "error <code> <message>"
 //	close                      closes the stream: "closed"
 //	handoff                    connects, sends the connected socket over fd 3, answers "sent"
 const childEnv = "NODEMODE_TEST_CALLER"
@@ -65,6 +66,19 @@ func runChild(sock string) int {
 			cancel()
 			if err != nil {
 				fmt.Println("error", status.Code(err), err)
+				continue
+			}
+			fmt.Println(describe(r, []string{"default"}))
+		case "next":
+			if stream == nil {
+				fmt.Println("error no-stream")
+				continue
+			}
+			tctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			r, err := stream.Next(tctx)
+			cancel()
+			if err != nil {
+				fmt.Println("error", status.Code(err), strings.ReplaceAll(err.Error(), "\n", " "))
 				continue
 			}
 			fmt.Println(describe(r, []string{"default"}))

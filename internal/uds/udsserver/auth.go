@@ -133,11 +133,12 @@ func (s *Server) streamAdmit(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 		return h(srv, callerStream{ServerStream: ss, ctx: ctx})
 	}
 	// The stream ends when its caller leaves (CallerLeft), with the reason.
-	ctx, cancel := context.WithCancelCause(ctx)
-	c.addStream(&cancel)
+	end := &streamEnd{ctx: ss.Context()}
+	ctx, end.cancel = context.WithCancelCause(ctx)
+	c.addStream(end)
 	defer func() {
-		c.removeStream(&cancel)
-		cancel(nil)
+		c.removeStream(end)
+		end.cancel(nil)
 	}()
 	err = h(srv, callerStream{ServerStream: ss, ctx: ctx, s: s, c: c})
 	if st := c.state.Load(); st != nil {

@@ -332,14 +332,15 @@ func TestIdleConnectionClosed(t *testing.T) {
 // naming why, and new calls on it are refused; another pod is not touched.
 func TestCallerLeftEndsItsConnections(t *testing.T) {
 	f := start(t, func(c *Config) { c.Resolver = twoPods{} })
-	s, err := f.conn.NewStream(rpcCtx(t), &grpc.StreamDesc{ServerStreams: true}, whoStream, grpc.WaitForReady(true))
+	// Client-streaming too, so the client does not half-close: the handler
+	// waits in RecvMsg, as SDS's does.
+	s, err := f.conn.NewStream(rpcCtx(t), &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, whoStream, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.SendMsg(wrapperspb.String("wait")); err != nil {
 		t.Fatal(err)
 	}
-	_ = s.CloseSend()
 	var first wrapperspb.StringValue
 	if err := s.RecvMsg(&first); err != nil {
 		t.Fatal(err)

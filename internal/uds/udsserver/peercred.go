@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/internal/node/peerpidfd"
 	"github.com/meshagent/meshagent/internal/uds/caller"
@@ -56,8 +58,31 @@ type conn struct {
 	queued atomic.Int64 // response bytes handed to gRPC, not yet written
 
 	streamsMu sync.Mutex
-	streams   map[*context.CancelCauseFunc]struct{} // of the streams being served
-	closeConn func()                                // closes the connection; set at accept
+	streams   map[*streamEnd]struct{} // the streams being served
+	closeConn func()                  // closes the connection; set at accept
+}
+
+// streamEnd ends a stream being served before its handler returns.
+type streamEnd struct {
+	ctx    context.Context // the stream's, as gRPC made it
+	cancel context.CancelCauseFunc
+}
+
+// statusWriter is what gRPC's transport stream (in a stream's context)
+// offers to end it with a status: the handler's blocked RecvMsg then
+// returns, and the status the handler returns later is not sent.
+type statusWriter interface {
+	WriteStatus(st *status.Status) error
+}
+
+// end cancels the context the handler sees and, when gRPC's stream allows
+// it, ends the stream with err's status now. Otherwise the stream ends when
+// its handler returns, or when the connection is closed.
+func (e *streamEnd) end(err error) {
+	e.cancel(err)
+	if w, ok := grpc.ServerTransportStreamFromContext(e.ctx).(statusWriter); ok {
+		_ = w.WriteStatus(status.Convert(err))
+	}
 }
 
 // written takes n bytes written to the socket off what is queued.
@@ -85,28 +110,28 @@ func (c *conn) queue(n int64) {
 	}
 }
 
-// addStream records the cancel function of a stream being served.
-func (c *conn) addStream(cancel *context.CancelCauseFunc) {
+// addStream records a stream being served.
+func (c *conn) addStream(e *streamEnd) {
 	c.streamsMu.Lock()
 	defer c.streamsMu.Unlock()
 	if c.streams == nil {
-		c.streams = map[*context.CancelCauseFunc]struct{}{}
+		c.streams = map[*streamEnd]struct{}{}
 	}
-	c.streams[cancel] = struct{}{}
+	c.streams[e] = struct{}{}
 }
 
-func (c *conn) removeStream(cancel *context.CancelCauseFunc) {
+func (c *conn) removeStream(e *streamEnd) {
 	c.streamsMu.Lock()
 	defer c.streamsMu.Unlock()
-	delete(c.streams, cancel)
+	delete(c.streams, e)
 }
 
-// endStreams cancels every stream being served with cause.
-func (c *conn) endStreams(cause error) {
+// endStreams ends every stream being served with err.
+func (c *conn) endStreams(err error) {
 	c.streamsMu.Lock()
 	defer c.streamsMu.Unlock()
-	for cancel := range c.streams {
-		(*cancel)(cause)
+	for e := range c.streams {
+		e.end(err)
 	}
 }
 

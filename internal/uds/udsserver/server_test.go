@@ -95,6 +95,7 @@ func registerWho(gs *grpc.Server) {
 		Streams: []grpc.StreamDesc{{
 			StreamName:    "Stream",
 			ServerStreams: true,
+			ClientStreams: true, // "wait" keeps reading, as SDS does
 			Handler: func(_ any, ss grpc.ServerStream) error {
 				var req wrapperspb.StringValue
 				if err := ss.RecvMsg(&req); err != nil {
@@ -103,9 +104,8 @@ func registerWho(gs *grpc.Server) {
 				if err := ss.SendMsg(wrapperspb.String(describe(ss.Context()))); err != nil {
 					return err
 				}
-				if req.GetValue() == "wait" { // stay open until the stream ends
-					<-ss.Context().Done()
-					return status.FromContextError(ss.Context().Err()).Err()
+				if req.GetValue() == "wait" { // stay open, reading, until the stream ends
+					return ss.RecvMsg(&req)
 				}
 				return nil
 			},
