@@ -133,13 +133,8 @@ func (s *Server) streamAdmit(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 		return h(srv, callerStream{ServerStream: ss, ctx: ctx})
 	}
 	// The stream ends when its caller leaves (CallerLeft), with the reason.
-	end := &streamEnd{ctx: ss.Context()}
-	ctx, end.cancel = context.WithCancelCause(ctx)
-	c.addStream(end)
-	defer func() {
-		c.removeStream(end)
-		end.cancel(nil)
-	}()
+	c.addStream(ss.Context())
+	defer c.removeStream(ss.Context())
 	err = h(srv, callerStream{ServerStream: ss, ctx: ctx, s: s, c: c})
 	if st := c.state.Load(); st != nil {
 		if g := st.gone.Load(); g != nil {

@@ -58,28 +58,25 @@ type conn struct {
 	queued atomic.Int64 // response bytes handed to gRPC, not yet written
 
 	streamsMu sync.Mutex
-	streams   map[*streamEnd]struct{} // the streams being served
-	closeConn func()                  // closes the connection; set at accept
+	streams   []streamEnd // the streams being served (usually one or two)
+	closeConn func()      // closes the connection; set at accept
 }
 
-// streamEnd ends a stream being served before its handler returns.
-type streamEnd struct {
-	ctx    context.Context // the stream's, as gRPC made it
-	cancel context.CancelCauseFunc
-}
+// streamEnd ends a stream being served before its handler returns: the
+// stream's context, as gRPC made it, holds gRPC's transport stream.
+type streamEnd struct{ ctx context.Context }
 
 // statusWriter is what gRPC's transport stream (in a stream's context)
-// offers to end it with a status: the handler's blocked RecvMsg then
-// returns, and the status the handler returns later is not sent.
+// offers to end it with a status: its context is canceled, the handler's
+// blocked RecvMsg returns, and the status the handler returns later is not
+// sent.
 type statusWriter interface {
 	WriteStatus(st *status.Status) error
 }
 
-// end cancels the context the handler sees and, when gRPC's stream allows
-// it, ends the stream with err's status now. Otherwise the stream ends when
-// its handler returns, or when the connection is closed.
-func (e *streamEnd) end(err error) {
-	e.cancel(err)
+// end ends the stream with err's status now, when gRPC's stream allows it;
+// otherwise the stream ends when the connection is closed.
+func (e streamEnd) end(err error) {
 	if w, ok := grpc.ServerTransportStreamFromContext(e.ctx).(statusWriter); ok {
 		_ = w.WriteStatus(status.Convert(err))
 	}
@@ -111,26 +108,31 @@ func (c *conn) queue(n int64) {
 }
 
 // addStream records a stream being served.
-func (c *conn) addStream(e *streamEnd) {
+func (c *conn) addStream(ctx context.Context) {
 	c.streamsMu.Lock()
 	defer c.streamsMu.Unlock()
-	if c.streams == nil {
-		c.streams = map[*streamEnd]struct{}{}
-	}
-	c.streams[e] = struct{}{}
+	c.streams = append(c.streams, streamEnd{ctx: ctx})
 }
 
-func (c *conn) removeStream(e *streamEnd) {
+func (c *conn) removeStream(ctx context.Context) {
 	c.streamsMu.Lock()
 	defer c.streamsMu.Unlock()
-	delete(c.streams, e)
+	for i, e := range c.streams {
+		if e.ctx == ctx {
+			last := len(c.streams) - 1
+			c.streams[i] = c.streams[last]
+			c.streams[last] = streamEnd{}
+			c.streams = c.streams[:last]
+			return
+		}
+	}
 }
 
 // endStreams ends every stream being served with err.
 func (c *conn) endStreams(err error) {
 	c.streamsMu.Lock()
 	defer c.streamsMu.Unlock()
-	for e := range c.streams {
+	for _, e := range c.streams {
 		e.end(err)
 	}
 }
@@ -156,8 +158,8 @@ func (c *conn) releasePIDFD() {
 	c.closeIfUnused()
 }
 
-// closePIDFD is called when the connection closes; the fd is closed now,
-// or by the last resolution still using it.
+// closePIDFD closes the pidfd once the caller is resolved or the connection
+// closes: now, or by the last resolution still using it.
 func (c *conn) closePIDFD() {
 	c.fdMu.Lock()
 	defer c.fdMu.Unlock()
