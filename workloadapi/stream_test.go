@@ -1,7 +1,6 @@
 package workloadapi_test
 
 import (
-
 	"bytes"
 	"context"
 	"errors"
