@@ -21,9 +21,11 @@
 // and, with a Resolver, its pod, asked then with the pidfd in the context
 // (so a pid reused since connect() is seen) and kept for the connection's
 // life; the pidfd is closed as soon as the caller is resolved. A caller the
-// Resolver refuses at accept is asked again at each RPC (a pod may be
-// unknown for a moment after its process starts), keeping its pidfd until
-// then, and its RPCs get PermissionDenied naming the reason, counted in
+// Resolver refuses for good at accept has every RPC refused with
+// PermissionDenied naming the reason, and its connection is closed after a
+// moment; one refused for now (caller.IsTemporary: its pod is not known
+// yet) is asked again at each RPC, keeping its pidfd until then and
+// counted against its uid meanwhile. Refusals are counted in
 // meshagent_socket_refused_total. Interceptors put the caller in every
 // RPC's context (caller.NewContext): without a Resolver, caller.Info with
 // the credentials only (the agent's own identity is meant).

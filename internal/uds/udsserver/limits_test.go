@@ -130,6 +130,8 @@ func TestUnaryCallsPerCaller(t *testing.T) {
 	otherPod(t, f.socket)
 	cancel()
 	wg.Wait()
+	// The clients gave up; the server sees the cancellations a moment later.
+	waitFor(t, "the calls ended", func() bool { return f.callerOf(podKey("uid-a")).unary.Load() == 0 })
 	if _, err := unary(t, f.conn); err != nil {
 		t.Fatalf("after the calls ended: %v", err)
 	}

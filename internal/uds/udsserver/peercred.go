@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -254,20 +255,30 @@ func (p peerCreds) ServerHandshake(nc net.Conn) (net.Conn, credentials.AuthInfo,
 		c.pidfd = fd
 	}
 	key := callerKey(caller.Info{}, cred)
+	lc := newLocalConn(uc, c, s)
+	c.closeConn = func() { _ = lc.Close() }
 	if s.cfg.Resolver != nil {
 		// Identified now, so that the connection counts against its pod
-		// from the start; a refusal is told at the first RPC, which tries
-		// again (the pod may be unknown for a moment).
+		// from the start. A temporary refusal (the pod may be unknown for
+		// a moment) is told at the first RPC, which asks again; a final
+		// one refuses the connection, which is closed after a moment.
 		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
-		if info, err := c.resolve(ctx, s.cfg.Resolver); err == nil {
-			key = callerKey(info, cred)
-		}
+		who, err := c.resolve(ctx, s.cfg.Resolver)
 		cancel()
+		switch {
+		case err == nil:
+			key = callerKey(who, cred)
+		case !caller.IsTemporary(err):
+			c.refusal = status.Errorf(codes.PermissionDenied, "caller not identified: %v", err)
+			s.metrics.refused.WithLabelValues(refusedUnresolved).Inc()
+			s.log.Warn("local client refused: caller not resolved", zap.Stringer(keyCred, cred), zap.Error(err))
+			c.closePIDFD()
+			time.AfterFunc(refusedGrace, c.closeConn)
+			return lc, info, nil
+		}
 	} else {
 		c.closePIDFD()
 	}
-	lc := newLocalConn(uc, c, s)
-	c.closeConn = func() { _ = lc.Close() }
 	if err := s.callers.join(c, key, s.cfg.MaxConnsPerCaller); err != nil {
 		c.refusal = err
 		s.metrics.refused.WithLabelValues(refusedConnections).Inc()

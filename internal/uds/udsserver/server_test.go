@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -262,6 +263,7 @@ func TestAllowedUIDs(t *testing.T) {
 // resolver answers from a table of pids, counting its calls; an unknown
 // pid is refused with a reason.
 type resolver struct {
+	final bool // refusals are final, not temporary
 	calls atomic.Int64
 	mu    sync.Mutex
 	known map[int32]caller.Info
@@ -273,10 +275,19 @@ func (r *resolver) Resolve(_ context.Context, cred caller.Cred) (caller.Info, er
 	defer r.mu.Unlock()
 	info, ok := r.known[cred.PID]
 	if !ok {
-		return caller.Info{}, fmt.Errorf("pid %d belongs to no known pod", cred.PID)
+		return caller.Info{}, refusal{msg: fmt.Sprintf("pid %d belongs to no known pod", cred.PID), temporary: !r.final}
 	}
 	return info, nil
 }
+
+// refusal is the resolver's error; a temporary one is asked again.
+type refusal struct {
+	msg       string
+	temporary bool
+}
+
+func (r refusal) Error() string   { return r.msg }
+func (r refusal) Temporary() bool { return r.temporary }
 
 func (r *resolver) learn(pid int32, info caller.Info) {
 	r.mu.Lock()
@@ -322,7 +333,9 @@ func TestResolverOncePerConnection(t *testing.T) {
 	}
 }
 
-func TestResolverRefusal(t *testing.T) {
+// A temporary refusal at accept is told at every RPC, which asks again: the
+// connection is served once its pod is known.
+func TestResolverTemporaryRefusal(t *testing.T) {
 	r := &resolver{known: map[int32]caller.Info{}}
 	f := start(t, func(c *Config) { c.Resolver = r })
 	for name, call := range map[string]func(*testing.T, *grpc.ClientConn) (string, error){"unary": unary, "stream": stream} {
@@ -335,10 +348,35 @@ func TestResolverRefusal(t *testing.T) {
 	if got := counter(t, f.srv.metrics.refused.WithLabelValues(refusedUnresolved)); got != 2 {
 		t.Errorf("refused{unresolved} = %v, want 2", got)
 	}
-	// A refusal is not kept: once the pod is known, the same connection is served.
 	r.learn(me().PID, caller.Info{Identity: "spiffe://cluster.local/ns/a/sa/late"})
 	if got, err := unary(t, f.conn); err != nil || !strings.Contains(got, "sa/late") {
 		t.Fatalf("after the pod became known: %q, %v", got, err)
+	}
+}
+
+// A final refusal at accept refuses every RPC of the connection, without
+// asking again, and the connection is closed: it is counted against
+// nobody, holds no pidfd, and does not stay.
+func TestResolverFinalRefusal(t *testing.T) {
+	r := &resolver{known: map[int32]caller.Info{}, final: true}
+	f := start(t, func(c *Config) { c.Resolver = r })
+	_, err := unary(t, f.conn)
+	want := fmt.Sprintf("pid %d belongs to no known pod", me().PID)
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), want) {
+		t.Fatalf("%v, want PermissionDenied naming the reason %q", err, want)
+	}
+	r.learn(me().PID, caller.Info{Identity: "spiffe://cluster.local/ns/a/sa/late"})
+	if _, err := unary(t, f.conn); status.Code(err) != codes.PermissionDenied && status.Code(err) != codes.Unavailable {
+		t.Fatalf("the refused connection was served: %v", err)
+	}
+	if n := r.calls.Load(); n != 1 {
+		t.Fatalf("resolver asked %d times, want once", n)
+	}
+	ctx := rpcCtx(t)
+	for s := f.conn.GetState(); s == connectivity.Ready; s = f.conn.GetState() {
+		if !f.conn.WaitForStateChange(ctx, s) {
+			t.Fatal("the refused connection was not closed")
+		}
 	}
 }
 
