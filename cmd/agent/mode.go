@@ -71,6 +71,12 @@ func selectMode(ctx context.Context, cfg *settings.Config) ModeDecision {
 	stale := false
 	switch state, err := sockprobe.Probe(ctx, cfg.SDSSocket, sdsProbeTimeout, sockprobe.GRPC); state {
 	case sockprobe.Alive:
+		if cfg.Mode == settings.ModeNode {
+			// The node agent's socket is its own: what answers there (a
+			// pod's impostor) is replaced when the agent listens.
+			notes = append(notes, fmt.Sprintf("something answers on %s; node mode replaces it", cfg.SDSSocket))
+			break
+		}
 		return ModeDecision{Mode: ModeExternal, Reason: fmt.Sprintf("an SDS server already answers on %s; meshagent will not serve SDS there", cfg.SDSSocket)}
 	case sockprobe.Stale:
 		stale = true

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/meshagent/meshagent/test/agentproc"
 )
 
@@ -18,8 +20,9 @@ func fromAgent(answer string) bool {
 	return strings.Contains(answer, "PermissionDenied") && strings.Contains(answer, "not in a pod")
 }
 
-// bindImpostor binds a socket at path that accepts connections and closes
-// them, as a pod that removed the agent's socket would, until the test ends.
+// bindImpostor binds a gRPC server (with no service) at path, as a pod that
+// removed the agent's socket would, until the test ends: it answers like an
+// SDS server would to a probe, and refuses every call.
 func bindImpostor(t *testing.T, path string) {
 	t.Helper()
 	_ = os.Remove(path)
@@ -28,16 +31,10 @@ func bindImpostor(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	lis.(*net.UnixListener).SetUnlinkOnClose(false)
-	t.Cleanup(func() { _ = lis.Close() })
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.Close()
-		}
-	}()
+	srv := grpc.NewServer()
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-served })
 }
 
 // A pod that can write the socket directory removes the agent's socket and
