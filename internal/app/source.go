@@ -75,6 +75,12 @@ func SelectSource(ctx context.Context, cfg *settings.Config) SourceDecision {
 	stale := false
 	switch state, err := sockprobe.Probe(ctx, cfg.SDSSocket, sdsProbeTimeout, sockprobe.GRPC); state {
 	case sockprobe.Alive:
+		if cfg.Mode == settings.ModeNode {
+			// The node agent's socket is its own: what answers there (a
+			// pod's impostor) is replaced when the agent listens.
+			notes = append(notes, fmt.Sprintf("something answers on %s; node mode replaces it", cfg.SDSSocket))
+			break
+		}
 		return SourceDecision{Source: SourceExternal, Reason: fmt.Sprintf("an SDS server already answers on %s; meshagent will not serve SDS there", cfg.SDSSocket)}
 	case sockprobe.Stale:
 		stale = true

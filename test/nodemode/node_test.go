@@ -45,6 +45,13 @@ func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now()
 // trusted node accounts. The agent reads pods with an admin kubeconfig.
 func startNode(t *testing.T, name string, env ...string) *node {
 	t.Helper()
+	return startNodeIn(t, name, nil, env...)
+}
+
+// startNodeIn is startNode with prepare, when not nil, run on the agent's
+// working directory before the agent starts.
+func startNodeIn(t *testing.T, name string, prepare func(dir string), env ...string) *node {
+	t.Helper()
 	kube := kube.Env(t)
 	ctx := context.Background()
 	n := &node{t: t, name: name, sys: uniq("sys")}
@@ -74,6 +81,9 @@ func startNode(t *testing.T, name string, env ...string) *node {
 	write(t, filepath.Join(dir, "root-cert.pem"), n.ca.RootPEM())
 	if err := kube.Kubeconfig(filepath.Join(dir, "kubeconfig"), kube.AdminToken()); err != nil {
 		t.Fatal(err)
+	}
+	if prepare != nil {
+		prepare(dir)
 	}
 	port := freePort(t)
 	n.status = "http://127.0.0.1:" + strconv.Itoa(port)
