@@ -63,7 +63,9 @@ func missingFiles(dir string) []string {
 }
 
 // SelectSource decides where certificates come from (docs/modes.md), in this order:
-// a healthy socket at the SDS path (another agent serves SDS), --dev, the
+// a healthy socket at the SDS path (another agent serves SDS; not in node
+// mode, where the path is the node agent's own and what answers there is
+// replaced when the agent listens), --dev, the
 // workload credentials directory holding all three files,
 // FILE_MOUNTED_CERTS=true, and otherwise the CA. It only looks: a stale
 // socket is reported in the decision, not removed.
