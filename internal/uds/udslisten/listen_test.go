@@ -11,6 +11,8 @@ import (
 	"time"
 
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 // shortDir is a temporary directory with a path short enough for a socket.
@@ -101,15 +103,7 @@ func listenWatched(t *testing.T, cfg Config) *watched {
 // tick lets Watch make its next check.
 func (w *watched) tick(t *testing.T, d time.Duration) {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for !w.clock.HasWaiters() {
-		select {
-		case <-deadline:
-			t.Fatal("Watch never waited for its next check")
-		case <-time.After(time.Millisecond):
-		}
-	}
-	w.clock.Step(d)
+	testwait.Step(t, w.clock, d)
 }
 
 func (w *watched) rebound(t *testing.T) string {

@@ -6,8 +6,11 @@ import (
 	"os"
 	"runtime"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 // idleConnBudget is what one idle connection may cost the server process,
@@ -82,7 +85,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 	for i := range conns {
 		conns[i] = openIdle(t, f.socket)
 	}
-	waitFor(t, "every connection counted", func() bool { return f.connsOf(podKey("uid-a")) >= n })
+	testwait.Within(t, 20*time.Second, "every connection counted", func() bool { return f.connsOf(podKey("uid-a")) >= n })
 	heap1, stack1 := inUse()
 	if got := openFDs(t) - fds0; got != 2*n {
 		t.Errorf("%d idle connections opened %d files in the process, want %d (the two ends of each socket, no pidfd)", n, got, 2*n)

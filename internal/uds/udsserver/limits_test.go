@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
@@ -68,17 +69,6 @@ func (f *fixture) connsOf(key string) int {
 	return 0
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func wantExhausted(t *testing.T, err error, setting string) {
 	t.Helper()
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), setting) {
@@ -105,7 +95,7 @@ func TestConnectionsPerCaller(t *testing.T) {
 	otherPod(t, f.socket)
 
 	_ = conns[1].Close()
-	waitFor(t, "the closed connection is given back", func() bool { return f.connsOf(podKey("uid-a")) < 3 })
+	testwait.Within(t, 20*time.Second, "the closed connection is given back", func() bool { return f.connsOf(podKey("uid-a")) < 3 })
 	if _, err := unary(t, f.dial()); err != nil {
 		t.Fatalf("after a connection closed: %v", err)
 	}
@@ -125,14 +115,14 @@ func TestUnaryCallsPerCaller(t *testing.T) {
 			_ = f.conn.Invoke(ctx, whoUnary, wrapperspb.String("block"), &out)
 		})
 	}
-	waitFor(t, "two calls being served", func() bool { return f.callerOf(podKey("uid-a")).unary.Load() == 2 })
+	testwait.Within(t, 20*time.Second, "two calls being served", func() bool { return f.callerOf(podKey("uid-a")).unary.Load() == 2 })
 	_, err := unary(t, f.dial()) // another connection of the same pod
 	wantExhausted(t, err, SettingMaxUnaryPerCaller)
 	otherPod(t, f.socket)
 	cancel()
 	wg.Wait()
 	// The clients gave up; the server sees the cancellations a moment later.
-	waitFor(t, "the calls ended", func() bool { return f.callerOf(podKey("uid-a")).unary.Load() == 0 })
+	testwait.Within(t, 20*time.Second, "the calls ended", func() bool { return f.callerOf(podKey("uid-a")).unary.Load() == 0 })
 	if _, err := unary(t, f.conn); err != nil {
 		t.Fatalf("after the calls ended: %v", err)
 	}
@@ -271,7 +261,7 @@ func TestWindowZeroFlood(t *testing.T) {
 	for i := range calls {
 		h.call(uint32(2*i+1), whoUnary, wrapperspb.String("big:16384"))
 	}
-	waitFor(t, "every call answered", func() bool { n, _ := h.answered(); return n == calls })
+	testwait.Within(t, 20*time.Second, "every call answered", func() bool { n, _ := h.answered(); return n == calls })
 	h.mu.Lock()
 	maxStreams := h.maxStreams
 	h.mu.Unlock()
@@ -305,11 +295,11 @@ func TestStreamsPerConnection(t *testing.T) {
 	for i := range 4 {
 		h.call(uint32(2*i+1), whoUnary, wrapperspb.String("block"))
 	}
-	waitFor(t, "four calls being served", func() bool { return f.callerOf(podKey("uid-a")).unary.Load() == 4 })
+	testwait.Within(t, 20*time.Second, "four calls being served", func() bool { return f.callerOf(podKey("uid-a")).unary.Load() == 4 })
 	for i := 4; i < 10; i++ {
 		h.call(uint32(2*i+1), whoUnary, wrapperspb.String("block"))
 	}
-	waitFor(t, "six calls refused", func() bool {
+	testwait.Within(t, 20*time.Second, "six calls refused", func() bool {
 		_, ended := h.answered()
 		return ended["rst:"+http2.ErrCodeRefusedStream.String()] == 6
 	})
@@ -328,7 +318,7 @@ func TestIdleConnectionClosed(t *testing.T) {
 			t.Fatal("the idle connection was not closed")
 		}
 	}
-	waitFor(t, "the closed connection is given back", func() bool { return f.connsOf("uid:"+strconv.Itoa(os.Getuid())) == 0 })
+	testwait.Within(t, 20*time.Second, "the closed connection is given back", func() bool { return f.connsOf("uid:"+strconv.Itoa(os.Getuid())) == 0 })
 }
 
 // When its pod leaves, a connection's streams end with PermissionDenied
