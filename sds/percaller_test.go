@@ -68,7 +68,7 @@ func TestMaxStreamsPerCallerNotAppliedToOneWorkload(t *testing.T) {
 		f.checkCert(next(t, f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}})))
 	}
 	code, msg := ended(t, f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}}))
-	if code != codes.ResourceExhausted || !strings.Contains(msg, "at most 3 (MaxStreams)") {
+	if code != codes.ResourceExhausted || !strings.Contains(msg, "at most 3 are served at once (MESHAGENT_SDS_MAX_STREAMS)") {
 		t.Fatalf("fourth stream ended with %v %q, want ResourceExhausted naming MaxStreams", code, msg)
 	}
 }

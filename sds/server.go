@@ -80,6 +80,10 @@ type Config struct {
 	// socket server did not resolve (a sidecar's: one workload) are bounded
 	// by MaxStreams only. Default DefaultMaxStreamsPerCaller.
 	MaxStreamsPerCaller int
+	// Callers, when set, is the per-caller stream count shared with the
+	// other service on the socket, so a pod's SDS and Workload API streams
+	// count together against MaxStreamsPerCaller. Nil: a count of its own.
+	Callers *streamlimit.Callers
 	// MaxFileNamesPerCaller bounds the file resources (names under
 	// secretmanager.FileCertPrefix or FileRootPrefix) held at once by the
 	// streams of one caller (its pod when the caller was resolved to one,
@@ -152,7 +156,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.Named("sds"), metrics: m,
-		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller}}, nil
+		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers}}, nil
 }
 
 // Register adds the SDS service to gs.

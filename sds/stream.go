@@ -500,11 +500,11 @@ func (s *Server) admit(ctx context.Context) (release func(), err error) {
 	switch {
 	case errors.Is(err, streamlimit.ErrTotal):
 		s.metrics.refused.WithLabelValues(refusedStreams).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many SDS streams: at most %d (MaxStreams) are served at once", s.cfg.MaxStreams)
+		err = status.Errorf(codes.ResourceExhausted, "too many SDS streams: at most %d are served at once (MESHAGENT_SDS_MAX_STREAMS)", s.cfg.MaxStreams)
 		s.log.Warn("SDS stream refused: too many streams", zap.String(keyCaller, key), zap.Int(keyMaxStreams, s.cfg.MaxStreams), zap.Error(err))
 	case errors.Is(err, streamlimit.ErrPerCaller):
 		s.metrics.refused.WithLabelValues(refusedStreamsPerCaller).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many SDS streams from this caller: at most %d (MaxStreamsPerCaller) are served at once", s.cfg.MaxStreamsPerCaller)
+		err = status.Errorf(codes.ResourceExhausted, "too many streams from this caller: at most %d SDS and Workload API streams are served at once (MESHAGENT_SDS_MAX_STREAMS_PER_POD)", s.cfg.MaxStreamsPerCaller)
 		s.log.Warn("SDS stream refused: too many streams from this caller", zap.String(keyCaller, key), zap.Int(keyMaxStreamsPerCaller, s.cfg.MaxStreamsPerCaller), zap.Error(err))
 	}
 	return release, err

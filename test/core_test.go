@@ -286,11 +286,17 @@ func coreCounter(t testing.TB, reg *prometheus.Registry, name, label, value stri
 
 func TestCoreManyStreamsOneCSR(t *testing.T) {
 	a := newCoreAgent(t, coreOpts{caDown: true})
-	const n = 100
+	// 100 streams on 10 connections: one caller holds at most
+	// MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER (32) connections.
+	const n, conns = 100, 10
+	clients := make([]*sdsclient.Client, conns)
+	for i := range clients {
+		clients[i] = a.dial()
+	}
 	streams := make([]*sdsclient.Stream, n)
 	var wg sync.WaitGroup
 	for i := range streams {
-		wg.Go(func() { streams[i] = a.stream(a.dial(), "default", "ROOTCA") })
+		wg.Go(func() { streams[i] = a.stream(clients[i%conns], "default", "ROOTCA") })
 	}
 	wg.Wait()
 	// No certificate yet: each stream gets ROOTCA alone, without waiting

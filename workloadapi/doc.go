@@ -27,7 +27,8 @@
 //
 // Limits: at most Config.MaxStreams streams at once, and at most
 // Config.MaxStreamsPerCaller from one resolved caller (a pod in node mode),
-// so one pod cannot take every stream from the others on its node; a stream
+// counted with its SDS streams when Config.Callers is shared with the SDS
+// server, so one pod cannot take every stream from the others on its node; a stream
 // over either limit is refused with ResourceExhausted naming it and counted
 // in meshagent_workloadapi_refused_total. A sidecar's callers are all its one
 // workload and share MaxStreams. Message size, the uid allow-list and

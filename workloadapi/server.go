@@ -22,9 +22,9 @@ import (
 const (
 	// DefaultMaxStreams bounds the Workload API streams open at once.
 	DefaultMaxStreams = 4096
-	// DefaultMaxStreamsPerCaller bounds the streams one resolved caller (one
-	// pod in node mode) holds open at once.
-	DefaultMaxStreamsPerCaller = 128
+	// DefaultMaxStreamsPerCaller bounds the streams one resolved caller
+	// (one pod in node mode) holds open at once, as SDS's.
+	DefaultMaxStreamsPerCaller = 64
 )
 
 // The security header every Workload API call must carry, as the SPIFFE
@@ -61,6 +61,10 @@ type Config struct {
 	// (a sidecar's: one workload) are bounded by MaxStreams only. Default
 	// DefaultMaxStreamsPerCaller.
 	MaxStreamsPerCaller int
+	// Callers, when set, is the per-caller stream count shared with the
+	// other service on the socket, so a pod's SDS and Workload API streams
+	// count together against MaxStreamsPerCaller. Nil: a count of its own.
+	Callers *streamlimit.Callers
 	// Logger receives the server's logs. Nil means no logs.
 	Logger *zap.Logger
 	// Registerer receives the metrics. Nil means they are not registered.
@@ -100,7 +104,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.Named("workloadapi"), metrics: m,
-		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller}}, nil
+		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers}}, nil
 }
 
 // Register adds the SpiffeWorkloadAPI service to gs.
@@ -239,10 +243,10 @@ func (s *Server) acquire(ctx context.Context, method string) (func(), error) {
 	switch {
 	case errors.Is(err, streamlimit.ErrTotal):
 		s.metrics.refused.WithLabelValues(refusedMaxStreams).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many Workload API streams: at most %d are served at once", s.cfg.MaxStreams)
+		err = status.Errorf(codes.ResourceExhausted, "too many Workload API streams: at most %d are served at once (MESHAGENT_WORKLOAD_API_MAX_STREAMS)", s.cfg.MaxStreams)
 	case errors.Is(err, streamlimit.ErrPerCaller):
 		s.metrics.refused.WithLabelValues(refusedMaxPerCaller).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many Workload API streams from this caller: at most %d are served at once", s.cfg.MaxStreamsPerCaller)
+		err = status.Errorf(codes.ResourceExhausted, "too many streams from this caller: at most %d SDS and Workload API streams are served at once (MESHAGENT_SDS_MAX_STREAMS_PER_POD)", s.cfg.MaxStreamsPerCaller)
 	}
 	if err != nil {
 		s.log.Warn("workload API stream refused", zap.String(keyMethod, method), callerField(ctx), zap.Error(err))

@@ -27,6 +27,7 @@ import (
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
+	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/workloadapi"
 )
@@ -504,6 +505,32 @@ func TestStreamLimits(t *testing.T) {
 		cancels[0]()
 		testwait.For(t, "the closed stream's place", func() bool { return src.watching("default") == 5 })
 		openN(t, greedy, 1)
+	})
+
+	t.Run("per pod, with its SDS streams", func(t *testing.T) {
+		// The SDS server shares the per-pod count: a pod holding 2 SDS
+		// streams gets one Workload API stream of its 3.
+		var callers streamlimit.Callers
+		sds := &streamlimit.Limit{Max: 10, PerCaller: 3, Callers: &callers}
+		for range 2 {
+			release, err := sds.Acquire("pod:uid-both")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(release)
+		}
+		src := newTestSource(t, testID)
+		r := &podResolver{}
+		socket, _ := serveResolved(t, src, func(c *workloadapi.Config) {
+			c.MaxStreams, c.MaxStreamsPerCaller, c.Callers = 10, 3, &callers
+		}, r)
+		r.set("both")
+		c := rawClient(t, socket)
+		openN(t, c, 1)
+		_, err := open(t, c)
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "MESHAGENT_SDS_MAX_STREAMS_PER_POD") {
+			t.Fatalf("a fourth stream of the pod, SDS and Workload API together: %v, want ResourceExhausted naming the setting", err)
+		}
 	})
 }
 

@@ -22,6 +22,7 @@ type metrics struct {
 	rejectedRequests  prometheus.Counter
 	droppedRequests   prometheus.Counter
 	rewrittenRequests prometheus.Counter
+	socketRebound     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -62,6 +63,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "meshagent_xdsproxy_rewritten_requests_total",
 			Help: "Downstream subscription changes forwarded with the nonce of the current upstream stream in place of a lost one's.",
 		}),
+		socketRebound: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_xdsproxy_socket_rebound_total",
+			Help: "Times the xDS proxy's socket was bound again after it was removed or replaced by someone else, by reason (removed, replaced).",
+		}, []string{"reason"}),
 	}
 	for _, d := range []string{toUpstream, toDownstream} {
 		m.messages.WithLabelValues(d)
@@ -76,7 +81,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var done []prometheus.Collector
 	for _, c := range []prometheus.Collector{
 		m.connects, m.failures, m.reconnects, m.messages, m.bytes, m.streams,
-		m.rejectedRequests, m.droppedRequests, m.rewrittenRequests,
+		m.rejectedRequests, m.droppedRequests, m.rewrittenRequests, m.socketRebound,
 	} {
 		if err := reg.Register(c); err != nil {
 			for _, d := range done {

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +15,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
+	"github.com/meshagent/meshagent/internal/uds/udslisten"
 )
 
 var (
@@ -36,9 +34,6 @@ var (
 const (
 	socketDirMode  = 0o750
 	socketFileMode = 0o666
-	// staleProbeTimeout bounds the dial that tells a live socket from a
-	// stale one.
-	staleProbeTimeout = time.Second
 	// downstreamPingMinTime is the shortest ping interval tolerated from a
 	// client before gRPC closes its connection for pinging too often.
 	downstreamPingMinTime = 5 * time.Second
@@ -163,14 +158,17 @@ func (p *Proxy) Run(ctx context.Context) error {
 		return errors.New("xds proxy: Run called twice")
 	}
 	path := p.cfg.SocketPath
-	lis, err := listen(path)
+	lis, err := p.listen(path)
 	if err != nil {
 		return err
 	}
+	defer lis.Close() // removes the socket if it is still the proxy's
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- lis.Watch(watchCtx) }()
+	defer func() { stopWatch(); <-watched }()
 	conn, err := caclient.Dial(p.upstream)
 	if err != nil {
-		_ = lis.Close()
-		_ = os.Remove(path)
 		return fmt.Errorf("xds proxy: upstream %s: %w", p.upstream.Addr, err)
 	}
 	// Connect now (or once ConnectAfter is closed), so the first client's
@@ -239,9 +237,6 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if serveErr == nil {
 		serveErr = <-served
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		p.log.Warn("removing xds proxy socket failed", zap.String(keySocket, path), zap.Error(err))
-	}
 	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
 		return fmt.Errorf("serving xds proxy socket %s: %w", path, serveErr)
 	}
@@ -250,20 +245,13 @@ func (p *Proxy) Run(ctx context.Context) error {
 }
 
 // listen makes the socket's directory, clears a stale socket and listens.
-func listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), socketDirMode); err != nil {
-		return nil, fmt.Errorf("creating xds proxy socket directory: %w", err)
-	}
-	if _, err := sockprobe.RemoveStale(context.Background(), path, staleProbeTimeout, sockprobe.Connect); err != nil {
-		return nil, fmt.Errorf("xds proxy socket: %w", err)
-	}
-	lis, err := net.Listen("unix", path)
+func (p *Proxy) listen(path string) (*udslisten.Listener, error) {
+	lis, err := udslisten.Listen(udslisten.Config{
+		Path: path, DirMode: socketDirMode, SocketMode: socketFileMode, Logger: p.log,
+		OnRebind: func(reason string) { p.metrics.socketRebound.WithLabelValues(reason).Inc() },
+	})
 	if err != nil {
-		return nil, fmt.Errorf("listening on xds proxy socket: %w", err)
-	}
-	if err := os.Chmod(path, socketFileMode); err != nil {
-		_ = lis.Close()
-		return nil, fmt.Errorf("setting xds proxy socket mode: %w", err)
+		return nil, fmt.Errorf("xds proxy socket: %w", err)
 	}
 	return lis, nil
 }

@@ -506,6 +506,40 @@ func TestSocketSetup(t *testing.T) {
 			t.Errorf("socket left behind: %v", err)
 		}
 	})
+	t.Run("leaves a socket that replaced its own", func(t *testing.T) {
+		path := filepath.Join(dir, "b", "XDS")
+		p, err := New(Config{SocketPath: path, Upstream: caclient.TransportConfig{Addr: "127.0.0.1:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		testwait.Within(t, 5*time.Second, "the socket", func() bool { _, err := os.Stat(path); return err == nil })
+		// Another process's socket takes the path (the proxy would bind
+		// its own again at its next check); the proxy stops first.
+		tmp := path + ".other"
+		other, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		other.SetUnlinkOnClose(false)
+		defer other.Close()
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+		theirs, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if now, err := os.Lstat(path); err != nil || !os.SameFile(now, theirs) {
+			t.Fatalf("the other process's socket was removed or replaced on shutdown: %v", err)
+		}
+	})
 	t.Run("replaces a stale socket", func(t *testing.T) {
 		path := filepath.Join(dir, "stale")
 		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})

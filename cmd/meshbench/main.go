@@ -50,6 +50,7 @@ type options struct {
 	nodeBudget    int
 	nodeSecretTTL time.Duration
 	nodeLiveProcs int
+	nodeIdleConns int
 }
 
 // groups are the measurement groups -only can select.
@@ -87,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.nodeNewPods, "node-new-pods", 100, "node mode: new pods timed to their first certificate, for each of cached and new identities")
 	fs.IntVar(&o.nodeBudget, "node-csr-budget", 8, "node mode: MESHAGENT_CA_MAX_CONCURRENT_CSRS of the agent")
 	fs.DurationVar(&o.nodeSecretTTL, "node-secret-ttl", 0, "node mode: SECRET_TTL, whose half-life renewal is the rotation measured; 0 means 30s plus 30ms per pod, time for the streams to open first")
+	fs.IntVar(&o.nodeIdleConns, "node-idle-conns", 1000, "node mode: idle connections opened from the pods' processes (without an RPC) to measure the agent's memory and files per connection; 0 skips it")
 	fs.IntVar(&o.nodeLiveProcs, "node-live-procs", 1000, "node mode: pod processes kept running; past this many, a process ends once its stream has its first certificate (its connection and stream stay open)")
 	if err := fs.Parse(args); err != nil {
 		return o, err

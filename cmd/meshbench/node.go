@@ -228,6 +228,9 @@ func (nb *nodeBench) scale(ctx context.Context, n, ids int, rep *Reporter) (floa
 	if opts.pprofDir != "" {
 		b.snapshotProfiles(actx, s.agent, fmt.Sprintf("node-%d", n))
 	}
+	if err := s.idleConns(actx, pods.Items, rep, name); err != nil {
+		rep.Fail(name("idle_conn_rss_kb"), agentErr(s.agent, err))
+	}
 
 	if err := s.rotation(actx, rep, name); err != nil {
 		rep.Fail(name("rotation_all_streams_ms"), agentErr(s.agent, err))

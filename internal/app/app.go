@@ -18,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -91,6 +92,8 @@ type App struct {
 	firstCertOnce sync.Once
 	// node is node mode's wiring; nil in a sidecar.
 	node *nodeWiring
+	// socket is the local socket's server, once built (podLeft).
+	socket atomic.Pointer[udsserver.Server]
 
 	ran atomic.Bool
 }

@@ -117,6 +117,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 				n.dropTokens(id)
 			},
 		},
+		PodLeft:    a.podLeft,
 		Logger:     a.base,
 		Registerer: a.reg,
 	})

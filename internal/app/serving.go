@@ -15,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/settings"
+	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -50,8 +51,10 @@ func (a *App) servingComponents(src certSource) ([]component, error) {
 // their pods (nodeWiring.callers) and its directory is open to every uid.
 func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	c := a.s
+	// One count per pod of its SDS and Workload API streams.
+	var streams streamlimit.Callers
 	srv, err := sds.New(sds.Config{
-		Secrets: m, MaxStreams: c.SDSMaxStreams, MaxStreamsPerCaller: c.SDSMaxStreamsPerPod,
+		Secrets: m, MaxStreams: c.SDSMaxStreams, MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams,
 		MaxFileNamesPerCaller: c.SDSMaxFileResourcesPerCaller,
 		Clock:                 a.clock, Logger: a.base, Registerer: a.reg,
 	})
@@ -60,16 +63,17 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	}
 	services := []func(*grpc.Server){srv.Register}
 	if c.WorkloadAPI {
-		wl, err := workloadapi.New(workloadapi.Config{Secrets: m, Logger: a.base, Registerer: a.reg})
+		wl, err := workloadapi.New(workloadapi.Config{Secrets: m, MaxStreams: c.WorkloadAPIMaxStreams,
+			MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams, Logger: a.base, Registerer: a.reg})
 		if err != nil {
 			return nil, err
 		}
 		services = append(services, wl.Register)
 	}
-	uc := udsserver.Config{
-		SocketPath: c.SDSSocket, Services: services,
+	uc := a.withSocketLimits(udsserver.Config{
+		SocketPath: c.SDSSocket, Replace: a.nodeMode(), Services: services,
 		MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
-	}
+	})
 	var cs []component
 	if a.node != nil {
 		resolver, nodeCs, err := a.node.callers(m)
@@ -86,6 +90,7 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.socket.Store(socket)
 	return append(cs, component{name: "sds", run: socket.Run}), nil
 }
 

@@ -63,7 +63,9 @@ func missingFiles(dir string) []string {
 }
 
 // SelectSource decides where certificates come from (docs/modes.md), in this order:
-// a healthy socket at the SDS path (another agent serves SDS), --dev, the
+// a healthy socket at the SDS path (another agent serves SDS; not in node
+// mode, where the path is the node agent's own and what answers there is
+// replaced when the agent listens), --dev, the
 // workload credentials directory holding all three files,
 // FILE_MOUNTED_CERTS=true, and otherwise the CA. It only looks: a stale
 // socket is reported in the decision, not removed.
@@ -75,6 +77,12 @@ func SelectSource(ctx context.Context, cfg *settings.Config) SourceDecision {
 	stale := false
 	switch state, err := sockprobe.Probe(ctx, cfg.SDSSocket, sdsProbeTimeout, sockprobe.GRPC); state {
 	case sockprobe.Alive:
+		if cfg.Mode == settings.ModeNode {
+			// The node agent's socket is its own: what answers there (a
+			// pod's impostor) is replaced when the agent listens.
+			notes = append(notes, fmt.Sprintf("something answers on %s; node mode replaces it", cfg.SDSSocket))
+			break
+		}
 		return SourceDecision{Source: SourceExternal, Reason: fmt.Sprintf("an SDS server already answers on %s; meshagent will not serve SDS there", cfg.SDSSocket)}
 	case sockprobe.Stale:
 		stale = true

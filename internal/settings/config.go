@@ -190,6 +190,24 @@ type Config struct {
 	PodCertificateSigner string
 	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
 	WorkloadAPI bool
+	// WorkloadAPIMaxStreams bounds the Workload API streams open at once
+	// (MESHAGENT_WORKLOAD_API_MAX_STREAMS).
+	WorkloadAPIMaxStreams int
+	// SocketMaxConnsPerCaller bounds one caller's connections to the SDS
+	// socket (MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER).
+	SocketMaxConnsPerCaller int
+	// SocketMaxStreamsPerConn bounds the RPCs open on one connection
+	// (MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION).
+	SocketMaxStreamsPerConn int
+	// SocketMaxUnaryPerCaller bounds one caller's unary calls served at once
+	// (MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER).
+	SocketMaxUnaryPerCaller int
+	// SocketMaxQueuedBytesPerCaller bounds the response bytes queued for one
+	// caller (MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER).
+	SocketMaxQueuedBytesPerCaller int
+	// SocketIdleTimeout closes a connection without an RPC for that long
+	// (MESHAGENT_SOCKET_IDLE_TIMEOUT).
+	SocketIdleTimeout time.Duration
 
 	// Trust bundle sources merged with the root files (docs/trust.md).
 	// TrustConfigMap is the ConfigMap key read (MESHAGENT_TRUST_CONFIGMAP).

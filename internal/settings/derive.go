@@ -77,6 +77,15 @@ func (r *resolution) derive(in Input) error {
 		}
 	}
 
+	// MESHAGENT_WORKLOAD_API_MAX_STREAMS: in line with SDS.
+	if !r.isSet("MESHAGENT_WORKLOAD_API_MAX_STREAMS") {
+		c.WorkloadAPIMaxStreams = 4096
+		if c.Mode == ModeNode {
+			c.WorkloadAPIMaxStreams = 65536
+			r.notes["MESHAGENT_WORKLOAD_API_MAX_STREAMS"] = "node mode default"
+		}
+	}
+
 	// CA_ADDR: the discovery address; Linkerd's identity service for Linkerd.
 	if !r.isSet("CA_ADDR") {
 		if c.CAProvider == ProviderLinkerd {

@@ -262,7 +262,7 @@ var Registry = []Setting{
 	},
 	{
 		Name: "MESHAGENT_SDS_MAX_STREAMS_PER_POD", Default: "64", Group: GroupMeshagent,
-		Doc:   "Node mode: most SDS streams one pod holds at once (a caller resolved to no pod is counted by its identity); one more is refused with gRPC status RESOURCE_EXHAUSTED, so a pod cannot take the places of the others. Not applied in sidecar mode, where every caller is the one workload.",
+		Doc:   "Node mode: most streams one pod holds at once, SDS and Workload API streams counted together (a caller resolved to no pod is counted by its identity); one more is refused with gRPC status RESOURCE_EXHAUSTED, so a pod cannot take the places of the others. Not applied in sidecar mode, where every caller is the one workload.",
 		Value: Int(func(c *Config) *int { return &c.SDSMaxStreamsPerPod }, 1, 1<<20),
 	},
 	{
@@ -344,6 +344,36 @@ var Registry = []Setting{
 		Name: "MESHAGENT_WORKLOAD_API", Flag: "workload-api", Default: "true", Group: GroupMeshagent,
 		Doc:   "Serve the SPIFFE Workload API (X.509-SVIDs and bundles, for go-spiffe, spiffe-helper and other SPIFFE clients) on the SDS socket beside SDS. Set SPIFFE_ENDPOINT_SOCKET=unix://<SDS socket> in the clients.",
 		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),
+	},
+	{
+		Name: "MESHAGENT_WORKLOAD_API_MAX_STREAMS", DerivedDefault: "4096; in node mode 65536, as MESHAGENT_SDS_MAX_STREAMS", Group: GroupMeshagent,
+		Doc:   "Most Workload API streams (FetchX509SVID, FetchX509Bundles) served at once, from all callers together; one more is refused with gRPC status RESOURCE_EXHAUSTED. Each pod's share is bounded by MESHAGENT_SDS_MAX_STREAMS_PER_POD.",
+		Value: Int(func(c *Config) *int { return &c.WorkloadAPIMaxStreams }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER", Default: "32", Group: GroupMeshagent,
+		Doc:   "Most connections to the SDS socket one caller holds open: a pod in node mode, else the connecting process's uid (node processes, and every caller in sidecar mode). The caller is identified when it connects; one more connection is refused with gRPC status RESOURCE_EXHAUSTED naming this setting, and closed.",
+		Value: Int(func(c *Config) *int { return &c.SocketMaxConnsPerCaller }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION", Default: "100", Group: GroupMeshagent,
+		Doc:   "Most RPCs open at once on one connection to the SDS socket (HTTP/2 MAX_CONCURRENT_STREAMS); gRPC clients wait for a place, others have the extra stream refused.",
+		Value: Int(func(c *Config) *int { return &c.SocketMaxStreamsPerConn }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER", Default: "16", Group: GroupMeshagent,
+		Doc:   "Most unary calls (SDS FetchSecrets, Workload API FetchJWTSVID and the like) one caller is served at once; one more is refused with gRPC status RESOURCE_EXHAUSTED naming this setting.",
+		Value: Int(func(c *Config) *int { return &c.SocketMaxUnaryPerCaller }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER", Default: "4194304", Group: GroupMeshagent,
+		Doc:   "Most response bytes queued for one caller that it has not read (a client that stops reading or closes its HTTP/2 window); while over it, the caller's calls and stream updates are refused with gRPC status RESOURCE_EXHAUSTED naming this setting.",
+		Value: Int(func(c *Config) *int { return &c.SocketMaxQueuedBytesPerCaller }, 64<<10, 1<<30),
+	},
+	{
+		Name: "MESHAGENT_SOCKET_IDLE_TIMEOUT", Default: "5m", Group: GroupMeshagent,
+		Doc:   "A connection to the SDS socket without any RPC for this long is closed (gRPC clients reconnect when they next call).",
+		Value: Duration(func(c *Config) *time.Duration { return &c.SocketIdleTimeout }, time.Second),
 	},
 
 	// Trust bundle sources beside the root files (docs/trust.md).

@@ -30,6 +30,8 @@ import (
 //
 //	fetch <seconds> <name>...  one Fetch on a new connection: "ok <URI SAN>..." or "error <code> <message>"
 //	stream                     opens a stream for "default" and answers with its first certificate
+//	conns <n>                  opens n connections kept open, one Fetch on each: "served <k> refused <code> <message>"
+//	next                       the stream's next answer, or how it ended: "error <code> <message>"
 //	close                      closes the stream: "closed"
 //	handoff                    connects, sends the connected socket over fd 3, answers "sent"
 const childEnv = "NODEMODE_TEST_CALLER"
@@ -39,6 +41,7 @@ func runChild(sock string) int {
 	var (
 		client *sdsclient.Client
 		stream *sdsclient.Stream
+		held   []*sdsclient.Client // conns: kept open until the caller exits
 	)
 	for in.Scan() {
 		f := strings.Fields(in.Text())
@@ -65,6 +68,37 @@ func runChild(sock string) int {
 			cancel()
 			if err != nil {
 				fmt.Println("error", status.Code(err), err)
+				continue
+			}
+			fmt.Println(describe(r, []string{"default"}))
+		case "conns":
+			n, _ := strconv.Atoi(f[1])
+			served, refusal := 0, ""
+			for range n {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				c, err := sdsclient.Dial(ctx, sock)
+				if err == nil {
+					held = append(held, c)
+					_, err = c.Fetch(ctx, "default")
+				}
+				cancel()
+				if err == nil {
+					served++
+				} else if refusal == "" {
+					refusal = fmt.Sprintf("%s %s", status.Code(err), strings.ReplaceAll(err.Error(), "\n", " "))
+				}
+			}
+			fmt.Println("served", served, "refused", refusal)
+		case "next":
+			if stream == nil {
+				fmt.Println("error no-stream")
+				continue
+			}
+			tctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			r, err := stream.Next(tctx)
+			cancel()
+			if err != nil {
+				fmt.Println("error", status.Code(err), strings.ReplaceAll(err.Error(), "\n", " "))
 				continue
 			}
 			fmt.Println(describe(r, []string{"default"}))

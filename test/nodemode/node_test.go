@@ -46,12 +46,26 @@ func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now()
 // trusted node accounts. The agent reads pods with an admin kubeconfig.
 func startNode(t *testing.T, name string, env ...string) *node {
 	t.Helper()
-	return startNodeAs(t, nil, name, env...)
+	return startNodeWith(t, nil, nil, name, env...)
 }
 
 // startNodeAs is startNode with the agent running as cred's uid and gid
 // (nil: the test's own, root), as the chart runs it: no capability at all.
 func startNodeAs(t *testing.T, cred *syscall.Credential, name string, env ...string) *node {
+	t.Helper()
+	return startNodeWith(t, cred, nil, name, env...)
+}
+
+// startNodeIn is startNode with prepare, when not nil, run on the agent's
+// working directory before the agent starts.
+func startNodeIn(t *testing.T, name string, prepare func(dir string), env ...string) *node {
+	t.Helper()
+	return startNodeWith(t, nil, prepare, name, env...)
+}
+
+// startNodeWith starts the agent as cred (nil: root) after prepare (nil:
+// nothing) ran on its working directory.
+func startNodeWith(t *testing.T, cred *syscall.Credential, prepare func(dir string), name string, env ...string) *node {
 	t.Helper()
 	kube := kube.Env(t)
 	ctx := context.Background()
@@ -82,6 +96,9 @@ func startNodeAs(t *testing.T, cred *syscall.Credential, name string, env ...str
 	write(t, filepath.Join(dir, "root-cert.pem"), n.ca.RootPEM())
 	if err := kube.Kubeconfig(filepath.Join(dir, "kubeconfig"), kube.AdminToken()); err != nil {
 		t.Fatal(err)
+	}
+	if prepare != nil {
+		prepare(dir)
 	}
 	if cred != nil {
 		err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {

@@ -293,3 +293,7 @@ func (s *Stream) Close() {
 	s.cancel()
 	<-s.done
 }
+
+// Decode reads a FetchSecrets or StreamSecrets response made by another
+// client.
+func Decode(resp *discoveryv3.DiscoveryResponse) (*Response, error) { return decode(resp) }

@@ -86,6 +86,10 @@ type Config struct {
 	Scheme pki.Scheme
 	// Handler is told of identities arriving and leaving; nil means nobody.
 	Handler IdentityHandler
+	// PodLeft, when set, is told of a pod that left: deleted, or finished
+	// (Succeeded, Failed); why says which ("was deleted", "has finished
+	// (Succeeded)"). Node mode ends the pod's connections with it.
+	PodLeft func(p Pod, why string)
 	// Logger; nil means zap.NewNop().
 	Logger *zap.Logger
 	// Registerer receives the index's metrics; nil means none.
@@ -242,6 +246,16 @@ func (x *Index) upsert(obj any) {
 	x.setGauges()
 	x.mu.Unlock()
 	x.emit(added, removed)
+	if p.Terminated() && (!had || !old.Terminated()) {
+		x.left(p, "has finished ("+string(p.Phase)+")")
+	}
+}
+
+// left tells PodLeft of a pod that left.
+func (x *Index) left(p Pod, why string) {
+	if x.cfg.PodLeft != nil {
+		x.cfg.PodLeft(p, why)
+	}
 }
 
 func (x *Index) delete(obj any) {
@@ -264,6 +278,9 @@ func (x *Index) delete(obj any) {
 	x.setGauges()
 	x.mu.Unlock()
 	x.emit(nil, removed)
+	if had {
+		x.left(old, "was deleted")
+	}
 }
 
 // ref and unref adjust an identity's count and append it to events when it

@@ -73,13 +73,14 @@ type fixture struct {
 	ns   string
 	idx  *Index
 	ev   *recorder
+	left chan string // "<namespace>/<name> <why>" of each PodLeft call
 }
 
 func newFixture(t *testing.T, node string, serviceAccounts ...string) *fixture {
 	t.Helper()
 	kube := kube.Env(t)
 	ctx := context.Background()
-	f := &fixture{kube: kube, ns: fmt.Sprintf("ns-%d", time.Now().UnixNano()), ev: newRecorder()}
+	f := &fixture{kube: kube, ns: fmt.Sprintf("ns-%d", time.Now().UnixNano()), ev: newRecorder(), left: make(chan string, 1000)}
 	if _, err := kube.CreateNamespace(ctx, f.ns); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,8 @@ func newFixture(t *testing.T, node string, serviceAccounts ...string) *fixture {
 			t.Fatal(err)
 		}
 	}
-	idx, err := New(Config{Pods: podClient(t, kube), NodeName: node, Scheme: scheme, Handler: f.ev})
+	idx, err := New(Config{Pods: podClient(t, kube), NodeName: node, Scheme: scheme, Handler: f.ev,
+		PodLeft: func(p Pod, why string) { f.left <- p.String() + " " + why }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +198,45 @@ func TestIdentityLifecycle(t *testing.T) {
 	}
 	if _, ok := ids[pki.Identity{SPIFFEID: sa(f.ns, "payments")}]; ok {
 		t.Fatal("payments listed: its only pod is on another node")
+	}
+}
+
+// TestPodLeft: PodLeft is told once of a pod deleted (not while it is only
+// being deleted, with a grace period), Succeeded or Failed, and of nothing
+// else.
+func TestPodLeft(t *testing.T) {
+	node := fmt.Sprintf("node-left-%d", time.Now().UnixNano())
+	f := newFixture(t, node, "app")
+	done := f.pod(t, "done", "app", node)
+	failed := f.pod(t, "failed", "app", node)
+	gone := f.pod(t, "gone", "app", node)
+	for _, p := range []*corev1.Pod{done, failed, gone} {
+		f.seen(t, p)
+	}
+	next := func(want string) {
+		t.Helper()
+		select {
+		case got := <-f.left:
+			if got != f.ns+"/"+want {
+				t.Fatalf("PodLeft %q, want %q", got, f.ns+"/"+want)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("PodLeft not told %q within a minute", want)
+		}
+	}
+	f.setPhase(t, done, corev1.PodSucceeded)
+	next("done has finished (Succeeded)")
+	f.setPhase(t, failed, corev1.PodFailed)
+	next("failed has finished (Failed)")
+	f.delete(t, gone, 30) // being deleted: still running
+	f.delete(t, gone, 0)
+	next("gone was deleted")
+	f.delete(t, done, 0)
+	next("done was deleted")
+	select {
+	case got := <-f.left:
+		t.Fatalf("PodLeft told more: %q", got)
+	default:
 	}
 }
 

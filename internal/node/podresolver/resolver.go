@@ -51,6 +51,11 @@ type Refusal struct {
 
 func (r *Refusal) Error() string { return r.msg }
 
+// Temporary reports whether the refusal may change for the same process:
+// its pod was not known yet (the informer may see it later), or the lookup
+// gave up. Any other refusal is final for the connection.
+func (r *Refusal) Temporary() bool { return r.Reason == ReasonPodUnknown || r.Reason == ReasonCanceled }
+
 func refuse(reason, format string, args ...any) *Refusal {
 	return &Refusal{Reason: reason, msg: "caller refused: " + fmt.Sprintf(format, args...)}
 }

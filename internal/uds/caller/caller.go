@@ -2,6 +2,7 @@ package caller
 
 import (
 	"context"
+	"errors"
 	"strconv"
 
 	"github.com/meshagent/meshagent/internal/pki"
@@ -38,7 +39,17 @@ type Resolver interface {
 	// Resolve maps the kernel's credentials of a connection to the caller.
 	// An error refuses the caller; its text names the reason and is shown to
 	// the caller with PermissionDenied, so it must not reveal other callers.
+	// A refusal is final for the connection unless the error is Temporary
+	// (see IsTemporary).
 	Resolve(ctx context.Context, cred Cred) (Info, error)
+}
+
+// IsTemporary reports whether a Resolver's refusal may change for the same
+// connection (a pod not known yet when its first process connects): err,
+// or an error it wraps, has a Temporary method that reports true.
+func IsTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
 }
 
 type ctxKey struct{}

@@ -1,6 +1,8 @@
 // Package streamlimit admits long-lived streams within a bound on all of
 // them and a bound per caller, as the SDS and Workload API servers need.
-// A Limit is safe for concurrent use; it starts nothing.
+// The per-caller count may be shared by several Limits (Callers), so that
+// a pod's SDS and Workload API streams count together. A Limit is safe for
+// concurrent use; it starts nothing.
 package streamlimit
 
 import (
@@ -15,16 +17,54 @@ var (
 	ErrPerCaller = errors.New("too many streams from this caller")
 )
 
-// Limit counts open streams. Set Max and PerCaller before first use.
+// Callers counts open streams per caller key; Limits sharing one count a
+// caller's streams together. The zero value is ready.
+type Callers struct {
+	mu  sync.Mutex
+	per map[string]int
+}
+
+func (c *Callers) acquire(key string, max int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.per[key] >= max {
+		return false
+	}
+	if c.per == nil {
+		c.per = map[string]int{}
+	}
+	c.per[key]++
+	return true
+}
+
+func (c *Callers) release(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.per[key]--; c.per[key] <= 0 {
+		delete(c.per, key)
+	}
+}
+
+// Limit counts open streams. Set its fields before first use.
 type Limit struct {
 	// Max bounds the streams open at once.
 	Max int
-	// PerCaller bounds the streams of one caller key open at once.
+	// PerCaller bounds the streams of one caller key open at once, counted
+	// in Callers.
 	PerCaller int
+	// Callers is the per-caller count; nil means one of the Limit's own.
+	Callers *Callers
 
 	mu   sync.Mutex
 	open int
-	per  map[string]int
+	own  Callers
+}
+
+func (l *Limit) callers() *Callers {
+	if l.Callers != nil {
+		return l.Callers
+	}
+	return &l.own
 }
 
 // Acquire takes a place for a stream of the caller named by key (empty: only
@@ -33,28 +73,19 @@ type Limit struct {
 func (l *Limit) Acquire(key string) (release func(), err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case l.open >= l.Max:
+	if l.open >= l.Max {
 		return nil, ErrTotal
-	case key != "" && l.per[key] >= l.PerCaller:
+	}
+	if key != "" && !l.callers().acquire(key, l.PerCaller) {
 		return nil, ErrPerCaller
 	}
 	l.open++
-	if key != "" {
-		if l.per == nil {
-			l.per = map[string]int{}
-		}
-		l.per[key]++
-	}
 	return func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.open--
-		if key == "" {
-			return
-		}
-		if l.per[key]--; l.per[key] == 0 {
-			delete(l.per, key)
+		if key != "" {
+			l.callers().release(key)
 		}
 	}, nil
 }

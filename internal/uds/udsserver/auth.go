@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -19,6 +20,17 @@ import (
 // PermissionDenied naming the reason.
 func (s *Server) admit(ctx context.Context, method string) (context.Context, error) {
 	c, ok := connOf(ctx)
+	if ok && c.refusal != nil {
+		return nil, c.refusal
+	}
+	if ok {
+		if st := c.state.Load(); st != nil {
+			if g := st.gone.Load(); g != nil {
+				s.metrics.refused.WithLabelValues(refusedGone).Inc()
+				return nil, g.err
+			}
+		}
+	}
 	credOK := ok && c.credOK
 	if len(s.cfg.AllowedUIDs) > 0 {
 		if !credOK {
@@ -55,7 +67,30 @@ func (s *Server) admit(ctx context.Context, method string) (context.Context, err
 			zap.Uint32(keyUID, c.cred.UID), zap.Int32(keyPID, c.cred.PID), zap.Error(err))
 		return nil, status.Errorf(codes.PermissionDenied, "caller not identified: %v", err)
 	}
+	// Identified after it was accepted: counted against its pod from now.
+	if err := s.callers.move(c, callerKey(info, c.cred), s.cfg.MaxConnsPerCaller); err != nil {
+		s.metrics.refused.WithLabelValues(refusedConnections).Inc()
+		return nil, err
+	}
 	return caller.NewContext(ctx, info), nil
+}
+
+// reserve counts a response of m against its connection's caller, or
+// refuses it when the caller's queued responses are over the limit.
+func (s *Server) reserve(c *conn, m any) error {
+	st := c.state.Load()
+	if st == nil {
+		return nil
+	}
+	if q := st.queued.Load(); q > int64(s.cfg.MaxQueuedBytesPerCaller) {
+		s.metrics.refused.WithLabelValues(refusedQueued).Inc()
+		s.log.Debug("local client refused: responses queued", zap.Stringer(keyCred, c.cred), zap.Int64(keyMaxQueued, q))
+		return status.Errorf(codes.ResourceExhausted,
+			"too many response bytes queued for this caller: at most %d until it reads them (%s)",
+			s.cfg.MaxQueuedBytesPerCaller, SettingMaxQueuedPerCaller)
+	}
+	c.queue(wireSize(m))
+	return nil
 }
 
 func (s *Server) unaryAdmit(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -63,7 +98,29 @@ func (s *Server) unaryAdmit(ctx context.Context, req any, info *grpc.UnaryServer
 	if err != nil {
 		return nil, err
 	}
-	return h(ctx, req)
+	c, ok := connOf(ctx)
+	if !ok {
+		return h(ctx, req)
+	}
+	st := c.state.Load()
+	if st != nil {
+		if n := st.unary.Add(1); n > int64(s.cfg.MaxUnaryPerCaller) {
+			st.unary.Add(-1)
+			s.metrics.refused.WithLabelValues(refusedUnary).Inc()
+			s.log.Debug("local client refused: too many unary calls", zap.Stringer(keyCred, c.cred), zap.Int(keyMaxUnary, s.cfg.MaxUnaryPerCaller))
+			return nil, status.Errorf(codes.ResourceExhausted,
+				"too many calls from this caller: at most %d are served at once (%s)", s.cfg.MaxUnaryPerCaller, SettingMaxUnaryPerCaller)
+		}
+		defer st.unary.Add(-1)
+	}
+	if err := s.reserve(c, nil); err != nil {
+		return nil, err
+	}
+	resp, err := h(ctx, req)
+	if err == nil {
+		c.queue(wireSize(resp))
+	}
+	return resp, err
 }
 
 func (s *Server) streamAdmit(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
@@ -71,13 +128,59 @@ func (s *Server) streamAdmit(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	if err != nil {
 		return err
 	}
-	return h(srv, callerStream{ServerStream: ss, ctx: ctx})
+	c, ok := connOf(ctx)
+	if !ok {
+		return h(srv, callerStream{ServerStream: ss, ctx: ctx})
+	}
+	// The stream ends when its caller leaves (CallerLeft), with the reason.
+	c.addStream(ss.Context())
+	defer c.removeStream(ss.Context())
+	err = h(srv, callerStream{ServerStream: ss, ctx: ctx, s: s, c: c})
+	if st := c.state.Load(); st != nil {
+		if g := st.gone.Load(); g != nil {
+			return g.err
+		}
+	}
+	return err
 }
 
-// callerStream is a server stream whose context carries the caller.
+// callerStream is a server stream whose context carries the caller and
+// whose responses count against the caller's queued bytes.
 type callerStream struct {
 	grpc.ServerStream
 	ctx context.Context
+	s   *Server
+	c   *conn // nil: not counted
 }
 
-func (c callerStream) Context() context.Context { return c.ctx }
+func (cs callerStream) Context() context.Context { return cs.ctx }
+
+func (cs callerStream) SendMsg(m any) error {
+	if cs.c == nil {
+		return cs.ServerStream.SendMsg(m)
+	}
+	if err := cs.s.reserve(cs.c, m); err != nil {
+		return err
+	}
+	return cs.ServerStream.SendMsg(m)
+}
+
+// CallerLeft ends the connections of the pod with podUID: their streams
+// end, and every call on them is refused, with PermissionDenied naming
+// why; the connections are closed shortly after. Node mode calls it when a
+// pod is deleted or has finished.
+func (s *Server) CallerLeft(podUID, why string) {
+	err := status.Errorf(codes.PermissionDenied, "caller refused: its pod %s", why)
+	conns := s.callers.leaveAll(podKey(podUID), err)
+	if len(conns) == 0 {
+		return
+	}
+	s.log.Info("pod left: its connections are closed", zap.String(keyCaller, podKey(podUID)), zap.String(keyReason, why),
+		zap.Int(keyConnections, len(conns)))
+	for _, c := range conns {
+		c.endStreams(err)
+		if c.closeConn != nil {
+			time.AfterFunc(refusedGrace, c.closeConn)
+		}
+	}
+}

@@ -43,7 +43,7 @@ func childWho(path string) int {
 // host directory mounted into pods whose processes run as other uids (Envoy
 // as 1337). With the default 0750 directory such a process cannot reach the
 // socket; with DirMode 0755 (node mode) it can, and is identified by the
-// kernel like any other.
+// kernel like any other. An existing directory keeps its mode.
 func TestSocketDirModeLetsOtherUIDsIn(t *testing.T) {
 	const uid = 1337
 	top := shortDir(t)
@@ -96,17 +96,25 @@ func TestSocketDirModeLetsOtherUIDsIn(t *testing.T) {
 		t.Fatalf("uid %d through a 0750 directory: %q, want permission denied", uid, got)
 	}
 
-	// An existing directory (a hostPath the kubelet made) is given DirMode.
+	// A directory the server makes gets DirMode.
 	node := filepath.Join(top, "node", "socket")
-	if err := os.Mkdir(filepath.Dir(node), 0o700); err != nil {
-		t.Fatal(err)
-	}
 	serve(node, 0o755)
 	if fi, err := os.Stat(filepath.Dir(node)); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Fatalf("node socket directory: %v, %v; want 0755", fi.Mode(), err)
 	}
 	if got := who(node); !strings.HasPrefix(got, fmt.Sprintf("uid=%d gid=%d ", uid, uid)) {
 		t.Fatalf("uid %d through a 0755 directory: %q, want served with its own credentials", uid, got)
+	}
+
+	// An existing directory is never changed (one set to /tmp keeps its
+	// sticky bit; one its owner closed stays closed).
+	kept := filepath.Join(top, "kept", "socket")
+	if err := os.Mkdir(filepath.Dir(kept), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	serve(kept, 0o755)
+	if fi, err := os.Stat(filepath.Dir(kept)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("existing socket directory: %v, %v; want it left 0700", fi.Mode(), err)
 	}
 }
 

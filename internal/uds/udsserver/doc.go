@@ -1,41 +1,59 @@
 // Package udsserver is the agent's local gRPC server on a Unix socket, on
 // which SDS and the SPIFFE Workload API are served side by side.
 //
-// It owns the socket (directory created 0750, or Config.DirMode, 0755 in
-// node mode so that pods' processes of any uid reach the socket; socket 0666
-// as pilot-agent; a
-// stale socket file is removed before listening, a live one is left alone and
-// Run fails with ErrSocketInUse; a regular file is never removed; the socket
-// is removed when Run returns), the grpc.Server and what applies to every
-// RPC before a service sees it: the largest message accepted
-// (Config.MaxRecvBytes, ResourceExhausted beyond), the uid allow-list
-// (Config.AllowedUIDs) and the caller (Config.Resolver). It does not own the
+// It owns the socket, through udslisten (directories it creates are 0750,
+// or Config.DirMode, 0755 in node mode so that pods' processes of any uid
+// reach the socket; an existing directory is never changed; the socket is
+// 0666 as pilot-agent's; a stale socket is replaced, a live one or a file
+// makes Run fail unless Config.Replace, node mode, replaces it; a socket
+// removed or replaced while Run runs is bound again within seconds, counted
+// in meshagent_socket_rebound_total; only its own socket is removed when
+// Run returns), the grpc.Server and what applies to every connection and
+// RPC before a service sees it: the caller, the per-caller limits, the
+// largest message accepted (Config.MaxRecvBytes, ResourceExhausted beyond)
+// and the uid allow-list (Config.AllowedUIDs). It does not own the
 // services: each registers itself through Config.Services and keeps its own
 // limits and metrics.
 //
 // Callers: the transport credentials add no security (the socket is local)
-// but read each new connection's SO_PEERCRED (uid, gid, pid; Linux only)
-// and a pidfd of the connecting process (peerpidfd.FromConn) once, log
-// them, and keep them with the connection; the pidfd is passed to the
-// Resolver (peerpidfd.NewContext), so a pid reused between connect() and
-// the first RPC is seen, and is closed when the connection closes (or when
-// the last resolution using it returns, whichever is later). A connection
-// whose process could not be pinned at accept (it had exited) is refused
-// when a Resolver is set; kernels without pidfds (ENOSYS) resolve by pid. Interceptors put the
-// caller in every RPC's context (caller.NewContext): without a Resolver,
-// caller.Info with the credentials only (the agent's own identity is
-// meant); with one, what it answers, asked on the connection's first RPC
-// and kept for the connection's life, so a process is resolved once however
-// many RPCs it makes (and the pid it is resolved from is the one that
-// connected). A refusal is not kept: the next RPC on the connection asks
-// again, since a pod may be unknown for a moment after its process starts.
-// A refused caller gets PermissionDenied naming the reason and is counted in
-// meshagent_socket_refused_total.
+// but identify each connection when it is accepted: SO_PEERCRED (uid, gid,
+// pid; Linux only), a pidfd of the connecting process (peerpidfd.FromConn),
+// and, with a Resolver, its pod, asked then with the pidfd in the context
+// (so a pid reused since connect() is seen) and kept for the connection's
+// life; the pidfd is closed as soon as the caller is resolved. A caller the
+// Resolver refuses for good at accept has every RPC refused with
+// PermissionDenied naming the reason, and its connection is closed after a
+// moment; one refused for now (caller.IsTemporary: its pod is not known
+// yet) is asked again at each RPC, keeping its pidfd until then and
+// counted against its uid meanwhile. Refusals are counted in
+// meshagent_socket_refused_total. Interceptors put the caller in every
+// RPC's context (caller.NewContext): without a Resolver, caller.Info with
+// the credentials only (the agent's own identity is meant).
+//
+// Limits per caller, a pod when the Resolver names one, else the uid of the
+// connecting process: connections (Config.MaxConnsPerCaller; one more is
+// refused at every RPC and closed after a moment), streams per connection
+// (Config.MaxStreamsPerConn, HTTP/2 MAX_CONCURRENT_STREAMS), unary calls
+// served at once (Config.MaxUnaryPerCaller) and response bytes queued and
+// not yet written to the caller's sockets (Config.MaxQueuedBytesPerCaller:
+// a client that stops reading, or sets its HTTP/2 window to 0, has its
+// further calls and stream messages refused). Each refusal is
+// ResourceExhausted naming the setting. A connection without an RPC for
+// Config.IdleTimeout is closed. Limits of one caller never hold another
+// back: the counts are per caller, and a connection's resolution runs on
+// its own goroutine.
+//
+// A pod that leaves (CallerLeft, from node mode's pod index) loses its
+// connections: their streams end at once with PermissionDenied naming why,
+// further RPCs are refused the same way, and the connections are closed
+// shortly after.
 //
 // Memory per connection (one per pod in node mode): gRPC's read buffer is a
-// small one taken from a pool only when the socket is readable (the pinned
-// connection reads through the raw socket, as gRPC does for a bare one), the
-// write buffer is shared, and clients are asked to keep no header table.
+// small one taken from a pool only when the socket is readable (the
+// connection reads through the raw socket, as gRPC does for a bare one),
+// the write buffer is shared, clients are asked to keep no header table,
+// and no pidfd is held once the caller is known; what remains is gRPC's
+// three goroutines and its transport (TestIdleConnectionMemory).
 //
 // Encoding: messages are protobuf, except that a service may Send a
 // WireMessage, a message already in wire form as buffers, which the socket's
@@ -45,8 +63,9 @@
 // ACKs this way, skipping the node it never uses).
 //
 // Concurrency: New starts nothing; Run starts gRPC's serving goroutines and
-// stops them before it returns. A connection's resolution is guarded by a
-// one-slot semaphore of that connection, so concurrent first RPCs on one
-// connection ask the Resolver once and a waiting RPC gives up with its
-// context; connections never wait on each other.
+// the socket's watch, and stops them before it returns. A connection's
+// resolution is guarded by a one-slot semaphore of that connection, so
+// concurrent RPCs on a connection still unresolved ask the Resolver once
+// and a waiting RPC gives up with its context; connections never wait on
+// each other.
 package udsserver

@@ -12,3 +12,14 @@ const (
 	keyAllowedUIDs  = "allowed_uids"
 	keyResolver     = "resolver"
 )
+
+// Log field keys of the per-caller limits.
+const (
+	keyCred        = "cred"
+	keyCaller      = "caller"
+	keyMaxConns    = "max_connections"
+	keyMaxUnary    = "max_unary"
+	keyMaxQueued   = "max_queued_bytes"
+	keyReason      = "reason"
+	keyConnections = "connections"
+)

@@ -8,26 +8,42 @@ import (
 
 // Refusal reasons, the values of the "reason" label of refused.
 const (
-	refusedUID        = "uid"
-	refusedUnresolved = "unresolved"
+	refusedUID         = "uid"
+	refusedUnresolved  = "unresolved"
+	refusedConnections = "max_connections"
+	refusedUnary       = "max_unary"
+	refusedQueued      = "max_queued_bytes"
+	refusedGone        = "caller_gone"
 )
 
 type metrics struct {
 	refused *prometheus.CounterVec
+	rebound *prometheus.CounterVec
+	conns   prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_socket_refused_total",
-			Help: "RPCs on the local socket refused before reaching a service, by reason (uid: not an allowed uid; unresolved: the caller could not be identified).",
+			Help: "Connections and RPCs on the local socket refused before reaching a service, by reason (uid: not an allowed uid; unresolved: the caller could not be identified; max_connections, max_unary, max_queued_bytes: over a per-caller limit; caller_gone: the caller's pod left).",
 		}, []string{"reason"}),
+		rebound: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_socket_rebound_total",
+			Help: "Times the local socket was bound again after it was removed or replaced by someone else, by reason (removed, replaced).",
+		}, []string{"reason"}),
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshagent_socket_connections",
+			Help: "Connections open on the local socket.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	if err := reg.Register(m.refused); err != nil {
-		return nil, fmt.Errorf("registering local socket metrics: %w", err)
+	for _, c := range []prometheus.Collector{m.refused, m.rebound, m.conns} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering local socket metrics: %w", err)
+		}
 	}
 	return m, nil
 }

@@ -6,11 +6,16 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/internal/node/peerpidfd"
 	"github.com/meshagent/meshagent/internal/uds/caller"
@@ -43,6 +48,94 @@ type conn struct {
 	lock     chan struct{}
 	resolved bool
 	info     caller.Info
+
+	// refusal, set at accept, refuses every RPC of a connection over its
+	// caller's limit (closed shortly after).
+	refusal error
+	// key and state are the caller the connection counts against (see
+	// callers); key is guarded by callers.mu.
+	key    string
+	state  atomic.Pointer[callerState]
+	queued atomic.Int64 // response bytes handed to gRPC, not yet written
+
+	streamsMu sync.Mutex
+	streams   []streamEnd // the streams being served (usually one or two)
+	closeConn func()      // closes the connection; set at accept
+}
+
+// streamEnd ends a stream being served before its handler returns: the
+// stream's context, as gRPC made it, holds gRPC's transport stream.
+type streamEnd struct{ ctx context.Context }
+
+// statusWriter is what gRPC's transport stream (in a stream's context)
+// offers to end it with a status: its context is canceled, the handler's
+// blocked RecvMsg returns, and the status the handler returns later is not
+// sent.
+type statusWriter interface {
+	WriteStatus(st *status.Status) error
+}
+
+// end ends the stream with err's status now, when gRPC's stream allows it;
+// otherwise the stream ends when the connection is closed.
+func (e streamEnd) end(err error) {
+	if w, ok := grpc.ServerTransportStreamFromContext(e.ctx).(statusWriter); ok {
+		_ = w.WriteStatus(status.Convert(err))
+	}
+}
+
+// written takes n bytes written to the socket off what is queued.
+func (c *conn) written(n int64) {
+	for {
+		q := c.queued.Load()
+		d := min(q, n)
+		if d <= 0 {
+			return
+		}
+		if c.queued.CompareAndSwap(q, q-d) {
+			if st := c.state.Load(); st != nil {
+				st.queued.Add(-d)
+			}
+			return
+		}
+	}
+}
+
+// queue counts n bytes handed to gRPC for sending.
+func (c *conn) queue(n int64) {
+	c.queued.Add(n)
+	if st := c.state.Load(); st != nil {
+		st.queued.Add(n)
+	}
+}
+
+// addStream records a stream being served.
+func (c *conn) addStream(ctx context.Context) {
+	c.streamsMu.Lock()
+	defer c.streamsMu.Unlock()
+	c.streams = append(c.streams, streamEnd{ctx: ctx})
+}
+
+func (c *conn) removeStream(ctx context.Context) {
+	c.streamsMu.Lock()
+	defer c.streamsMu.Unlock()
+	for i, e := range c.streams {
+		if e.ctx == ctx {
+			last := len(c.streams) - 1
+			c.streams[i] = c.streams[last]
+			c.streams[last] = streamEnd{}
+			c.streams = c.streams[:last]
+			return
+		}
+	}
+}
+
+// endStreams ends every stream being served with err.
+func (c *conn) endStreams(err error) {
+	c.streamsMu.Lock()
+	defer c.streamsMu.Unlock()
+	for _, e := range c.streams {
+		e.end(err)
+	}
 }
 
 func newConn() *conn { return &conn{lock: make(chan struct{}, 1), pidfd: -1} }
@@ -66,8 +159,8 @@ func (c *conn) releasePIDFD() {
 	c.closeIfUnused()
 }
 
-// closePIDFD is called when the connection closes; the fd is closed now,
-// or by the last resolution still using it.
+// closePIDFD closes the pidfd once the caller is resolved or the connection
+// closes: now, or by the last resolution still using it.
 func (c *conn) closePIDFD() {
 	c.fdMu.Lock()
 	defer c.fdMu.Unlock()
@@ -111,6 +204,9 @@ func (c *conn) resolve(ctx context.Context, r caller.Resolver) (caller.Info, err
 	}
 	info.Cred = c.cred // the kernel's answer, whatever the resolver filled in
 	c.info, c.resolved = info, true
+	// Pinned: the connection is the caller's for its life, the pidfd is no
+	// longer needed (closed now, or by the deferred release).
+	c.closePIDFD()
 	return info, nil
 }
 
@@ -123,60 +219,121 @@ type authInfo struct {
 func (authInfo) AuthType() string { return "peercred" }
 
 // peerCreds is a TransportCredentials that adds no security (the socket is
-// local) but reads the peer's uid, gid and pid on every new connection and
-// logs them.
+// local) but identifies the caller of every new connection (SO_PEERCRED, a
+// pidfd, the Resolver) and counts the connection against its caller.
 type peerCreds struct {
-	log *zap.Logger
+	s *Server
 }
 
-func (c peerCreds) ServerHandshake(nc net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	info := authInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, conn: newConn()}
+// resolveTimeout bounds a caller's resolution at accept (the resolver's own
+// wait for a pod is shorter).
+const resolveTimeout = 10 * time.Second
+
+// refusedGrace is how long a connection refused at accept stays open, for
+// its first RPCs to be told why.
+const refusedGrace = 2 * time.Second
+
+func (p peerCreds) ServerHandshake(nc net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	s := p.s
+	c := newConn()
+	info := authInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, conn: c}
 	uc, isUnix := nc.(*net.UnixConn)
 	if !isUnix {
-		c.log.Warn("local client connected; peer credentials not read", zap.Error(errNoPeerCred))
+		s.log.Warn("local client connected; peer credentials not read", zap.Error(errNoPeerCred))
 		return nc, info, nil
 	}
 	cred, err := readPeerCred(uc)
 	if err != nil {
-		c.log.Warn("local client connected; peer credentials not read", zap.Error(err))
+		s.log.Warn("local client connected; peer credentials not read", zap.Error(err))
 		return nc, info, nil
 	}
-	info.conn.cred, info.conn.credOK = cred, true
+	c.cred, c.credOK = cred, true
 	if fd, err := peerpidfd.FromConn(uc); err != nil {
-		info.conn.pidfdErr = err
-		c.log.Warn("local client connected; its process could not be pinned", zap.Int32(keyPID, cred.PID), zap.Error(err))
+		c.pidfdErr = err
+		s.log.Warn("local client connected; its process could not be pinned", zap.Int32(keyPID, cred.PID), zap.Error(err))
 	} else {
-		info.conn.pidfd = fd
-		nc = newPinnedConn(uc, info.conn)
+		c.pidfd = fd
 	}
-	c.log.Info("local client connected", zap.Uint32(keyUID, cred.UID), zap.Uint32(keyGID, cred.GID), zap.Int32(keyPID, cred.PID))
-	return nc, info, nil
+	key := callerKey(caller.Info{}, cred)
+	lc := newLocalConn(uc, c, s)
+	c.closeConn = func() { _ = lc.Close() }
+	if s.cfg.Resolver != nil {
+		// Identified now, so that the connection counts against its pod
+		// from the start. A temporary refusal (the pod may be unknown for
+		// a moment) is told at the first RPC, which asks again; a final
+		// one refuses the connection, which is closed after a moment.
+		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+		who, err := c.resolve(ctx, s.cfg.Resolver)
+		cancel()
+		switch {
+		case err == nil:
+			key = callerKey(who, cred)
+		case !caller.IsTemporary(err):
+			c.refusal = status.Errorf(codes.PermissionDenied, "caller not identified: %v", err)
+			s.metrics.refused.WithLabelValues(refusedUnresolved).Inc()
+			s.log.Warn("local client refused: caller not resolved", zap.Stringer(keyCred, cred), zap.Error(err))
+			c.closePIDFD()
+			time.AfterFunc(refusedGrace, c.closeConn)
+			return lc, info, nil
+		}
+	} else {
+		c.closePIDFD()
+	}
+	if err := s.callers.join(c, key, s.cfg.MaxConnsPerCaller); err != nil {
+		c.refusal = err
+		s.metrics.refused.WithLabelValues(refusedConnections).Inc()
+		s.log.Warn("local client refused: too many connections", zap.Stringer(keyCred, cred), zap.String(keyCaller, key),
+			zap.Int(keyMaxConns, s.cfg.MaxConnsPerCaller))
+		c.closePIDFD()
+		time.AfterFunc(refusedGrace, c.closeConn)
+		return lc, info, nil
+	}
+	s.metrics.conns.Inc()
+	s.log.Info("local client connected", zap.Uint32(keyUID, cred.UID), zap.Uint32(keyGID, cred.GID), zap.Int32(keyPID, cred.PID),
+		zap.String(keyCaller, key))
+	return lc, info, nil
 }
 
-// pinnedConn is a connection holding a pidfd of its peer, closed with it.
+// localConn is a connection to the socket: it gives back its caller's
+// counts and its pidfd when closed, and counts what is written.
 //
 // Wrapping the socket hides it from gRPC, which reads a bare *net.UnixConn
 // only when data is there, into a buffer taken from a pool for that read,
 // instead of keeping a read buffer per connection while it waits. On Linux
-// pinnedConn reads the same way (ReadOnReady), so an idle connection holds
+// localConn reads the same way (ReadOnReady), so an idle connection holds
 // no read buffer: with one connection per pod in node mode, that is 4 KiB
 // per pod.
-type pinnedConn struct {
+type localConn struct {
 	net.Conn
 	c    *conn
+	s    *Server
 	once sync.Once
 	rd   readyRead // used by gRPC's reading goroutine only
 }
 
-func newPinnedConn(uc *net.UnixConn, c *conn) *pinnedConn {
-	p := &pinnedConn{Conn: uc, c: c}
+func newLocalConn(uc *net.UnixConn, c *conn, s *Server) *localConn {
+	p := &localConn{Conn: uc, c: c, s: s}
 	p.rd.init(uc)
 	return p
 }
 
-func (p *pinnedConn) Close() error {
+func (p *localConn) Write(b []byte) (int, error) {
+	n, err := p.Conn.Write(b)
+	if n > 0 {
+		p.c.written(int64(n))
+	}
+	return n, err
+}
+
+func (p *localConn) Close() error {
 	err := p.Conn.Close()
-	p.once.Do(p.c.closePIDFD)
+	p.once.Do(func() {
+		p.c.closePIDFD()
+		if p.c.refusal == nil {
+			p.s.callers.leave(p.c)
+			p.s.metrics.conns.Dec()
+		}
+	})
 	return err
 }
 
@@ -188,7 +345,7 @@ func (peerCreds) Info() credentials.ProtocolInfo {
 	return credentials.ProtocolInfo{SecurityProtocol: "peercred"}
 }
 
-func (c peerCreds) Clone() credentials.TransportCredentials { return c }
+func (p peerCreds) Clone() credentials.TransportCredentials { return p }
 
 func (peerCreds) OverrideServerName(string) error { return nil }
 

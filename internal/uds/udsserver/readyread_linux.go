@@ -49,7 +49,7 @@ func (r *readyRead) init(uc *net.UnixConn) {
 // puts the buffer back. The end of the connection is io.EOF. gRPC's
 // transport uses it in place of a buffered reader of its own when the
 // connection has it.
-func (p *pinnedConn) ReadOnReady(size int, pool mem.BufferPool) (*[]byte, int, error) {
+func (p *localConn) ReadOnReady(size int, pool mem.BufferPool) (*[]byte, int, error) {
 	r := &p.rd
 	if r.raw == nil {
 		buf := pool.Get(size)

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/mem"
 )
 
@@ -16,13 +17,13 @@ type readyReader interface {
 	ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error)
 }
 
-var _ readyReader = (*pinnedConn)(nil)
+var _ readyReader = (*localConn)(nil)
 
-// TestPinnedConnReadOnReady reads a real Unix socket through a pinned
+// TestLocalConnReadOnReady reads a real Unix socket through the server's
 // connection as gRPC does: what the peer wrote, in reads of at most the
 // size asked, then io.EOF when the peer closes; and an error, not a hang,
 // once the connection itself is closed.
-func TestPinnedConnReadOnReady(t *testing.T) {
+func TestLocalConnReadOnReady(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s")
 	lis, err := net.Listen("unix", path)
 	if err != nil {
@@ -38,10 +39,14 @@ func TestPinnedConnReadOnReady(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newPinnedConn(server.(*net.UnixConn), newConn())
+	srv, err := New(Config{SocketPath: path, Services: []func(*grpc.Server){registerWho}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newLocalConn(server.(*net.UnixConn), newConn(), srv)
 	defer p.Close()
 	if p.rd.raw == nil {
-		t.Fatal("pinned Unix connection has no raw connection to read when ready")
+		t.Fatal("the Unix connection has no raw connection to read when ready")
 	}
 
 	want := "0123456789abcdefghij"

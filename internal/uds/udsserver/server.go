@@ -4,18 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
+	"github.com/meshagent/meshagent/internal/uds/udslisten"
 )
 
 // Defaults of Config.
@@ -23,9 +24,7 @@ const (
 	// DefaultMaxRecvBytes bounds the size of one received message.
 	DefaultMaxRecvBytes = 64 << 10
 	// MaxSocketPath is the longest path a Unix socket address can hold.
-	MaxSocketPath = 107
-	// probeTimeout bounds the check whether an existing socket is alive.
-	probeTimeout = time.Second
+	MaxSocketPath = udslisten.MaxPath
 )
 
 // ErrSocketInUse is wrapped by Run's error when something already answers
@@ -38,13 +37,19 @@ type Config struct {
 	// created with mode 0750 (or DirMode) and the socket is made 0666, as
 	// pilot-agent does.
 	SocketPath string
-	// DirMode, when not zero, is the mode of the socket's directory: it is
-	// created with it, and an existing directory is given it. Node mode
-	// uses 0755: the directory is a host directory mounted into pods whose
-	// processes run as other uids, which must be able to reach the socket
-	// (who they are is asked of the kernel, not of the file system). Zero:
-	// a directory created is 0750, an existing one is left alone.
+	// DirMode, when not zero, is the mode of the directories created for
+	// the socket (an existing directory is never changed). Node mode uses
+	// 0755: the directory is mounted into pods whose processes run as other
+	// uids, which must be able to reach the socket (who they are is asked
+	// of the kernel, not of the file system). Zero: 0750.
 	DirMode os.FileMode
+	// Replace replaces whatever sits at SocketPath at start (node mode: a
+	// socket bound by a pod before the agent started, a regular file)
+	// instead of failing with ErrSocketInUse or leaving a file alone.
+	Replace bool
+	// Clock drives the check that the socket is still the agent's (see
+	// udslisten); nil means the real clock.
+	Clock clock.WithTicker
 	// Services register the gRPC services served on the socket (for
 	// example sds.Server.Register). At least one is required.
 	Services []func(*grpc.Server)
@@ -64,7 +69,39 @@ type Config struct {
 	Logger *zap.Logger
 	// Registerer receives the metrics. Nil means they are not registered.
 	Registerer prometheus.Registerer
+
+	// Limits per caller: a caller is a pod when a Resolver names one, else
+	// the connecting process's uid. Each refusal is ResourceExhausted
+	// naming the setting (Setting... constants).
+
+	// MaxConnsPerCaller bounds the connections one caller holds open; one
+	// more is refused. Default DefaultMaxConnsPerCaller.
+	MaxConnsPerCaller int
+	// MaxStreamsPerConn bounds the RPCs open at once on one connection
+	// (HTTP/2 MaxConcurrentStreams). Default DefaultMaxStreamsPerConn.
+	MaxStreamsPerConn uint32
+	// MaxUnaryPerCaller bounds the unary calls of one caller served at
+	// once. Default DefaultMaxUnaryPerCaller.
+	MaxUnaryPerCaller int
+	// MaxQueuedBytesPerCaller bounds the response bytes queued for one
+	// caller that its connections have not taken (a client that stops
+	// reading, or sets its HTTP/2 window to 0): beyond it the caller's
+	// calls are refused until it reads. Default
+	// DefaultMaxQueuedBytesPerCaller.
+	MaxQueuedBytesPerCaller int
+	// IdleTimeout closes a connection without an RPC for that long.
+	// Default DefaultIdleTimeout.
+	IdleTimeout time.Duration
 }
+
+// Defaults of the per-caller limits.
+const (
+	DefaultMaxConnsPerCaller       = 32
+	DefaultMaxStreamsPerConn       = 100
+	DefaultMaxUnaryPerCaller       = 16
+	DefaultMaxQueuedBytesPerCaller = 4 << 20
+	DefaultIdleTimeout             = 5 * time.Minute
+)
 
 // Server serves gRPC services on a Unix socket to local callers. Create it
 // with New and start it with Run.
@@ -72,6 +109,7 @@ type Server struct {
 	cfg     Config
 	log     *zap.Logger
 	metrics *metrics
+	callers callers
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -97,7 +135,22 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, log: cfg.Logger.Named("uds"), metrics: m}, nil
+	if cfg.MaxConnsPerCaller <= 0 {
+		cfg.MaxConnsPerCaller = DefaultMaxConnsPerCaller
+	}
+	if cfg.MaxStreamsPerConn == 0 {
+		cfg.MaxStreamsPerConn = DefaultMaxStreamsPerConn
+	}
+	if cfg.MaxUnaryPerCaller <= 0 {
+		cfg.MaxUnaryPerCaller = DefaultMaxUnaryPerCaller
+	}
+	if cfg.MaxQueuedBytesPerCaller <= 0 {
+		cfg.MaxQueuedBytesPerCaller = DefaultMaxQueuedBytesPerCaller
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	return &Server{cfg: cfg, log: cfg.Logger.Named("uds"), metrics: m, callers: callers{m: map[string]*callerState{}}}, nil
 }
 
 // connReadBuffer is each connection's read buffer: an SDS request or a
@@ -112,11 +165,16 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	info, _ := os.Lstat(s.cfg.SocketPath)
-	defer s.removeSocket(info)
+	defer lis.Close() // removes the socket if still ours; gs.Stop closed it already
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- lis.Watch(wctx) }()
+	defer func() { stopWatch(); <-watched }()
 
 	gs := grpc.NewServer(
-		grpc.Creds(peerCreds{log: s.log}),
+		grpc.Creds(peerCreds{s: s}),
+		grpc.MaxConcurrentStreams(s.cfg.MaxStreamsPerConn),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.cfg.IdleTimeout}),
 		grpc.MaxRecvMsgSize(s.cfg.MaxRecvBytes),
 		// One connection per pod in node mode: gRPC's 32 KiB read buffer
 		// per connection was most of the agent's heap with 1,000 pods. The
@@ -161,46 +219,14 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 }
 
-func (s *Server) listen() (net.Listener, error) {
-	path := s.cfg.SocketPath
-	dirMode := s.cfg.DirMode
-	if dirMode == 0 {
-		dirMode = 0o750
-	}
-	if err := os.MkdirAll(filepath.Dir(path), dirMode); err != nil {
-		return nil, fmt.Errorf("creating socket directory: %w", err)
-	}
-	if s.cfg.DirMode != 0 {
-		// MkdirAll leaves an existing directory (and the umask trims a new one).
-		if err := os.Chmod(filepath.Dir(path), s.cfg.DirMode); err != nil {
-			return nil, fmt.Errorf("setting socket directory mode: %w", err)
-		}
-	}
-	removed, err := sockprobe.RemoveStale(context.Background(), path, probeTimeout, sockprobe.Connect)
+func (s *Server) listen() (*udslisten.Listener, error) {
+	lis, err := udslisten.Listen(udslisten.Config{
+		Path: s.cfg.SocketPath, DirMode: s.cfg.DirMode, Replace: s.cfg.Replace,
+		Clock: s.cfg.Clock, Logger: s.log,
+		OnRebind: func(reason string) { s.metrics.rebound.WithLabelValues(reason).Inc() },
+	})
 	if err != nil {
 		return nil, fmt.Errorf("local socket: %w", err)
 	}
-	if removed {
-		s.log.Info("removed stale socket", zap.String(keySocket, path))
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listening on socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o666); err != nil {
-		_ = lis.Close()
-		return nil, fmt.Errorf("setting socket mode: %w", err)
-	}
 	return lis, nil
-}
-
-// removeSocket removes the socket file if it is still the one Run made.
-func (s *Server) removeSocket(ours os.FileInfo) {
-	now, err := os.Lstat(s.cfg.SocketPath)
-	if err != nil || ours == nil || !os.SameFile(ours, now) {
-		return
-	}
-	if err := os.Remove(s.cfg.SocketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		s.log.Warn("removing socket failed", zap.Error(err))
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -57,6 +59,23 @@ func describe(ctx context.Context) string {
 	return fmt.Sprintf("%s identity=%q pod=%q", info.Cred, info.Identity.String(), info.Pod)
 }
 
+// answer is the unary method's answer to req: the caller; for "block",
+// nothing until the call ends; for "big:<n>", the caller and n more bytes.
+func answer(ctx context.Context, req string) (any, error) {
+	if req == "block" {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if n, ok := strings.CutPrefix(req, "big:"); ok {
+		size, err := strconv.Atoi(n)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		return wrapperspb.String(describe(ctx) + strings.Repeat("x", size)), nil
+	}
+	return wrapperspb.String(describe(ctx)), nil
+}
+
 func registerWho(gs *grpc.Server) {
 	gs.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "udsserver.test.Who",
@@ -68,7 +87,7 @@ func registerWho(gs *grpc.Server) {
 				if err := dec(&req); err != nil {
 					return nil, err
 				}
-				h := func(ctx context.Context, _ any) (any, error) { return wrapperspb.String(describe(ctx)), nil }
+				h := func(ctx context.Context, _ any) (any, error) { return answer(ctx, req.GetValue()) }
 				if in == nil {
 					return h(ctx, &req)
 				}
@@ -78,12 +97,19 @@ func registerWho(gs *grpc.Server) {
 		Streams: []grpc.StreamDesc{{
 			StreamName:    "Stream",
 			ServerStreams: true,
+			ClientStreams: true, // "wait" keeps reading, as SDS does
 			Handler: func(_ any, ss grpc.ServerStream) error {
 				var req wrapperspb.StringValue
 				if err := ss.RecvMsg(&req); err != nil {
 					return err
 				}
-				return ss.SendMsg(wrapperspb.String(describe(ss.Context())))
+				if err := ss.SendMsg(wrapperspb.String(describe(ss.Context()))); err != nil {
+					return err
+				}
+				if req.GetValue() == "wait" { // stay open, reading, until the stream ends
+					return ss.RecvMsg(&req)
+				}
+				return nil
 			},
 		}},
 	}, nil)
@@ -238,6 +264,7 @@ func TestAllowedUIDs(t *testing.T) {
 // resolver answers from a table of pids, counting its calls; an unknown
 // pid is refused with a reason.
 type resolver struct {
+	final bool // refusals are final, not temporary
 	calls atomic.Int64
 	mu    sync.Mutex
 	known map[int32]caller.Info
@@ -249,10 +276,19 @@ func (r *resolver) Resolve(_ context.Context, cred caller.Cred) (caller.Info, er
 	defer r.mu.Unlock()
 	info, ok := r.known[cred.PID]
 	if !ok {
-		return caller.Info{}, fmt.Errorf("pid %d belongs to no known pod", cred.PID)
+		return caller.Info{}, refusal{msg: fmt.Sprintf("pid %d belongs to no known pod", cred.PID), temporary: !r.final}
 	}
 	return info, nil
 }
+
+// refusal is the resolver's error; a temporary one is asked again.
+type refusal struct {
+	msg       string
+	temporary bool
+}
+
+func (r refusal) Error() string   { return r.msg }
+func (r refusal) Temporary() bool { return r.temporary }
 
 func (r *resolver) learn(pid int32, info caller.Info) {
 	r.mu.Lock()
@@ -298,7 +334,9 @@ func TestResolverOncePerConnection(t *testing.T) {
 	}
 }
 
-func TestResolverRefusal(t *testing.T) {
+// A temporary refusal at accept is told at every RPC, which asks again: the
+// connection is served once its pod is known.
+func TestResolverTemporaryRefusal(t *testing.T) {
 	r := &resolver{known: map[int32]caller.Info{}}
 	f := start(t, func(c *Config) { c.Resolver = r })
 	for name, call := range map[string]func(*testing.T, *grpc.ClientConn) (string, error){"unary": unary, "stream": stream} {
@@ -315,6 +353,32 @@ func TestResolverRefusal(t *testing.T) {
 	r.learn(me().PID, caller.Info{Identity: pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/a/sa/late"}})
 	if got, err := unary(t, f.conn); err != nil || !strings.Contains(got, "sa/late") {
 		t.Fatalf("after the pod became known: %q, %v", got, err)
+	}
+}
+
+// A final refusal at accept refuses every RPC of the connection, without
+// asking again, and the connection is closed: it is counted against
+// nobody, holds no pidfd, and does not stay.
+func TestResolverFinalRefusal(t *testing.T) {
+	r := &resolver{known: map[int32]caller.Info{}, final: true}
+	f := start(t, func(c *Config) { c.Resolver = r })
+	_, err := unary(t, f.conn)
+	want := fmt.Sprintf("pid %d belongs to no known pod", me().PID)
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), want) {
+		t.Fatalf("%v, want PermissionDenied naming the reason %q", err, want)
+	}
+	r.learn(me().PID, caller.Info{Identity: pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/a/sa/late"}})
+	if _, err := unary(t, f.conn); status.Code(err) != codes.PermissionDenied && status.Code(err) != codes.Unavailable {
+		t.Fatalf("the refused connection was served: %v", err)
+	}
+	if n := r.calls.Load(); n != 1 {
+		t.Fatalf("resolver asked %d times, want once", n)
+	}
+	ctx := rpcCtx(t)
+	for s := f.conn.GetState(); s == connectivity.Ready; s = f.conn.GetState() {
+		if !f.conn.WaitForStateChange(ctx, s) {
+			t.Fatal("the refused connection was not closed")
+		}
 	}
 }
 
@@ -410,6 +474,25 @@ func TestSocketLifecycle(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(socket); string(b) != "mine" {
 		t.Fatal("a regular file was replaced")
+	}
+
+	// In node mode (Replace) a live socket or a file at the path is replaced.
+	impostor, err := net.Listen("unix", socket+".x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer impostor.Close()
+	if err := os.Rename(socket+".x", socket); err != nil {
+		t.Fatal(err)
+	}
+	srv4, _ := New(Config{SocketPath: socket, Services: services, Replace: true})
+	ctx4, cancel4 := context.WithCancel(context.Background())
+	done4 := make(chan error, 1)
+	go func() { done4 <- srv4.Run(ctx4) }()
+	call(t)
+	cancel4()
+	if err := <-done4; err != nil {
+		t.Fatal(err)
 	}
 
 	if _, err := New(Config{SocketPath: "/" + strings.Repeat("x", 120), Services: services}); err == nil {

@@ -1,0 +1,26 @@
+package app
+
+import (
+	"github.com/meshagent/meshagent/internal/node/podindex"
+	"github.com/meshagent/meshagent/internal/uds/udsserver"
+)
+
+// withSocketLimits sets the local socket's per-caller limits of the
+// settings on cfg (MESHAGENT_SOCKET_*).
+func (a *App) withSocketLimits(cfg udsserver.Config) udsserver.Config {
+	c := a.s
+	cfg.MaxConnsPerCaller = c.SocketMaxConnsPerCaller
+	cfg.MaxStreamsPerConn = uint32(c.SocketMaxStreamsPerConn)
+	cfg.MaxUnaryPerCaller = c.SocketMaxUnaryPerCaller
+	cfg.MaxQueuedBytesPerCaller = c.SocketMaxQueuedBytesPerCaller
+	cfg.IdleTimeout = c.SocketIdleTimeout
+	return cfg
+}
+
+// podLeft is the pod index's PodLeft in node mode: the pod's connections
+// to the local socket end, saying why.
+func (a *App) podLeft(p podindex.Pod, why string) {
+	if s := a.socket.Load(); s != nil {
+		s.CallerLeft(p.UID, "pod "+p.String()+" "+why)
+	}
+}

@@ -1,0 +1,354 @@
+package udslisten
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/utils/clock"
+
+	"github.com/meshagent/meshagent/internal/uds/sockprobe"
+)
+
+// Defaults of Config.
+const (
+	// DefaultDirMode is the mode of directories created for the socket.
+	DefaultDirMode = 0o750
+	// DefaultSocketMode is the socket's mode, as pilot-agent sets it.
+	DefaultSocketMode = 0o666
+	// DefaultCheckInterval is how often Watch looks at the socket.
+	DefaultCheckInterval = time.Second
+	// MaxPath is the longest path a Unix socket address holds.
+	MaxPath = 107
+	// maxBackoff bounds the wait between checks while the socket keeps being
+	// replaced (say, two agents set on the same path).
+	maxBackoff = time.Minute
+	// probeTimeout bounds the dial that tells a live socket from a stale one.
+	probeTimeout = time.Second
+)
+
+// Reasons a socket is bound again, passed to Config.OnRebind.
+const (
+	ReasonRemoved  = "removed"
+	ReasonReplaced = "replaced"
+)
+
+// Errors of Listen, to branch on with errors.Is.
+var (
+	// ErrInUse: another process answers on the path (Replace not set).
+	ErrInUse = sockprobe.ErrInUse
+	// ErrNotSocket: something other than a socket is at the path (Replace
+	// not set).
+	ErrNotSocket = sockprobe.ErrNotSocket
+)
+
+// Config describes a socket to listen on. Zero values get the defaults noted.
+type Config struct {
+	// Path is the socket's path. Required; at most MaxPath bytes.
+	Path string
+	// DirMode is the mode of the directories created on the way to the
+	// socket. Default DefaultDirMode. Existing directories are left alone.
+	DirMode os.FileMode
+	// SocketMode is the socket's mode. Default DefaultSocketMode.
+	SocketMode os.FileMode
+	// Replace replaces whatever is at the path at start (a socket another
+	// process answers on, a regular file), rather than failing.
+	Replace bool
+	// CheckInterval is how often Watch looks at the path. Default
+	// DefaultCheckInterval.
+	CheckInterval time.Duration
+	// Clock drives Watch; nil means the real clock.
+	Clock clock.WithTicker
+	// OnRebind, when set, is called after the socket was bound again, with
+	// ReasonRemoved or ReasonReplaced (for a metric).
+	OnRebind func(reason string)
+	// Logger receives the listener's logs; nil means none.
+	Logger *zap.Logger
+}
+
+// Listener is a net.Listener on a socket it keeps. Create it with Listen.
+type Listener struct {
+	cfg Config
+	log *zap.Logger
+
+	mu     sync.Mutex
+	cur    *net.UnixListener
+	ours   os.FileInfo // the socket file cur is bound to
+	closed bool
+	done   chan struct{} // closed by Close
+}
+
+var _ net.Listener = (*Listener)(nil)
+
+// Listen binds the socket described by cfg.
+func Listen(cfg Config) (*Listener, error) {
+	if cfg.Path == "" {
+		return nil, errors.New("unix socket: no path")
+	}
+	if len(cfg.Path) > MaxPath {
+		return nil, fmt.Errorf("unix socket: path %q is longer than %d bytes", cfg.Path, MaxPath)
+	}
+	if cfg.DirMode == 0 {
+		cfg.DirMode = DefaultDirMode
+	}
+	if cfg.SocketMode == 0 {
+		cfg.SocketMode = DefaultSocketMode
+	}
+	if cfg.CheckInterval <= 0 {
+		cfg.CheckInterval = DefaultCheckInterval
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	l := &Listener{cfg: cfg, log: cfg.Logger.With(zap.String(keySocket, cfg.Path)), done: make(chan struct{})}
+	if err := mkdirs(filepath.Dir(cfg.Path), cfg.DirMode); err != nil {
+		return nil, fmt.Errorf("creating socket directory: %w", err)
+	}
+	if !cfg.Replace {
+		removed, err := sockprobe.RemoveStale(context.Background(), cfg.Path, probeTimeout, sockprobe.Connect)
+		if err != nil {
+			return nil, fmt.Errorf("unix socket: %w", err)
+		}
+		if removed {
+			l.log.Info("removed stale socket")
+		}
+	} else if st, err := os.Lstat(cfg.Path); err == nil {
+		l.log.Warn("replacing what is at the socket path", zap.String(keyFound, describe(st.Mode())))
+	}
+	lis, info, err := l.bind()
+	if err != nil {
+		return nil, err
+	}
+	l.cur, l.ours = lis, info
+	return l, nil
+}
+
+// bind listens under a temporary name in the socket's directory and renames
+// the socket onto the path, replacing what is there.
+func (l *Listener) bind() (*net.UnixListener, os.FileInfo, error) {
+	path := l.cfg.Path
+	tmp := tempName(path)
+	if len(tmp) > MaxPath {
+		// No room for a temporary name: clear the path and bind on it.
+		tmp = path
+		if err := removeNonDir(path); err != nil {
+			return nil, nil, err
+		}
+	}
+	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, nil, fmt.Errorf("listening on socket: %w", err)
+	}
+	lis.SetUnlinkOnClose(false) // only Close removes the socket, if still ours
+	fail := func(err error) (*net.UnixListener, os.FileInfo, error) {
+		_ = lis.Close()
+		_ = os.Remove(tmp)
+		return nil, nil, err
+	}
+	if err := os.Chmod(tmp, l.cfg.SocketMode); err != nil {
+		return fail(fmt.Errorf("setting socket mode: %w", err))
+	}
+	info, err := os.Lstat(tmp)
+	if err != nil {
+		return fail(fmt.Errorf("reading the bound socket: %w", err))
+	}
+	if tmp != path {
+		if err := os.Rename(tmp, path); err != nil {
+			return fail(fmt.Errorf("putting the socket at its path: %w", err))
+		}
+	}
+	return lis, info, nil
+}
+
+// Accept waits for the next connection on the socket bound last.
+func (l *Listener) Accept() (net.Conn, error) {
+	for {
+		l.mu.Lock()
+		cur, closed := l.cur, l.closed
+		l.mu.Unlock()
+		if closed {
+			return nil, net.ErrClosed
+		}
+		c, err := cur.Accept()
+		if err == nil {
+			return c, nil
+		}
+		l.mu.Lock()
+		retired := l.cur != cur && !l.closed
+		l.mu.Unlock()
+		if !retired {
+			return nil, err
+		}
+	}
+}
+
+// Addr is the socket's address.
+func (l *Listener) Addr() net.Addr { return &net.UnixAddr{Name: l.cfg.Path, Net: "unix"} }
+
+// Close stops listening and removes the socket if it is still the one bound
+// last. It is safe to call twice.
+func (l *Listener) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	close(l.done)
+	err := l.cur.Close()
+	if now, serr := os.Lstat(l.cfg.Path); serr == nil && os.SameFile(now, l.ours) {
+		if rerr := os.Remove(l.cfg.Path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			l.log.Warn("removing socket failed", zap.Error(rerr))
+		}
+	}
+	return err
+}
+
+// Watch looks at the path every CheckInterval and binds the socket again
+// when it was removed or replaced, until ctx ends or the listener is closed;
+// it then returns nil. A failed bind is logged and tried at the next check.
+func (l *Listener) Watch(ctx context.Context) error {
+	wait := l.cfg.CheckInterval
+	for {
+		t := l.cfg.Clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-l.done:
+			t.Stop()
+			return nil
+		case <-t.C():
+		}
+		switch rebound, err := l.check(); {
+		case err != nil:
+			l.log.Error("socket lost and not bound again; trying at the next check", zap.Error(err))
+			wait = min(2*wait, maxBackoff)
+		case rebound:
+			// Something keeps taking the path: look less often.
+			wait = min(2*wait, maxBackoff)
+		default:
+			wait = l.cfg.CheckInterval
+		}
+	}
+}
+
+// check binds the socket again if the path no longer holds it.
+func (l *Listener) check() (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false, nil
+	}
+	now, err := os.Lstat(l.cfg.Path)
+	if err == nil && os.SameFile(now, l.ours) {
+		return false, nil
+	}
+	reason, found := ReasonReplaced, ""
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		reason = ReasonRemoved
+	case err != nil:
+		return false, fmt.Errorf("looking at the socket: %w", err)
+	default:
+		found = describe(now.Mode())
+	}
+	if err := mkdirs(filepath.Dir(l.cfg.Path), l.cfg.DirMode); err != nil {
+		return false, fmt.Errorf("creating socket directory: %w", err)
+	}
+	lis, info, err := l.bind()
+	if err != nil {
+		return false, err
+	}
+	old := l.cur
+	l.cur, l.ours = lis, info
+	_ = old.Close() // wakes an Accept waiting on it, which moves to lis
+	l.log.Warn("socket bound again", zap.String(keyReason, reason), zap.String(keyFound, found))
+	if l.cfg.OnRebind != nil {
+		l.cfg.OnRebind(reason)
+	}
+	return true, nil
+}
+
+// mkdirs creates dir and its missing parents with mode (whatever the
+// umask); directories that exist are left as they are.
+func mkdirs(dir string, mode os.FileMode) error {
+	st, err := os.Stat(dir)
+	if err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := mkdirs(parent, mode); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, mode); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil // made meanwhile by someone else: theirs
+		}
+		return err
+	}
+	return os.Chmod(dir, mode)
+}
+
+func tempName(path string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return filepath.Join(filepath.Dir(path), "."+hex.EncodeToString(b[:])+".sock")
+}
+
+func removeNonDir(path string) error {
+	st, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st.IsDir() {
+		return fmt.Errorf("%w: %s is a directory", ErrNotSocket, path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("clearing the socket path: %w", err)
+	}
+	return nil
+}
+
+func describe(m fs.FileMode) string {
+	switch {
+	case m.Type() == fs.ModeSocket:
+		return "socket"
+	case m.IsDir():
+		return "directory"
+	case m.IsRegular():
+		return "regular file"
+	case m&fs.ModeSymlink != 0:
+		return "symbolic link"
+	}
+	return "special file"
+}
+
+// Log field keys.
+const (
+	keySocket = "socket"
+	keyReason = "reason"
+	keyFound  = "found"
+)

@@ -1,0 +1,111 @@
+package udsserver
+
+import (
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/meshagent/meshagent/internal/testwait"
+)
+
+// idleConnBudget is what one idle connection may cost the server process,
+// heap and goroutine stacks together, measured through the real server: a
+// gRPC change that keeps a read buffer per connection again (4 KiB), or a
+// per-connection goroutine more, goes over it.
+const idleConnBudget = 20 << 10
+
+// openIdle opens a connection to socket and takes it through the HTTP/2
+// handshake (preface, SETTINGS both ways and their ACKs), leaving it idle:
+// what a process that connects and makes no RPC costs the server.
+func openIdle(t testing.TB, socket string) net.Conn {
+	t.Helper()
+	nc, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(nc, nc)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	for acked, got := false, false; !acked || !got; {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s, ok := f.(*http2.SettingsFrame); ok {
+			if s.IsAck() {
+				acked = true
+			} else {
+				got = true
+				if err := fr.WriteSettingsAck(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	return nc
+}
+
+// inUse is the heap and stack memory in use after a collection (two: the
+// second shrinks the stacks of goroutines that used little of theirs).
+func inUse() (heap, stack int64) {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapInuse), int64(m.StackInuse)
+}
+
+// TestIdleConnectionMemory measures what idle connections cost the server
+// (with a resolver, as in node mode): each is identified at accept and then
+// holds no read buffer, no pidfd and no more goroutines than gRPC's own.
+// The clients are raw HTTP/2 connections of this process, whose own cost (a
+// socket and a framer, dropped before measuring) is small.
+func TestIdleConnectionMemory(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("measures memory (not under the race detector, whose stacks are larger)")
+	}
+	const n = 400
+	f := start(t, func(c *Config) { c.Resolver = twoPods{}; c.MaxConnsPerCaller = 2 * n })
+	if _, err := unary(t, f.conn); err != nil {
+		t.Fatal(err)
+	}
+	openIdle(t, f.socket).Close() // warm: pools, first-use allocations
+	heap0, stack0 := inUse()
+	fds0 := openFDs(t)
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		conns[i] = openIdle(t, f.socket)
+	}
+	testwait.Within(t, 20*time.Second, "every connection counted", func() bool { return f.connsOf(podKey("uid-a")) >= n })
+	heap1, stack1 := inUse()
+	if got := openFDs(t) - fds0; got != 2*n {
+		t.Errorf("%d idle connections opened %d files in the process, want %d (the two ends of each socket, no pidfd)", n, got, 2*n)
+	}
+	per := (heap1 - heap0 + stack1 - stack0) / n
+	t.Logf("%d idle connections: %d bytes each (heap %d, stacks %d)", n, per, (heap1-heap0)/n, (stack1-stack0)/n)
+	if per > idleConnBudget {
+		t.Errorf("an idle connection costs %d bytes, want at most %d", per, idleConnBudget)
+	}
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+// openFDs counts this process's open files.
+func openFDs(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}

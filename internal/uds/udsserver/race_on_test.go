@@ -1,0 +1,6 @@
+//go:build race
+
+package udsserver
+
+// raceEnabled: the race detector changes what memory is measured.
+const raceEnabled = true
