@@ -282,6 +282,7 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	run(t, "helm", "install", release, filepath.Join(repoRoot(), "deploy", "helm", "meshagent"),
 		"--namespace", agentNamespace,
 		"--set", "sidecar.enabled=false,node.enabled=true,image.pullPolicy=Never",
+		"--set", "node.podCertificateSigner="+podCertSigner,
 		"--set", "caAddress="+net.JoinHostPort(cluster.NodeIP, "15012"),
 		"--set", "istiodSAN="+caServerName,
 		// A deleted pod's identity is dropped after this grace.
@@ -308,6 +309,8 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	if _, err := core.Pods(appsNamespace).Create(ctx, hostPath, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "restricted") {
 		t.Fatalf("a hostPath pod in the restricted namespace: %v, want refused by Pod Security", err)
 	}
+	// The pod-certificate pods start now; they are checked once the socket's are.
+	podCerts := startPodCertificates(t)
 	pods := map[string]*corev1.Pod{}
 	for name, sa := range map[string]string{"client-a": "alice", "client-b": "bob"} {
 		if _, err := core.Pods(appsNamespace).Create(ctx, clientPod(name, sa), metav1.CreateOptions{}); err != nil {
@@ -351,6 +354,8 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 			t.Fatalf("the agent holds no certificate for %s", want)
 		}
 	}
+
+	podCerts.check(t)
 
 	// Restarting the agent pod: the volumes keep the socket directory, the new agent's
 	// socket appears in it, nothing is mounted again.
