@@ -57,8 +57,10 @@ func run(t *testing.T, tool string, args ...string) string {
 
 // startCA serves the Istio CA protocol on the node address inside the cluster's
 // network namespace: istiod's node authorizer over the real API server, trusting the
-// node agent's service account to ask for its pods' identities.
-func startCA(t *testing.T, trusted ...istioca.ServiceAccount) *istioca.Server {
+// node agent's service account to ask for its pods' identities. keyOnlyCSR takes only
+// a CSR's key, as istiod's own CA does (the kubelet's stub CSRs of pod certificates
+// name nothing); without it a CSR must name the caller's identity, as istio-csr wants.
+func startCA(t *testing.T, keyOnlyCSR bool, trusted ...istioca.ServiceAccount) *istioca.Server {
 	t.Helper()
 	var ca *istioca.Server
 	err := kube.InNetns(func() error {
@@ -67,6 +69,7 @@ func startCA(t *testing.T, trusted ...istioca.ServiceAccount) *istioca.Server {
 			ServerNames:         []string{caServerName},
 			Kube:                kube.Client(),
 			TrustedNodeAccounts: trusted,
+			KeyOnlyCSR:          keyOnlyCSR,
 		})
 		return nil
 	})
@@ -265,7 +268,7 @@ func debugCerts(t *testing.T, agent *corev1.Pod) string {
 
 func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	ctx := context.Background()
-	ca := startCA(t, istioca.ServiceAccount{Namespace: agentNamespace, Name: release})
+	ca := startCA(t, true, istioca.ServiceAccount{Namespace: agentNamespace, Name: release})
 	core := kube.Client().CoreV1()
 
 	// The node agent, installed as docs/kubernetes.md says, with the image of make image.
