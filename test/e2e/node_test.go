@@ -290,6 +290,7 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 		"--set", "istiodSAN="+caServerName,
 		// A deleted pod's identity is dropped after this grace.
 		"--set", "extraEnv[0].name=MESHAGENT_IDENTITY_IDLE_GRACE,extraEnv[0].value=3s",
+		"--set", "extraEnv[1].name=SECRET_GRACE_PERIOD_RATIO,extraEnv[1].value="+graceRatio(),
 		"--wait", "--timeout", "3m")
 	agent := agentPod(t, "")
 	t.Logf("node agent %s Ready %.1fs after helm install", agent.Name, time.Since(installStart).Seconds())
@@ -389,6 +390,10 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 		if n := csiMounts(t, p); n != 1 {
 			t.Fatalf("after the kubelet restarted, %s: %d mounts under its CSI volumes, want 1", p.Name, n)
 		}
+	}
+	podCerts.recheck(t, "the agent's and the kubelet's restarts")
+	if waitRefresh() {
+		podCerts.refresh(t)
 	}
 	csiLog := containerLog(agent, "csi")
 	t.Logf("CSI driver after the kubelet restart: %d publishes answered without mounting", strings.Count(csiLog, "already published"))
