@@ -51,6 +51,7 @@ func runMain(m *testing.M) int {
 	for _, img := range []struct{ pkg, tag, path string }{
 		{"./test/e2e/images/pause", cluster.PauseImage, "/pause"},
 		{"./test/e2e/images/client", clientImage, "/usr/local/bin/client"},
+		{"./test/e2e/images/mtls", mtlsImage, "/usr/local/bin/mtls"},
 	} {
 		tar, err := buildImage(root, dir, img.pkg, img.tag, img.path)
 		if err != nil {

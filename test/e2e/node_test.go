@@ -58,8 +58,10 @@ func run(t *testing.T, tool string, args ...string) string {
 
 // startCA serves the Istio CA protocol on the node address inside the cluster's
 // network namespace: istiod's node authorizer over the real API server, trusting the
-// node agent's service account to ask for its pods' identities.
-func startCA(t *testing.T, trusted ...istioca.ServiceAccount) *istioca.Server {
+// node agent's service account to ask for its pods' identities. keyOnlyCSR takes only
+// a CSR's key, as istiod's own CA does (the kubelet's stub CSRs of pod certificates
+// name nothing); without it a CSR must name the caller's identity, as istio-csr wants.
+func startCA(t *testing.T, keyOnlyCSR bool, trusted ...istioca.ServiceAccount) *istioca.Server {
 	t.Helper()
 	var ca *istioca.Server
 	err := kube.InNetns(func() error {
@@ -68,6 +70,7 @@ func startCA(t *testing.T, trusted ...istioca.ServiceAccount) *istioca.Server {
 			ServerNames:         []string{caServerName},
 			Kube:                kube.Client(),
 			TrustedNodeAccounts: trusted,
+			KeyOnlyCSR:          keyOnlyCSR,
 		})
 		return nil
 	})
@@ -318,7 +321,7 @@ func podPID(t *testing.T, pod *corev1.Pod) int {
 
 func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	ctx := context.Background()
-	ca := startCA(t, istioca.ServiceAccount{Namespace: agentNamespace, Name: release})
+	ca := startCA(t, true, istioca.ServiceAccount{Namespace: agentNamespace, Name: release})
 	core := kube.Client().CoreV1()
 
 	// The node agent, installed as docs/kubernetes.md says, with the image of make image.
@@ -335,10 +338,12 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	run(t, "helm", "install", release, filepath.Join(repoRoot(), "deploy", "helm", "meshagent"),
 		"--namespace", agentNamespace,
 		"--set", "sidecar.enabled=false,node.enabled=true,image.pullPolicy=Never",
+		"--set", "node.podCertificateSigner="+podCertSigner,
 		"--set", "caAddress="+net.JoinHostPort(cluster.NodeIP, "15012"),
 		"--set", "istiodSAN="+caServerName,
 		// A deleted pod's identity is dropped after this grace.
 		"--set", "extraEnv[0].name=MESHAGENT_IDENTITY_IDLE_GRACE,extraEnv[0].value=3s",
+		"--set", "extraEnv[1].name=SECRET_GRACE_PERIOD_RATIO,extraEnv[1].value="+graceRatio(),
 		"--wait", "--timeout", "3m")
 	agent := agentPod(t, "")
 	t.Logf("node agent %s Ready %.1fs after helm install", agent.Name, time.Since(installStart).Seconds())
@@ -361,6 +366,8 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	if _, err := core.Pods(appsNamespace).Create(ctx, hostPath, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "restricted") {
 		t.Fatalf("a hostPath pod in the restricted namespace: %v, want refused by Pod Security", err)
 	}
+	// The pod-certificate pods start now; they are checked once the socket's are.
+	podCerts := startPodCertificates(t)
 	pods := map[string]*corev1.Pod{}
 	for name, sa := range map[string]string{"client-a": "alice", "client-b": "bob"} {
 		if _, err := core.Pods(appsNamespace).Create(ctx, clientPod(name, sa), metav1.CreateOptions{}); err != nil {
@@ -409,6 +416,8 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 		}
 	}
 
+	podCerts.check(t)
+
 	// Restarting the agent pod: the volumes keep the socket directory, the new agent's
 	// socket appears in it, nothing is mounted again.
 	restart := time.Now()
@@ -438,6 +447,10 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 		if n := csiMounts(t, p); n != 1 {
 			t.Fatalf("after the kubelet restarted, %s: %d mounts under its CSI volumes, want 1", p.Name, n)
 		}
+	}
+	podCerts.recheck(t, "the agent's and the kubelet's restarts")
+	if waitRefresh() {
+		podCerts.refresh(t)
 	}
 	csiLog := containerLog(agent, "csi")
 	t.Logf("CSI driver after the kubelet restart: %d publishes answered without mounting", strings.Count(csiLog, "already published"))

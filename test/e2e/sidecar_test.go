@@ -29,7 +29,7 @@ func TestSidecarThenUpgradeToNodeModeThenUninstall(t *testing.T) {
 	)
 	ctx := context.Background()
 	core := kube.Client().CoreV1()
-	ca := startCA(t, istioca.ServiceAccount{Namespace: ns, Name: "mesh-meshagent-node"})
+	ca := startCA(t, false, istioca.ServiceAccount{Namespace: ns, Name: "mesh-meshagent-node"})
 	// The sidecar pods would pass Pod Security "restricted"; the node agent the upgrade
 	// brings cannot (hostPID, hostPath, the privileged CSI container), so the namespace
 	// must allow privileged pods, as any node agent's namespace must.
