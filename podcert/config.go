@@ -124,8 +124,10 @@ type Config struct {
 	// identity doubles per failure of that identity, with jitter. Other
 	// identities are not delayed. Defaults 500ms and 60s.
 	BackoffBase, BackoffCap time.Duration
-	// MaxAttempts is how many failed CA requests a PodCertificateRequest
-	// gets before it is marked Failed. Default 8.
+	// MaxAttempts is how many rejected CA answers (a certificate that fails
+	// the checks) a PodCertificateRequest gets before it is marked Failed.
+	// A CA that cannot answer is retried while the request is pending.
+	// Default 8.
 	MaxAttempts int
 	// SignTimeout bounds one CA request. Default 1m.
 	SignTimeout time.Duration

@@ -181,12 +181,12 @@ func (s *Signer) decide(ctx context.Context, key string, req *kubeclient.PodCert
 			if permanent(err) {
 				return fail(ReasonCARefused, "the CA refused to sign for %s: %v", id, err)
 			}
-			return s.caFailure(key, id, err)
+			return s.caFailure(key, id, err, false)
 		}
 		now := s.cfg.Clock.Now()
 		if err := pki.VerifyIssued(chain, csr.PublicKey, id, s.roots().Pool(), now); err != nil {
 			s.metrics.rejected.WithLabelValues(pki.Reason(err)).Inc()
-			return s.caFailure(key, id, fmt.Errorf("CA answer rejected: %w", err))
+			return s.caFailure(key, id, fmt.Errorf("CA answer rejected: %w", err), true)
 		}
 		leaf := chain[0]
 		// What the CA added to the validity asked is its backdating.
@@ -232,14 +232,20 @@ func (s *Signer) sign(ctx context.Context, csr []byte, id pki.Identity, ttl time
 	return chain, nil
 }
 
-// caFailure counts a failed CA request of key and backs its identity off;
-// after MaxAttempts the request is Failed.
-func (s *Signer) caFailure(key string, id pki.Identity, err error) verdict {
+// caFailure backs the identity of key off after a failed CA request. A
+// rejected answer (counted) also counts towards MaxAttempts, after which the
+// request is Failed; a CA that could not answer (down, overloaded, timed
+// out) is retried for as long as the request is pending, because the
+// kubelet never asks again after Failed: the pod would wait for ever for
+// its first certificate, or keep its old one until it expires.
+func (s *Signer) caFailure(key string, id pki.Identity, err error, counted bool) verdict {
 	s.mu.Lock()
-	s.attempts[key]++
+	if counted {
+		s.attempts[key]++
+	}
 	n := s.attempts[key]
 	s.mu.Unlock()
-	if n >= s.cfg.MaxAttempts {
+	if counted && n >= s.cfg.MaxAttempts {
 		return fail(ReasonCAUnavailable, "no certificate for %s after %d CA requests: %v", id, n, err)
 	}
 	wait := s.failedAttempt("", id.String())

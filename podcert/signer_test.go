@@ -167,17 +167,19 @@ func TestLifetimeWithinTheRequest(t *testing.T) {
 // while is retried, with backoff, until it signs.
 func TestCAFailures(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
-	c.startSigner(nil)
+	// An outage longer than MaxAttempts: the kubelet never asks again after
+	// Failed, so a CA that cannot answer never fails a request.
+	c.startSigner(func(cfg *Config) { cfg.MaxAttempts = 2; cfg.BackoffBase, cfg.BackoffCap = 10*time.Millisecond, 40*time.Millisecond })
 
-	c.ca.FailNext(2, codes.Unavailable)
+	c.ca.FailNext(4, codes.Unavailable)
 	key := ecKey(t)
 	got, cond := c.answer(c.request(c.pod("retried", "web", nodeA), key, 0, nil))
 	if cond.Type != "Issued" {
 		t.Fatalf("condition %+v, want Issued after the CA's outage", cond)
 	}
 	c.checkIssued(got, key, c.spiffeID("web"))
-	if n := c.ca.Requests(); n != 3 {
-		t.Errorf("the CA got %d requests, want 3 (two failed)", n)
+	if n := c.ca.Requests(); n != 5 {
+		t.Errorf("the CA got %d requests, want 5 (four failed)", n)
 	}
 
 	c.ca.SetError(codes.PermissionDenied)
@@ -186,7 +188,7 @@ func TestCAFailures(t *testing.T) {
 	if cond.Type != "Failed" || cond.Reason != ReasonCARefused || got.Status.CertificateChain != "" {
 		t.Errorf("condition %+v, want Failed %s", cond, ReasonCARefused)
 	}
-	if n := c.ca.Requests(); n != 4 {
+	if n := c.ca.Requests(); n != 6 {
 		t.Errorf("the CA got %d requests, want one more, not retried", n)
 	}
 
@@ -196,8 +198,8 @@ func TestCAFailures(t *testing.T) {
 	if cond.Type != "Failed" || cond.Reason != ReasonCAUnavailable || !containsAll(cond.Message, "does not match") {
 		t.Errorf("condition %+v, want Failed %s after every answer was rejected", cond, ReasonCAUnavailable)
 	}
-	if n := c.ca.Requests(); n != 4+DefaultMaxAttempts {
-		t.Errorf("the CA got %d requests, want %d", n, 4+DefaultMaxAttempts)
+	if n := c.ca.Requests(); n != 6+2 {
+		t.Errorf("the CA got %d requests, want %d (MaxAttempts 2)", n, 6+2)
 	}
 }
 
