@@ -169,7 +169,10 @@ func TestCAFailures(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
 	// An outage longer than MaxAttempts: the kubelet never asks again after
 	// Failed, so a CA that cannot answer never fails a request.
-	c.startSigner(func(cfg *Config) { cfg.MaxAttempts = 2; cfg.BackoffBase, cfg.BackoffCap = 10*time.Millisecond, 40*time.Millisecond })
+	c.startSigner(func(cfg *Config) {
+		cfg.MaxAttempts = 2
+		cfg.BackoffBase, cfg.BackoffCap = 10*time.Millisecond, 40*time.Millisecond
+	})
 
 	c.ca.FailNext(4, codes.Unavailable)
 	key := ecKey(t)
