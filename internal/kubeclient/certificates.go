@@ -73,45 +73,22 @@ func (c *Certificates) resource(name string) resource {
 // subresource (PUT .../podcertificaterequests/<name>/status). The request's
 // resource version must be the stored one.
 func (c *Certificates) UpdatePodCertificateRequestStatus(ctx context.Context, req *PodCertificateRequest) (*PodCertificateRequest, error) {
-	out := &PodCertificateRequest{}
-	err := c.rc.Put().
-		Namespace(req.Namespace).
-		Resource("podcertificaterequests").
-		Name(req.Name).
-		SubResource("status").
-		Body(req).
-		Do(ctx).
-		Into(out)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	r := c.rc.Put().Namespace(req.Namespace).Resource("podcertificaterequests").Name(req.Name).SubResource("status").Body(req)
+	return do(ctx, r, &PodCertificateRequest{})
 }
 
 // GetClusterTrustBundle reads the bundle called name.
 func (c *Certificates) GetClusterTrustBundle(ctx context.Context, name string) (*ClusterTrustBundle, error) {
-	out := &ClusterTrustBundle{}
-	if err := c.rc.Get().Resource("clustertrustbundles").Name(name).Do(ctx).Into(out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return do(ctx, c.rc.Get().Resource("clustertrustbundles").Name(name), &ClusterTrustBundle{})
 }
 
 // CreateClusterTrustBundle creates b.
 func (c *Certificates) CreateClusterTrustBundle(ctx context.Context, b *ClusterTrustBundle) (*ClusterTrustBundle, error) {
-	out := &ClusterTrustBundle{}
-	if err := c.rc.Post().Resource("clustertrustbundles").Body(b).Do(ctx).Into(out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return do(ctx, c.rc.Post().Resource("clustertrustbundles").Body(b), &ClusterTrustBundle{})
 }
 
 // UpdateClusterTrustBundle replaces the stored bundle with b, whose resource
 // version must be the stored one.
 func (c *Certificates) UpdateClusterTrustBundle(ctx context.Context, b *ClusterTrustBundle) (*ClusterTrustBundle, error) {
-	out := &ClusterTrustBundle{}
-	if err := c.rc.Put().Resource("clustertrustbundles").Name(b.Name).Body(b).Do(ctx).Into(out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return do(ctx, c.rc.Put().Resource("clustertrustbundles").Name(b.Name).Body(b), &ClusterTrustBundle{})
 }

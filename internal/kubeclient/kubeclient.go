@@ -100,20 +100,14 @@ func newScheme() *runtime.Scheme {
 // returns the API server's answer. An error from the API server is an
 // *errors.StatusError of k8s.io/apimachinery/pkg/api/errors.
 func (c *Client) CreateToken(ctx context.Context, namespace, serviceAccount string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
-	out := &authenticationv1.TokenRequest{}
-	err := c.core.Post().
+	r := c.core.Post().
 		UseProtobufAsDefault().
 		Namespace(namespace).
 		Resource("serviceaccounts").
 		Name(serviceAccount).
 		SubResource("token").
-		Body(req).
-		Do(ctx).
-		Into(out)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+		Body(req)
+	return do(ctx, r, &authenticationv1.TokenRequest{})
 }
 
 // ListPods lists the pods of namespace (metav1.NamespaceAll: every

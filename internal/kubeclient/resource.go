@@ -35,21 +35,24 @@ type resource struct {
 	name   string
 }
 
-// list decodes into out the objects of namespace that match opts; an empty
-// namespace is every namespace, or a cluster-scoped resource.
-func list[L runtime.Object](ctx context.Context, r resource, namespace string, opts metav1.ListOptions, out L) (L, error) {
-	err := r.rc.Get().
-		NamespaceIfScoped(namespace, namespace != "").
-		Resource(r.name).
-		VersionedParams(&opts, r.params).
-		Timeout(timeout(opts)).
-		Do(ctx).
-		Into(out)
-	if err != nil {
-		var none L
+// do sends r and decodes the answer into out.
+func do[T runtime.Object](ctx context.Context, r *rest.Request, out T) (T, error) {
+	if err := r.Do(ctx).Into(out); err != nil {
+		var none T
 		return none, err
 	}
 	return out, nil
+}
+
+// list decodes into out the objects of namespace that match opts; an empty
+// namespace is every namespace, or a cluster-scoped resource.
+func list[L runtime.Object](ctx context.Context, r resource, namespace string, opts metav1.ListOptions, out L) (L, error) {
+	req := r.rc.Get().
+		NamespaceIfScoped(namespace, namespace != "").
+		Resource(r.name).
+		VersionedParams(&opts, r.params).
+		Timeout(timeout(opts))
+	return do(ctx, req, out)
 }
 
 // watchObjects watches the objects of namespace that match opts, as list.
