@@ -51,13 +51,7 @@ func (l *ConfigMapList) DeepCopyObject() runtime.Object {
 	if l == nil {
 		return nil
 	}
-	out := &ConfigMapList{TypeMeta: l.TypeMeta}
+	out := &ConfigMapList{TypeMeta: l.TypeMeta, Items: deepCopyItems(l.Items)}
 	l.ListMeta.DeepCopyInto(&out.ListMeta)
-	if l.Items != nil {
-		out.Items = make([]ConfigMap, len(l.Items))
-		for i := range l.Items {
-			l.Items[i].DeepCopyInto(&out.Items[i])
-		}
-	}
 	return out
 }
