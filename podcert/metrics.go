@@ -1,10 +1,12 @@
 package podcert
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/internal/promreg"
 )
 
@@ -34,12 +36,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "meshagent_podcert_ca_requests_total",
 			Help: "Certificate requests sent to the CA for PodCertificateRequests, by result (success, ca_error).",
 		}, []string{"result"}),
-		// The certificate cache's own metric: a rejected answer is counted
+		// Shared with the certificate cache: a rejected answer is counted
 		// the same way whichever part asked.
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "meshagent_ca_answers_rejected_total",
-			Help: "CA answers rejected before use, by reason.",
-		}, []string{"reason"}),
+		rejected: caclient.NewRejectedAnswers(),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "meshagent_podcert_ca_request_duration_seconds",
 			Help:    "Time the CA took to answer one certificate request for a PodCertificateRequest.",
@@ -54,17 +53,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Writes of the signer's ClusterTrustBundle, by result (success, error).",
 		}, []string{"result"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var err error
-	if m.rejected, err = promreg.Register(reg, m.rejected); err != nil {
+	if err := errors.Join(
+		promreg.Assign(reg, &m.requests),
+		promreg.Assign(reg, &m.caRequests),
+		promreg.Assign(reg, &m.rejected),
+		promreg.Assign(reg, &m.latency),
+		promreg.Assign(reg, &m.inFlight),
+		promreg.Assign(reg, &m.bundle),
+	); err != nil {
 		return nil, fmt.Errorf("registering pod certificate metrics: %w", err)
-	}
-	for _, c := range []prometheus.Collector{m.requests, m.caRequests, m.latency, m.inFlight, m.bundle} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("registering pod certificate metrics: %w", err)
-		}
 	}
 	return m, nil
 }

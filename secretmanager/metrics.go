@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/internal/promreg"
 )
 
@@ -45,10 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "meshagent_secretmanager_renewals_total",
 			Help: "Certificate requests to the CA, by result (success, ca_error, rejected, key_error, discarded).",
 		}, []string{"result"}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "meshagent_ca_answers_rejected_total",
-			Help: "CA answers rejected before use, by reason.",
-		}, []string{"reason"}),
+		rejected: caclient.NewRejectedAnswers(),
 		caLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "meshagent_secretmanager_ca_request_duration_seconds",
 			Help:    "Time the CA took to answer one certificate request.",

@@ -1,6 +1,8 @@
 package istio
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"unicode"
 
@@ -46,26 +48,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			ConstLabels: labels,
 		}, []string{"result"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var err error
-	if m.requests, err = register(reg, m.requests); err != nil {
-		return nil, err
-	}
-	if m.latency, err = register(reg, m.latency); err != nil {
-		return nil, err
-	}
-	if m.impersonated, err = register(reg, m.impersonated); err != nil {
-		return nil, err
+	if err := errors.Join(
+		promreg.Assign(reg, &m.requests),
+		promreg.Assign(reg, &m.latency),
+		promreg.Assign(reg, &m.impersonated),
+	); err != nil {
+		return nil, fmt.Errorf("registering Istio CA client metrics: %w", err)
 	}
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered under the
-// same description (a client made again, e.g. after a configuration change).
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	return promreg.Register(reg, c)
 }
 
 // codeLabel turns a gRPC code into a metric label: DeadlineExceeded becomes

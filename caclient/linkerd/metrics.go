@@ -1,6 +1,7 @@
 package linkerd
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/meshagent/meshagent/internal/promreg"
@@ -45,28 +46,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Certify answers accepted with a warning, by reason (valid_until_missing, valid_until_invalid, valid_until_mismatch).",
 		}, []string{"reason"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var err error
-	if m.requests, err = register(reg, m.requests); err != nil {
-		return nil, err
-	}
-	if m.latency, err = register(reg, m.latency); err != nil {
-		return nil, err
-	}
-	if m.warnings, err = register(reg, m.warnings); err != nil {
-		return nil, err
+	if err := errors.Join(
+		promreg.Assign(reg, &m.requests),
+		promreg.Assign(reg, &m.latency),
+		promreg.Assign(reg, &m.warnings),
+	); err != nil {
+		return nil, fmt.Errorf("registering Linkerd identity client metrics: %w", err)
 	}
 	return m, nil
-}
-
-// register adds c to reg, or returns the collector already registered under
-// the same description (a client rebuilt against the same registry).
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	c, err := promreg.Register(reg, c)
-	if err != nil {
-		return c, fmt.Errorf("registering metrics: %w", err)
-	}
-	return c, nil
 }

@@ -58,13 +58,13 @@ func (a *App) clusterTrust(fileRoots *secretmanager.Roots) (*secretmanager.Roots
 	if err != nil {
 		return nil, nil, configError(fmt.Errorf("MESHAGENT_TRUST_CONFIGMAP and MESHAGENT_TRUST_BUNDLE_SIGNER read the Kubernetes API: %w", err))
 	}
-	kube, err := trust.NewKube(rc)
-	if err != nil {
-		return nil, nil, err
-	}
 	if r := c.TrustConfigMap; !r.IsZero() {
+		core, err := kubeclient.NewForConfig(rc)
+		if err != nil {
+			return nil, nil, err
+		}
 		src, err := trust.NewConfigMapSource(trust.ConfigMapConfig{
-			Kube: kube, Namespace: r.Namespace, Name: r.Name, Key: r.Key, Sink: merger, Logger: a.base,
+			Kube: core, Namespace: r.Namespace, Name: r.Name, Key: r.Key, Sink: merger, Logger: a.base,
 		})
 		if err != nil {
 			return nil, nil, err
@@ -73,8 +73,12 @@ func (a *App) clusterTrust(fileRoots *secretmanager.Roots) (*secretmanager.Roots
 		cs = append(cs, component{name: "trust_configmap", run: src.Run})
 	}
 	if signer := c.TrustBundleSigner; signer != "" {
+		certs, err := kubeclient.NewCertificates(rc)
+		if err != nil {
+			return nil, nil, err
+		}
 		src, err := trust.NewClusterTrustBundleSource(trust.ClusterTrustBundleConfig{
-			Kube: kube, Signer: signer, Sink: merger, Logger: a.base,
+			Kube: certs, Signer: signer, Sink: merger, Logger: a.base,
 		})
 		if err != nil {
 			return nil, nil, err

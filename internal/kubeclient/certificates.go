@@ -6,16 +6,16 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
 
-// Certificates makes the requests of a Pod Certificates signer to the
-// certificates.k8s.io/v1 API: list, watch and status updates of
-// PodCertificateRequests, and the ClusterTrustBundle that publishes the
-// signer's roots. It links certificates/v1's types only, none of the other
+// Certificates makes the agent's requests to the certificates.k8s.io/v1
+// API: a Pod Certificates signer's list, watch and status updates of
+// PodCertificateRequests and the ClusterTrustBundle that publishes its
+// roots, and the list and watch of a signer's ClusterTrustBundles that the
+// trust bundle follows. It links certificates/v1's types only, none of the other
 // API groups. It is safe for concurrent use.
 type Certificates struct {
 	rc     *rest.RESTClient
@@ -26,19 +26,11 @@ type Certificates struct {
 // not contact the API server.
 func NewCertificates(rc *rest.Config) (*Certificates, error) {
 	scheme := runtime.NewScheme()
-	gv := certificatesV1
-	scheme.AddKnownTypes(gv,
+	scheme.AddKnownTypes(certificatesV1,
 		&PodCertificateRequest{}, &PodCertificateRequestList{},
 		&ClusterTrustBundle{}, &ClusterTrustBundleList{})
-	metav1.AddToGroupVersion(scheme, gv)
-	c := rest.CopyConfig(rc)
-	c.GroupVersion = &gv
-	c.APIPath = "/apis"
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	if c.UserAgent == "" {
-		c.UserAgent = rest.DefaultKubernetesUserAgent()
-	}
-	client, err := rest.RESTClientFor(c)
+	metav1.AddToGroupVersion(scheme, certificatesV1)
+	client, err := restClient(rc, certificatesV1, "/apis", scheme)
 	if err != nil {
 		return nil, fmt.Errorf("building the Kubernetes certificates client: %w", err)
 	}
@@ -48,89 +40,55 @@ func NewCertificates(rc *rest.Config) (*Certificates, error) {
 // ListPodCertificateRequests lists the requests of every namespace that
 // match opts.
 func (c *Certificates) ListPodCertificateRequests(ctx context.Context, opts metav1.ListOptions) (*PodCertificateRequestList, error) {
-	out := &PodCertificateRequestList{}
-	err := c.rc.Get().
-		Resource("podcertificaterequests").
-		VersionedParams(&opts, c.params).
-		Timeout(timeout(opts)).
-		Do(ctx).
-		Into(out)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return list(ctx, c.resource("podcertificaterequests"), metav1.NamespaceAll, opts, &PodCertificateRequestList{})
 }
 
 // WatchPodCertificateRequests watches the requests of every namespace that
 // match opts.
 func (c *Certificates) WatchPodCertificateRequests(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	opts.Watch = true
-	return c.rc.Get().
-		Resource("podcertificaterequests").
-		VersionedParams(&opts, c.params).
-		Timeout(timeout(opts)).
-		Watch(ctx)
+	return watchObjects(ctx, c.resource("podcertificaterequests"), metav1.NamespaceAll, opts)
 }
 
 // PodCertificateRequestListWatch lists and watches the requests of every
 // namespace that match fieldSelector (e.g. "spec.nodeName=node-a"), for an
 // informer of *PodCertificateRequest.
 func (c *Certificates) PodCertificateRequestListWatch(fieldSelector string) cache.ListerWatcher {
-	return &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			opts.FieldSelector = fieldSelector
-			return c.ListPodCertificateRequests(ctx, opts)
-		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			opts.FieldSelector = fieldSelector
-			return c.WatchPodCertificateRequests(ctx, opts)
-		},
-	}
+	return listWatch(c.resource("podcertificaterequests"), metav1.NamespaceAll, fieldSelector,
+		func() *PodCertificateRequestList { return &PodCertificateRequestList{} })
+}
+
+// ClusterTrustBundleListWatch lists and watches the ClusterTrustBundles
+// that match fieldSelector (e.g. "spec.signerName=example.com/signer"), for
+// an informer of *ClusterTrustBundle.
+func (c *Certificates) ClusterTrustBundleListWatch(fieldSelector string) cache.ListerWatcher {
+	return listWatch(c.resource("clustertrustbundles"), "", fieldSelector,
+		func() *ClusterTrustBundleList { return &ClusterTrustBundleList{} })
+}
+
+func (c *Certificates) resource(name string) resource {
+	return resource{rc: c.rc, params: c.params, name: name}
 }
 
 // UpdatePodCertificateRequestStatus writes req's status through the status
 // subresource (PUT .../podcertificaterequests/<name>/status). The request's
 // resource version must be the stored one.
 func (c *Certificates) UpdatePodCertificateRequestStatus(ctx context.Context, req *PodCertificateRequest) (*PodCertificateRequest, error) {
-	out := &PodCertificateRequest{}
-	err := c.rc.Put().
-		Namespace(req.Namespace).
-		Resource("podcertificaterequests").
-		Name(req.Name).
-		SubResource("status").
-		Body(req).
-		Do(ctx).
-		Into(out)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	r := c.rc.Put().Namespace(req.Namespace).Resource("podcertificaterequests").Name(req.Name).SubResource("status").Body(req)
+	return do(ctx, r, &PodCertificateRequest{})
 }
 
 // GetClusterTrustBundle reads the bundle called name.
 func (c *Certificates) GetClusterTrustBundle(ctx context.Context, name string) (*ClusterTrustBundle, error) {
-	out := &ClusterTrustBundle{}
-	if err := c.rc.Get().Resource("clustertrustbundles").Name(name).Do(ctx).Into(out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return do(ctx, c.rc.Get().Resource("clustertrustbundles").Name(name), &ClusterTrustBundle{})
 }
 
 // CreateClusterTrustBundle creates b.
 func (c *Certificates) CreateClusterTrustBundle(ctx context.Context, b *ClusterTrustBundle) (*ClusterTrustBundle, error) {
-	out := &ClusterTrustBundle{}
-	if err := c.rc.Post().Resource("clustertrustbundles").Body(b).Do(ctx).Into(out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return do(ctx, c.rc.Post().Resource("clustertrustbundles").Body(b), &ClusterTrustBundle{})
 }
 
 // UpdateClusterTrustBundle replaces the stored bundle with b, whose resource
 // version must be the stored one.
 func (c *Certificates) UpdateClusterTrustBundle(ctx context.Context, b *ClusterTrustBundle) (*ClusterTrustBundle, error) {
-	out := &ClusterTrustBundle{}
-	if err := c.rc.Put().Resource("clustertrustbundles").Name(b.Name).Body(b).Do(ctx).Into(out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return do(ctx, c.rc.Put().Resource("clustertrustbundles").Name(b.Name).Body(b), &ClusterTrustBundle{})
 }

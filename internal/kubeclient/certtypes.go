@@ -134,14 +134,8 @@ func (l *PodCertificateRequestList) DeepCopyObject() runtime.Object {
 	if l == nil {
 		return nil
 	}
-	out := &PodCertificateRequestList{TypeMeta: l.TypeMeta}
+	out := &PodCertificateRequestList{TypeMeta: l.TypeMeta, Items: deepCopyItems(l.Items)}
 	l.ListMeta.DeepCopyInto(&out.ListMeta)
-	if l.Items != nil {
-		out.Items = make([]PodCertificateRequest, len(l.Items))
-		for i := range l.Items {
-			l.Items[i].DeepCopyInto(&out.Items[i])
-		}
-	}
 	return out
 }
 
@@ -169,13 +163,7 @@ func (l *ClusterTrustBundleList) DeepCopyObject() runtime.Object {
 	if l == nil {
 		return nil
 	}
-	out := &ClusterTrustBundleList{TypeMeta: l.TypeMeta}
+	out := &ClusterTrustBundleList{TypeMeta: l.TypeMeta, Items: deepCopyItems(l.Items)}
 	l.ListMeta.DeepCopyInto(&out.ListMeta)
-	if l.Items != nil {
-		out.Items = make([]ClusterTrustBundle, len(l.Items))
-		for i := range l.Items {
-			l.Items[i].DeepCopyInto(&out.Items[i])
-		}
-	}
 	return out
 }

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -58,8 +56,8 @@ func RESTConfig(cfg Config) (*rest.Config, error) {
 // coreV1 is the group and version of pods and service accounts.
 var coreV1 = schema.GroupVersion{Version: "v1"}
 
-// Client makes the agent's requests to the API server: TokenRequest for a
-// service account, and list and watch of pods. It is safe for concurrent use.
+// Client makes the agent's core/v1 requests to the API server: TokenRequest
+// for a service account, and list and watch of pods and ConfigMaps. It is safe for concurrent use.
 type Client struct {
 	core   *rest.RESTClient
 	params runtime.ParameterCodec
@@ -77,14 +75,7 @@ func New(cfg Config) (*Client, error) {
 // NewForConfig returns a client for rc. It does not contact the API server.
 func NewForConfig(rc *rest.Config) (*Client, error) {
 	scheme := newScheme()
-	c := rest.CopyConfig(rc)
-	c.GroupVersion = &coreV1
-	c.APIPath = "/api"
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	if c.UserAgent == "" {
-		c.UserAgent = rest.DefaultKubernetesUserAgent()
-	}
-	core, err := rest.RESTClientFor(c)
+	core, err := restClient(rc, coreV1, "/api", scheme)
 	if err != nil {
 		return nil, fmt.Errorf("building the Kubernetes client: %w", err)
 	}
@@ -92,11 +83,12 @@ func NewForConfig(rc *rest.Config) (*Client, error) {
 }
 
 // newScheme knows the few types the client sends and receives, and the
-// meta types of lists, watches and errors. Pods are the agent's own small
-// type (Pod) under core/v1's names, so they are always asked for as JSON.
+// meta types of lists, watches and errors. Pods and ConfigMaps are the
+// agent's own small types (Pod, ConfigMap) under core/v1's names, so they
+// are always asked for as JSON.
 func newScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
-	s.AddKnownTypes(coreV1, &Pod{}, &PodList{})
+	s.AddKnownTypes(coreV1, &Pod{}, &PodList{}, &ConfigMap{}, &ConfigMapList{})
 	metav1.AddToGroupVersion(s, coreV1)
 	s.AddKnownTypes(authenticationv1.SchemeGroupVersion, &authenticationv1.TokenRequest{})
 	metav1.AddToGroupVersion(s, authenticationv1.SchemeGroupVersion)
@@ -108,70 +100,42 @@ func newScheme() *runtime.Scheme {
 // returns the API server's answer. An error from the API server is an
 // *errors.StatusError of k8s.io/apimachinery/pkg/api/errors.
 func (c *Client) CreateToken(ctx context.Context, namespace, serviceAccount string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
-	out := &authenticationv1.TokenRequest{}
-	err := c.core.Post().
+	r := c.core.Post().
 		UseProtobufAsDefault().
 		Namespace(namespace).
 		Resource("serviceaccounts").
 		Name(serviceAccount).
 		SubResource("token").
-		Body(req).
-		Do(ctx).
-		Into(out)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+		Body(req)
+	return do(ctx, r, &authenticationv1.TokenRequest{})
 }
 
 // ListPods lists the pods of namespace (metav1.NamespaceAll: every
 // namespace) that match opts.
 func (c *Client) ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*PodList, error) {
-	out := &PodList{}
-	err := c.core.Get().
-		NamespaceIfScoped(namespace, namespace != "").
-		Resource("pods").
-		VersionedParams(&opts, c.params).
-		Timeout(timeout(opts)).
-		Do(ctx).
-		Into(out)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return list(ctx, c.resource("pods"), namespace, opts, &PodList{})
 }
 
 // WatchPods watches the pods of namespace (metav1.NamespaceAll: every
 // namespace) that match opts.
 func (c *Client) WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
-	opts.Watch = true
-	return c.core.Get().
-		NamespaceIfScoped(namespace, namespace != "").
-		Resource("pods").
-		VersionedParams(&opts, c.params).
-		Timeout(timeout(opts)).
-		Watch(ctx)
+	return watchObjects(ctx, c.resource("pods"), namespace, opts)
 }
 
 // PodListWatch lists and watches the pods of every namespace that match
 // fieldSelector (e.g. "spec.nodeName=node-a"; empty: all), for an informer
 // (cache.NewSharedIndexInformer with &Pod{}).
 func (c *Client) PodListWatch(fieldSelector string) cache.ListerWatcher {
-	return &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			opts.FieldSelector = fieldSelector
-			return c.ListPods(ctx, metav1.NamespaceAll, opts)
-		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			opts.FieldSelector = fieldSelector
-			return c.WatchPods(ctx, metav1.NamespaceAll, opts)
-		},
-	}
+	return listWatch(c.resource("pods"), metav1.NamespaceAll, fieldSelector, func() *PodList { return &PodList{} })
 }
 
-func timeout(opts metav1.ListOptions) time.Duration {
-	if opts.TimeoutSeconds == nil {
-		return 0
-	}
-	return time.Duration(*opts.TimeoutSeconds) * time.Second
+// ConfigMapListWatch lists and watches the ConfigMaps of namespace that
+// match fieldSelector (e.g. "metadata.name=istio-ca-root-cert"), for an
+// informer of *ConfigMap.
+func (c *Client) ConfigMapListWatch(namespace, fieldSelector string) cache.ListerWatcher {
+	return listWatch(c.resource("configmaps"), namespace, fieldSelector, func() *ConfigMapList { return &ConfigMapList{} })
+}
+
+func (c *Client) resource(name string) resource {
+	return resource{rc: c.core, params: c.params, name: name}
 }

@@ -72,13 +72,22 @@ func (l *PodList) DeepCopyObject() runtime.Object {
 	if l == nil {
 		return nil
 	}
-	out := &PodList{TypeMeta: l.TypeMeta}
+	out := &PodList{TypeMeta: l.TypeMeta, Items: deepCopyItems(l.Items)}
 	l.ListMeta.DeepCopyInto(&out.ListMeta)
-	if l.Items != nil {
-		out.Items = make([]Pod, len(l.Items))
-		for i := range l.Items {
-			l.Items[i].DeepCopyInto(&out.Items[i])
-		}
+	return out
+}
+
+// deepCopyItems deep-copies the items of a list; nil stays nil.
+func deepCopyItems[T any, P interface {
+	*T
+	DeepCopyInto(*T)
+}](items []T) []T {
+	if items == nil {
+		return nil
+	}
+	out := make([]T, len(items))
+	for i := range items {
+		P(&items[i]).DeepCopyInto(&out[i])
 	}
 	return out
 }

@@ -65,3 +65,28 @@ func TestPodCertificateRequestDeepCopyIsIndependent(t *testing.T) {
 		t.Errorf("bundle copy: %+v", bl.Items[0])
 	}
 }
+
+func TestConfigMapDeepCopyIsIndependent(t *testing.T) {
+	list := &ConfigMapList{
+		ListMeta: metav1.ListMeta{ResourceVersion: "3"},
+		Items: []ConfigMap{{
+			ObjectMeta: metav1.ObjectMeta{Name: "roots"},
+			Data:       map[string]string{"root-cert.pem": "a"},
+			BinaryData: map[string][]byte{"bin": []byte("b")},
+		}},
+	}
+	cp := list.DeepCopyObject().(*ConfigMapList)
+	list.Items[0].Data["root-cert.pem"] = "changed"
+	list.Items[0].BinaryData["bin"][0] = 'x'
+	list.Items[0].Name = "other"
+	got := cp.Items[0]
+	if got.Data["root-cert.pem"] != "a" || string(got.BinaryData["bin"]) != "b" || got.Name != "roots" || cp.ResourceVersion != "3" {
+		t.Errorf("the copy changed with the original: %+v", got)
+	}
+	if (*ConfigMapList)(nil).DeepCopyObject() != nil || (*ConfigMap)(nil).DeepCopyObject() != nil {
+		t.Error("a nil object's copy is not nil")
+	}
+	if empty := (&ConfigMapList{}).DeepCopyObject().(*ConfigMapList); empty.Items != nil {
+		t.Errorf("a list without items copied to %v", empty.Items)
+	}
+}

@@ -11,11 +11,12 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
-// ClusterTrustBundleWatcher lists and watches ClusterTrustBundles. *Kube is
-// one.
+// ClusterTrustBundleWatcher lists and watches ClusterTrustBundles.
+// *kubeclient.Certificates is one.
 type ClusterTrustBundleWatcher interface {
 	ClusterTrustBundleListWatch(fieldSelector string) cache.ListerWatcher
 }
@@ -66,7 +67,7 @@ func NewClusterTrustBundleSource(cfg ClusterTrustBundleConfig) (*ClusterTrustBun
 	}
 	s.log = cfg.Logger.Named("trust").With(zap.String(keySource, s.name))
 	lw := cfg.Kube.ClusterTrustBundleListWatch(fields.OneTermEqualSelector("spec.signerName", cfg.Signer).String())
-	s.informer = cache.NewSharedIndexInformerWithOptions(lw, &ClusterTrustBundle{}, cache.SharedIndexInformerOptions{})
+	s.informer = cache.NewSharedIndexInformerWithOptions(lw, &kubeclient.ClusterTrustBundle{}, cache.SharedIndexInformerOptions{})
 	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.recompute() },
 		UpdateFunc: func(any, any) { s.recompute() },
@@ -104,9 +105,9 @@ func (s *ClusterTrustBundleSource) recompute() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	objs := s.informer.GetStore().List()
-	bundles := make([]*ClusterTrustBundle, 0, len(objs))
+	bundles := make([]*kubeclient.ClusterTrustBundle, 0, len(objs))
 	for _, o := range objs {
-		if b, ok := o.(*ClusterTrustBundle); ok {
+		if b, ok := o.(*kubeclient.ClusterTrustBundle); ok {
 			bundles = append(bundles, b)
 		}
 	}

@@ -9,9 +9,11 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/meshagent/meshagent/internal/kubeclient"
 )
 
-// ConfigMapWatcher lists and watches ConfigMaps. *Kube is one.
+// ConfigMapWatcher lists and watches ConfigMaps. *kubeclient.Client is one.
 type ConfigMapWatcher interface {
 	ConfigMapListWatch(namespace, fieldSelector string) cache.ListerWatcher
 }
@@ -57,7 +59,7 @@ func NewConfigMapSource(cfg ConfigMapConfig) (*ConfigMapSource, error) {
 	}
 	s.log = cfg.Logger.Named("trust").With(zap.String(keySource, s.name))
 	lw := cfg.Kube.ConfigMapListWatch(cfg.Namespace, fields.OneTermEqualSelector("metadata.name", cfg.Name).String())
-	s.informer = cache.NewSharedIndexInformerWithOptions(lw, &ConfigMap{}, cache.SharedIndexInformerOptions{})
+	s.informer = cache.NewSharedIndexInformerWithOptions(lw, &kubeclient.ConfigMap{}, cache.SharedIndexInformerOptions{})
 	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { s.apply(obj) },
 		UpdateFunc: func(_, obj any) { s.apply(obj) },
@@ -94,7 +96,7 @@ func (s *ConfigMapSource) Run(ctx context.Context) error {
 func (s *ConfigMapSource) HasSynced() bool { return s.informer.HasSynced() }
 
 func (s *ConfigMapSource) apply(obj any) {
-	cm, ok := obj.(*ConfigMap)
+	cm, ok := obj.(*kubeclient.ConfigMap)
 	if !ok {
 		return
 	}

@@ -29,8 +29,9 @@
 //
 // It does not decide which sources run (internal/app does, from the
 // settings), and it reads no file itself. Kubernetes objects are read
-// through Kube, which, like internal/kubeclient, decodes the few fields it
-// needs into small types of its own rather than link client-go's clientset.
+// through internal/kubeclient (its Client for ConfigMaps, its Certificates
+// for ClusterTrustBundles), which decodes the few fields the agent needs
+// into small types of its own rather than link client-go's clientset.
 // The ConfigMap and ClusterTrustBundle sources run a client-go informer
 // each, which lists, watches and retries with backoff.
 //

@@ -11,15 +11,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
-// world is one test's API server, its namespace and a client of the trust
-// package acting as the admin.
+// world is one test's API server, its namespace and the agent's clients
+// acting as the admin.
 type world struct {
-	env  *kubeenv.Env
-	ns   string
-	kube *Kube
+	env   *kubeenv.Env
+	ns    string
+	core  *kubeclient.Client
+	certs *kubeclient.Certificates
 }
 
 func newWorld(t *testing.T) *world {
@@ -32,11 +34,15 @@ func newWorld(t *testing.T) *world {
 	if _, err := env.CreateNamespace(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
-	k, err := NewKube(env.Config())
+	core, err := kubeclient.NewForConfig(env.Config())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &world{env: env, ns: ns, kube: k}
+	certs, err := kubeclient.NewCertificates(env.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &world{env: env, ns: ns, core: core, certs: certs}
 }
 
 func (w *world) client() kubernetes.Interface { return w.env.Client() }
@@ -78,7 +84,7 @@ func TestConfigMapSource(t *testing.T) {
 	if err := m.Update("file", a); err != nil {
 		t.Fatal(err)
 	}
-	src, err := NewConfigMapSource(ConfigMapConfig{Kube: w.kube, Namespace: w.ns, Name: "istio-ca-root-cert", Key: "root-cert.pem", Sink: m})
+	src, err := NewConfigMapSource(ConfigMapConfig{Kube: w.core, Namespace: w.ns, Name: "istio-ca-root-cert", Key: "root-cert.pem", Sink: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +157,7 @@ func TestClusterTrustBundleSource(t *testing.T) {
 	prefix := strings.ReplaceAll(signer, "/", ":") + ":"
 	a, b := newRoot(t, "a"), newRoot(t, "b")
 	m, pub := newMerger(t)
-	src, err := NewClusterTrustBundleSource(ClusterTrustBundleConfig{Kube: w.kube, Signer: signer, Sink: m})
+	src, err := NewClusterTrustBundleSource(ClusterTrustBundleConfig{Kube: w.certs, Signer: signer, Sink: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,14 +216,14 @@ func TestClusterTrustBundleSource(t *testing.T) {
 func TestClusterTrustBundleSourceRefusesABadBundleAlone(t *testing.T) {
 	a := newRoot(t, "a")
 	m, pub := newMerger(t)
-	src, err := NewClusterTrustBundleSource(ClusterTrustBundleConfig{Kube: &Kube{}, Signer: "x/y", Sink: m})
+	src, err := NewClusterTrustBundleSource(ClusterTrustBundleConfig{Kube: &kubeclient.Certificates{}, Signer: "x/y", Sink: m})
 	if err != nil {
 		t.Fatal(err)
 	}
 	store := src.informer.GetStore()
 	add := func(name, rv, pem string) {
 		t.Helper()
-		if err := store.Add(&ClusterTrustBundle{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv}, Spec: ClusterTrustBundleSpec{SignerName: "x/y", TrustBundle: pem}}); err != nil {
+		if err := store.Add(&kubeclient.ClusterTrustBundle{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv}, Spec: kubeclient.ClusterTrustBundleSpec{SignerName: "x/y", TrustBundle: pem}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -2,13 +2,11 @@ package istioca
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -27,7 +25,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/test/loopback"
+	"github.com/meshagent/meshagent/test/testca"
 )
 
 // DefaultServerName is the DNS name of the default serving certificate, the
@@ -129,21 +127,19 @@ type Config struct {
 	TrustedNodeAccounts []ServiceAccount
 }
 
-// Server is a running test CA.
+// Server is a running test CA. Its Endpoint serves it: Addr, ServerName,
+// RootPEM, Roots, CA, Stop, Restart, SetServingCert and SetDelay.
 type Server struct {
-	cfg  Config
-	ca   *localca.CA
-	addr string
-	grpc *loopback.GRPC
+	*testca.Endpoint
+	cfg Config
+	ca  *localca.CA
 
 	mu          sync.Mutex
 	tokens      map[string]ServiceAccount
-	serving     tls.Certificate
 	mode        Mode
 	errCode     codes.Code
 	failN       int
 	failCode    codes.Code
-	delay       time.Duration
 	next        *hold                 // the next call to arrive waits on it (HoldNext)
 	refused     map[string]codes.Code // by identity (RefuseIdentity)
 	requests    int
@@ -152,12 +148,11 @@ type Server struct {
 	maxInFlight int // the most there ever were at once
 	lastMD      metadata.MD
 	lastReq     *pb.IstioCertificateRequest
-	seen        []string // every bearer token received, in order
-	reviews     []Review // every TokenReview made, in order
-	denials     []string // why impersonation requests were refused, in order
-	podMisses   int      // node authorizer look-ups its pod cache lacked at first
-	podReads    int      // of those, the ones read from the API server
-	foreign     *localca.CA
+	seen        []string    // every bearer token received, in order
+	reviews     []Review    // every TokenReview made, in order
+	denials     []string    // why impersonation requests were refused, in order
+	podMisses   int         // node authorizer look-ups its pod cache lacked at first
+	podReads    int         // of those, the ones read from the API server
 	issuer      *localca.CA // signs issued certificates when set (SetIssuer); else ca
 
 	pods *podCache // with Config.Kube; set by Start before serving
@@ -180,13 +175,11 @@ func Start(t testing.TB, cfg Config) *Server {
 		s.pods = pods
 		t.Cleanup(pods.stop)
 	}
-	lis, err := net.Listen("tcp", s.cfg.Addr)
-	if err != nil {
-		t.Fatalf("istioca: listening on %s: %v", s.cfg.Addr, err)
-	}
-	s.addr = lis.Addr().String()
-	s.grpc = loopback.ServeGRPC("istioca", lis, s.newGRPC)
-	t.Cleanup(s.Stop)
+	s.Endpoint = testca.Serve(t, testca.Config{
+		Name: "istioca", CA: s.ca, ServerNames: s.cfg.ServerNames, Addr: s.cfg.Addr,
+		Plaintext: s.cfg.Plaintext, VerifyClientCerts: true, Now: s.cfg.Now,
+		Register: func(g *grpc.Server) { pb.RegisterIstioCertificateServiceServer(g, &handler{s: s}) },
+	})
 	return s
 }
 
@@ -196,9 +189,6 @@ func newServer(cfg Config) (*Server, error) {
 	}
 	if len(cfg.ServerNames) == 0 {
 		cfg.ServerNames = []string{DefaultServerName}
-	}
-	if cfg.Addr == "" {
-		cfg.Addr = "127.0.0.1:0"
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -218,69 +208,11 @@ func newServer(cfg Config) (*Server, error) {
 	for tok, sa := range cfg.Tokens {
 		s.tokens[tok] = sa
 	}
-	now := time.Now()
-	serving, err := ca.TLSCertificate(localca.Leaf{
-		DNSNames:  cfg.ServerNames,
-		IPs:       []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
-		NotBefore: now.Add(-time.Hour),
-		NotAfter:  now.Add(365 * 24 * time.Hour),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("issuing serving certificate: %w", err)
-	}
-	s.serving = serving
 	return s, nil
 }
 
-// newGRPC makes the gRPC server, at Start and at every Restart.
-func (s *Server) newGRPC() *grpc.Server {
-	tc := &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			c := s.serving
-			return &c, nil
-		},
-		ClientAuth: tls.VerifyClientCertIfGiven,
-		ClientCAs:  s.ca.Pool(),
-	}
-	var opts []grpc.ServerOption
-	if !s.cfg.Plaintext {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
-	}
-	srv := grpc.NewServer(opts...)
-	pb.RegisterIstioCertificateServiceServer(srv, &handler{s: s})
-	return srv
-}
-
-// Addr is the host:port the CA listens on; it stays the same across Restart.
-func (s *Server) Addr() string { return s.addr }
-
-// ServerName is the first DNS name of the default serving certificate.
-func (s *Server) ServerName() string { return s.cfg.ServerNames[0] }
-
 // TrustDomain of the issued identities.
 func (s *Server) TrustDomain() string { return s.cfg.TrustDomain }
-
-// RootPEM is the CA root in PEM.
-func (s *Server) RootPEM() []byte { return s.ca.RootPEM() }
-
-// Roots is a pool holding the CA root.
-func (s *Server) Roots() *x509.CertPool { return s.ca.Pool() }
-
-// CA is the signing CA.
-func (s *Server) CA() *localca.CA { return s.ca }
-
-// Stop closes the listener and every connection; new connections are refused
-// until Restart. It is safe to call more than once.
-func (s *Server) Stop() { s.grpc.Stop() }
-
-// Restart listens again on the same address. A running server is stopped first.
-func (s *Server) Restart(t testing.TB) {
-	t.Helper()
-	s.grpc.Restart(t)
-}
 
 // SetMode changes how accepted requests are answered.
 func (s *Server) SetMode(m Mode) {
@@ -302,20 +234,6 @@ func (s *Server) FailNext(n int, code codes.Code) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failN, s.failCode = n, code
-}
-
-// SetDelay makes every answer wait d first (or until the caller gives up).
-func (s *Server) SetDelay(d time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.delay = d
-}
-
-// SetServingCert replaces the certificate presented from the next handshake on.
-func (s *Server) SetServingCert(c tls.Certificate) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.serving = c
 }
 
 // AddToken makes tok authenticate as sa.
@@ -390,14 +308,8 @@ func (h *handler) CreateCertificate(ctx context.Context, req *pb.IstioCertificat
 	if err := snap.hold.wait(ctx); err != nil {
 		return nil, err
 	}
-	if snap.delay > 0 {
-		t := time.NewTimer(snap.delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, status.FromContextError(ctx.Err()).Err()
-		case <-t.C:
-		}
+	if err := testca.Wait(ctx, snap.delay); err != nil {
+		return nil, err
 	}
 	if snap.fail {
 		return nil, status.Errorf(snap.errCode, "istioca: told to fail with %s", snap.errCode)
@@ -449,7 +361,7 @@ func (s *Server) record(ctx context.Context, req *pb.IstioCertificateRequest) sn
 		s.lastMD = metadata.MD{}
 	}
 	s.lastReq = proto.Clone(req).(*pb.IstioCertificateRequest)
-	snap := snapshot{mode: s.mode, errCode: s.errCode, delay: s.delay, hold: s.takeHold(), index: len(s.csrs) - 1}
+	snap := snapshot{mode: s.mode, errCode: s.errCode, delay: s.Delay(), hold: s.takeHold(), index: len(s.csrs) - 1}
 	if s.failN > 0 {
 		s.failN--
 		snap.fail, snap.errCode = true, s.failCode
@@ -601,7 +513,7 @@ func (s *Server) issue(mode Mode, csr *x509.CertificateRequest, id pki.Identity,
 	case ModeWrongSAN:
 		leaf.Identity = pki.SPIFFEIdentity(s.cfg.TrustDomain, "wrong-namespace", "wrong-sa")
 	case ModeForeignChain:
-		f, err := s.foreignCA()
+		f, err := s.ForeignCA()
 		if err != nil {
 			return nil, err
 		}
@@ -627,17 +539,4 @@ func (s *Server) issue(mode Mode, csr *x509.CertificateRequest, id pki.Identity,
 		out[i] = string(pki.EncodeCertificates([]*x509.Certificate{c}))
 	}
 	return out, nil
-}
-
-func (s *Server) foreignCA() (*localca.CA, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.foreign == nil {
-		f, err := localca.New(localca.Config{Name: "istioca foreign root", Intermediate: true})
-		if err != nil {
-			return nil, fmt.Errorf("creating foreign CA: %w", err)
-		}
-		s.foreign = f
-	}
-	return s.foreign, nil
 }

@@ -2,11 +2,9 @@ package linkerdca
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -14,7 +12,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -25,7 +22,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/test/loopback"
+	"github.com/meshagent/meshagent/test/testca"
 )
 
 // Defaults.
@@ -147,24 +144,22 @@ type Request struct {
 	Code codes.Code
 }
 
-// Server is a running test identity service.
+// Server is a running test identity service. Its Endpoint serves it: Addr,
+// ServerName, RootPEM, Roots, CA, Stop, Restart, ServingCert,
+// SetServingCert and SetDelay.
 type Server struct {
-	cfg  Config
-	ca   *localca.CA
-	addr string
-	grpc *loopback.GRPC
+	*testca.Endpoint
+	cfg Config
+	ca  *localca.CA
 
 	mu       sync.Mutex
 	tokens   map[string]string
 	rejected map[string]bool
-	serving  tls.Certificate
 	ready    bool
 	mode     Mode
-	delay    time.Duration
 	lifetime time.Duration
 	requests []Request
 	reviews  []Review
-	foreign  *localca.CA
 }
 
 // Start serves a new test identity service and stops it when the test ends.
@@ -174,22 +169,17 @@ func Start(t testing.TB, cfg Config) *Server {
 	if err != nil {
 		t.Fatalf("linkerdca: %v", err)
 	}
-	lis, err := net.Listen("tcp", s.cfg.Addr)
-	if err != nil {
-		t.Fatalf("linkerdca: listening on %s: %v", s.cfg.Addr, err)
-	}
-	s.addr = lis.Addr().String()
-	s.grpc = loopback.ServeGRPC("linkerdca", lis, s.newGRPC)
-	t.Cleanup(s.Stop)
+	s.Endpoint = testca.Serve(t, testca.Config{
+		Name: "linkerdca", CA: s.ca, ServerNames: s.cfg.ServerNames, Addr: s.cfg.Addr,
+		Plaintext: s.cfg.Plaintext, Now: s.cfg.Now,
+		Register: func(g *grpc.Server) { identitypb.RegisterIdentityServer(g, &handler{s: s}) },
+	})
 	return s
 }
 
 func newServer(cfg Config) (*Server, error) {
 	if len(cfg.ServerNames) == 0 {
 		cfg.ServerNames = []string{DefaultServerName}
-	}
-	if cfg.Addr == "" {
-		cfg.Addr = "127.0.0.1:0"
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -232,79 +222,13 @@ func newServer(cfg Config) (*Server, error) {
 	for tok, id := range cfg.Tokens {
 		s.tokens[tok] = id
 	}
-	serving, err := s.ServingCert(cfg.ServerNames...)
-	if err != nil {
-		return nil, err
-	}
-	s.serving = serving
 	return s, nil
 }
-
-// newGRPC makes the gRPC server, at Start and at every Restart.
-func (s *Server) newGRPC() *grpc.Server {
-	var opts []grpc.ServerOption
-	if !s.cfg.Plaintext {
-		tc := &tls.Config{
-			MinVersion: tls.VersionTLS12,
-			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				c := s.serving
-				return &c, nil
-			},
-		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
-	}
-	srv := grpc.NewServer(opts...)
-	identitypb.RegisterIdentityServer(srv, &handler{s: s})
-	return srv
-}
-
-// Addr is the host:port the server listens on; it stays the same across Restart.
-func (s *Server) Addr() string { return s.addr }
-
-// ServerName is the first DNS name of the configured serving certificate.
-func (s *Server) ServerName() string { return s.cfg.ServerNames[0] }
-
-// RootPEM is the trust anchor in PEM.
-func (s *Server) RootPEM() []byte { return s.ca.RootPEM() }
-
-// Roots is a pool holding the trust anchor.
-func (s *Server) Roots() *x509.CertPool { return s.ca.Pool() }
-
-// CA is the signing CA.
-func (s *Server) CA() *localca.CA { return s.ca }
 
 // Identity is the Linkerd identity of a service account under the default
 // control-plane namespace and trust domain.
 func Identity(namespace, serviceAccount string) pki.Identity {
 	return pki.LinkerdIdentity(DefaultTrustDomain, namespace, serviceAccount, DefaultControlPlaneNamespace)
-}
-
-// ServingCert issues a serving certificate from the server's CA for the given
-// DNS names (plus 127.0.0.1 and ::1), valid in real time, for SetServingCert.
-func (s *Server) ServingCert(dnsNames ...string) (tls.Certificate, error) {
-	now := time.Now()
-	c, err := s.ca.TLSCertificate(localca.Leaf{
-		DNSNames:  dnsNames,
-		IPs:       []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
-		NotBefore: now.Add(-time.Hour),
-		NotAfter:  now.Add(365 * 24 * time.Hour),
-	})
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("issuing serving certificate: %w", err)
-	}
-	return c, nil
-}
-
-// Stop closes the listener and every connection; new connections are refused
-// until Restart. It is safe to call more than once.
-func (s *Server) Stop() { s.grpc.Stop() }
-
-// Restart listens again on the same address. A running server is stopped first.
-func (s *Server) Restart(t testing.TB) {
-	t.Helper()
-	s.grpc.Restart(t)
 }
 
 // SetMode changes how accepted requests are answered.
@@ -323,25 +247,11 @@ func (s *Server) SetReady(ready bool) {
 	s.ready = ready
 }
 
-// SetDelay makes every answer wait d first (or until the caller gives up).
-func (s *Server) SetDelay(d time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.delay = d
-}
-
 // SetLifetime changes the lifetime of certificates issued from now on.
 func (s *Server) SetLifetime(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lifetime = d
-}
-
-// SetServingCert replaces the certificate presented from the next handshake on.
-func (s *Server) SetServingCert(c tls.Certificate) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.serving = c
 }
 
 // AddToken makes tok prove identity.
@@ -422,14 +332,8 @@ func (h *handler) Certify(ctx context.Context, req *identitypb.CertifyRequest) (
 }
 
 func (h *handler) certify(ctx context.Context, req *identitypb.CertifyRequest, snap snapshot) (*identitypb.CertifyResponse, error) {
-	if snap.delay > 0 {
-		t := time.NewTimer(snap.delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, status.FromContextError(ctx.Err()).Err()
-		case <-t.C:
-		}
+	if err := testca.Wait(ctx, snap.delay); err != nil {
+		return nil, err
 	}
 	if !snap.ready {
 		return nil, status.Error(codes.Unavailable, "linkerdca: cert issuer not ready yet")
@@ -529,7 +433,7 @@ func (s *Server) record(ctx context.Context, req *identitypb.CertifyRequest) sna
 		index:    len(s.requests) - 1,
 		ready:    s.ready,
 		mode:     s.mode,
-		delay:    s.delay,
+		delay:    s.Delay(),
 		lifetime: s.lifetime,
 		rejected: s.rejected[tok],
 	}
@@ -611,7 +515,7 @@ func (s *Server) issue(snap snapshot, csr *x509.CertificateRequest, identity str
 		}
 		leaf.PublicKey = k.Public()
 	case ModeForeignChain:
-		f, err := s.foreignCA()
+		f, err := s.ForeignCA()
 		if err != nil {
 			return nil, err
 		}
@@ -642,17 +546,4 @@ func (s *Server) issue(snap snapshot, csr *x509.CertificateRequest, identity str
 		resp.ValidUntil = timestamppb.New(chain[0].NotAfter.Add(time.Hour))
 	}
 	return resp, nil
-}
-
-func (s *Server) foreignCA() (*localca.CA, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.foreign == nil {
-		f, err := localca.New(localca.Config{Name: "linkerdca foreign trust anchor", Intermediate: true, Now: s.cfg.Now})
-		if err != nil {
-			return nil, fmt.Errorf("creating foreign CA: %w", err)
-		}
-		s.foreign = f
-	}
-	return s.foreign, nil
 }
