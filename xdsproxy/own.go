@@ -1,0 +1,116 @@
+package xdsproxy
+
+import (
+	"fmt"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"go.uber.org/zap"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Subscription is a resource type the proxy asks the control plane for on
+// its own, on every upstream state-of-the-world stream, besides what the
+// client asks for: pilot-agent's ProxyConfig
+// (type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig, which carries the
+// mesh's extra roots). The responses of that type are not forwarded to the
+// client; the proxy hands them to Apply and ACKs them, or NACKs them with
+// Apply's error. The subscription is wildcard (no resource names) and is
+// sent again on every new upstream stream with the last version accepted.
+//
+// A client that subscribes to the same type itself does not get its
+// responses: the type belongs to the proxy.
+type Subscription struct {
+	// TypeURL is the resource type. Required.
+	TypeURL string
+	// Apply receives the resources of each response of the type; an error
+	// NACKs the response (the previous state stays the caller's business).
+	// Called from the upstream streams' goroutines, one response at a time
+	// per stream. Required.
+	Apply func(resources []*anypb.Any) error
+}
+
+// ownSub is the state of one Subscription on one downstream session.
+type ownSub struct {
+	sub     *Subscription
+	version string // the version last accepted, sent again on a new stream
+	gen     uint64 // the upstream stream the subscription was last sent on
+}
+
+// ownSubs returns the session's own subscriptions: only state-of-the-world
+// sessions carry them.
+func (p *Proxy) ownSubs(proto protocol) []*ownSub {
+	if proto.name != protoSotw {
+		return nil
+	}
+	out := make([]*ownSub, 0, len(p.cfg.Subscriptions))
+	for i := range p.cfg.Subscriptions {
+		out = append(out, &ownSub{sub: &p.cfg.Subscriptions[i]})
+	}
+	return out
+}
+
+// subscribeOwn queues the proxy's own subscriptions on the current upstream
+// stream once it has carried the client's first request (which names the
+// node). s.mu is held and s.up is set.
+func (s *session) subscribeOwn() {
+	for _, o := range s.own {
+		if o.gen == s.gen {
+			continue
+		}
+		b, err := proto.Marshal(&discovery.DiscoveryRequest{TypeUrl: o.sub.TypeURL, VersionInfo: o.version})
+		if err != nil {
+			s.log.Error("encoding the proxy's own subscription", zap.Error(err))
+			continue
+		}
+		o.gen = s.gen
+		s.up.enqueue(bytesFrame(b))
+	}
+}
+
+// ownResponse handles a response of one of the proxy's own types: applied,
+// then ACKed or NACKed on snd's stream, never forwarded. handled is false for
+// any other type.
+func (s *session) ownResponse(f *frame, snd *sender) (handled bool, err error) {
+	info, err := scanSotwResponse(f.data)
+	if err != nil {
+		return false, err
+	}
+	var o *ownSub
+	for _, c := range s.own {
+		if c.sub.TypeURL == info.typeURL {
+			o = c
+		}
+	}
+	if o == nil {
+		return false, nil
+	}
+	var resp discovery.DiscoveryResponse
+	if err := proto.Unmarshal(f.data.Materialize(), &resp); err != nil {
+		return true, fmt.Errorf("decoding DiscoveryResponse: %w", err)
+	}
+	applyErr := o.sub.Apply(resp.Resources)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ack := &discovery.DiscoveryRequest{TypeUrl: o.sub.TypeURL, ResponseNonce: resp.Nonce, VersionInfo: o.version}
+	if applyErr != nil {
+		s.p.metrics.ownResponses.WithLabelValues(o.sub.TypeURL, "nack").Inc()
+		s.log.Warn("NACKed the control plane's response to the proxy's own subscription",
+			zap.String(keyTypeURL, o.sub.TypeURL), zap.String(keyVersion, resp.VersionInfo), zap.Error(applyErr))
+		ack.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: applyErr.Error()}
+	} else {
+		s.p.metrics.ownResponses.WithLabelValues(o.sub.TypeURL, "ack").Inc()
+		o.version = resp.VersionInfo
+		ack.VersionInfo = resp.VersionInfo
+	}
+	b, err := proto.Marshal(ack)
+	if err != nil {
+		return true, fmt.Errorf("encoding DiscoveryRequest: %w", err)
+	}
+	if s.up == snd {
+		snd.enqueue(bytesFrame(b))
+	}
+	return true, nil
+}
