@@ -93,7 +93,7 @@ type Server struct {
 	// linear cache per opaque type.
 	muxed  cache.Cache
 	opaque map[string]*cache.LinearCache
-	creds credentials.TransportCredentials
+	creds  credentials.TransportCredentials
 
 	mu      sync.Mutex
 	addr    string
