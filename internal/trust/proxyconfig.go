@@ -42,9 +42,14 @@ func NewProxyConfigSource(m *Merger) *ProxyConfigSource {
 // (istiod sends one). Their PEMs, together, become the source's roots,
 // parsed once. An answer that does not decode, or whose PEMs do not parse,
 // is refused and returned as an error (the proxy NACKs it); the source's
-// last good roots stay. An answer with no PEM at all means the mesh has no
-// extra roots, as pilot-agent reads it: the source then holds none.
+// last good roots stay. A ProxyConfig with no PEM at all means the mesh has
+// no extra roots, as pilot-agent reads it: the source then holds none. An
+// answer without any ProxyConfig says nothing (a control plane that has
+// none yet): the source keeps what it holds.
 func (s *ProxyConfigSource) Apply(resources []*anypb.Any) error {
+	if len(resources) == 0 {
+		return nil
+	}
 	var pems []string
 	for _, r := range resources {
 		pc := &meshconfig.ProxyConfig{}

@@ -61,6 +61,12 @@ func TestProxyConfigSource(t *testing.T) {
 	}
 	want("file", "a", "b")
 
+	// An answer with no ProxyConfig changes nothing.
+	if err := src.Apply(nil); err != nil {
+		t.Fatal(err)
+	}
+	want("file", "a", "b")
+
 	// A rotation: b stays, a goes, c comes.
 	c := newRoot(t, "c")
 	if err := src.Apply(pc(b, c)); err != nil {
