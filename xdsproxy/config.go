@@ -67,8 +67,8 @@ type Config struct {
 	ConnectAfter <-chan struct{}
 
 	// Subscriptions are the proxy's own subscriptions, sent on every
-	// upstream state-of-the-world stream after the client's first request
-	// (see Subscription). Delta streams carry none. Each TypeURL once.
+	// upstream stream after the client's first request (see Subscription).
+	// Each TypeURL once.
 	Subscriptions []Subscription
 
 	// MaxMessageSize bounds one message in either direction.

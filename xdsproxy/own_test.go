@@ -1,6 +1,7 @@
 package xdsproxy
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"sync"
@@ -69,7 +70,7 @@ func (r *rig) ownRequests() []*discovery.DiscoveryRequest {
 
 func setProxyConfig(t *testing.T, r *rig, pems ...string) {
 	t.Helper()
-	if err := r.up.SetOpaque(proxyConfigType, map[string]proto.Message{"": &meshconfig.ProxyConfig{CaCertificatesPem: pems}}); err != nil {
+	if err := r.up.SetOpaque(proxyConfigType, map[string]proto.Message{"mesh": &meshconfig.ProxyConfig{CaCertificatesPem: pems}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -172,5 +173,88 @@ func TestSubscriptionsChecked(t *testing.T) {
 		if _, err := New(Config{Upstream: caclient.TransportConfig{Addr: "127.0.0.1:1"}, Subscriptions: subs}); err == nil {
 			t.Errorf("New accepted subscriptions %v", subs)
 		}
+	}
+}
+
+// ownDeltaRequests are the delta ProxyConfig requests the control plane
+// received, in order, across streams.
+func (r *rig) ownDeltaRequests() []*discovery.DeltaDiscoveryRequest {
+	var out []*discovery.DeltaDiscoveryRequest
+	for _, c := range r.up.Calls() {
+		for _, req := range c.DeltaRequests {
+			if req.TypeUrl == proxyConfigType {
+				out = append(out, req)
+			}
+		}
+	}
+	return out
+}
+
+// The same on a delta stream: ACKed by nonce, a bad answer NACKed, the
+// accepted resource versions sent again on a new upstream stream.
+func TestOwnSubscriptionProxyConfigDelta(t *testing.T) {
+	var got applied
+	r := newRig(t, rigOptions{
+		opaqueTypes: []string{proxyConfigType},
+		tweak: func(c *Config) {
+			c.Subscriptions = []Subscription{{TypeURL: proxyConfigType, Apply: got.apply}}
+		},
+	})
+	setProxyConfig(t, r, "root-A")
+	conn := dialSocket(t, r.socket)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forwarded := make(chan string, 16)
+	go func() {
+		for {
+			resp, err := st.Recv()
+			if err != nil {
+				return
+			}
+			forwarded <- resp.TypeUrl
+		}
+	}()
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: testNode(), TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "ProxyConfig applied", func() bool { return slices.Equal(got.last(), []string{"root-A"}) })
+	testwait.For(t, "ProxyConfig ACKed", func() bool {
+		reqs := r.ownDeltaRequests()
+		return len(reqs) >= 2 && reqs[1].ResponseNonce != "" && reqs[1].ErrorDetail == nil
+	})
+	if first := r.ownDeltaRequests()[0]; len(first.InitialResourceVersions) != 0 || first.Node != nil {
+		t.Errorf("first delta ProxyConfig request %v, want a bare wildcard one", first)
+	}
+
+	setProxyConfig(t, r, "bad")
+	testwait.For(t, "ProxyConfig NACKed", func() bool {
+		reqs := r.ownDeltaRequests()
+		return reqs[len(reqs)-1].ErrorDetail != nil
+	})
+	if !slices.Equal(got.last(), []string{"root-A"}) {
+		t.Errorf("applied %v after a bad answer, want the last good root-A", got.last())
+	}
+
+	before := len(r.ownDeltaRequests())
+	r.up.Restart(t)
+	testwait.For(t, "ProxyConfig asked again", func() bool { return len(r.ownDeltaRequests()) > before })
+	if again := r.ownDeltaRequests()[before]; len(again.InitialResourceVersions) != 1 || again.InitialResourceVersions["mesh"] == "" {
+		t.Errorf("request on the new stream %v, want the accepted version of mesh", again)
+	}
+	setProxyConfig(t, r, "root-A", "root-B")
+	testwait.For(t, "rotated ProxyConfig applied", func() bool { return slices.Equal(got.last(), []string{"root-A", "root-B"}) })
+
+	setClusters(t, r.up, "c1", "a")
+	select {
+	case typeURL := <-forwarded:
+		if typeURL != resource.ClusterType {
+			t.Fatalf("client got %s, want only clusters", typeURL)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no clusters forwarded")
 	}
 }

@@ -46,7 +46,7 @@ func (p *Proxy) serveStream(ds grpc.ServerStream, proto protocol) error {
 		proto: proto,
 		down:  ds,
 		tr:    proto.newTracker(),
-		own:   p.ownSubs(proto),
+		own:   p.ownSubs(),
 		log:   p.log.With(zap.Uint64(keyStream, id), zap.String(keyProtocol, proto.name)),
 	}
 	gauge := p.metrics.streams.WithLabelValues(proto.name)
