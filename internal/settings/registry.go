@@ -419,7 +419,7 @@ var Registry = []Setting{
 	},
 	{
 		Name: "PROXY_CONFIG_XDS_AGENT", Default: "false", Group: GroupIstio,
-		Doc: "pilot-agent: take ProxyConfig from istiod over xDS. With true, the xDS proxy asks istiod for the ProxyConfig (type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig) on its own, on every upstream stream of a state-of-the-world client, and merges its caCertificatesPem (the mesh's extra roots) into the trust bundle, live (docs/trust.md). " +
+		Doc: "pilot-agent: take ProxyConfig from istiod over xDS. With true, the xDS proxy asks istiod for the ProxyConfig (type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig) on its own, on the upstream stream of every xDS client (state of the world or delta), and merges its caCertificatesPem (the mesh's extra roots) into the trust bundle, live (docs/trust.md). " +
 			"A ProxyConfig whose roots do not parse is NACKed and its last good roots stay. Only the roots are read from it. Without an xDS proxy (MESHAGENT_XDS_PROXY=false, node mode) true has no effect and is logged at start-up.",
 		Value:  Bool(func(c *Config) *bool { return &c.ProxyConfigXDSAgent }),
 		Unused: proxyConfigXDSUnused,
