@@ -140,7 +140,8 @@ var clusterTrustBundles = source{
 
 func signer(ns string) string { return "meshagent.io/" + ns }
 
-// A root rotation through each cluster source, with the agent binary: the
+// A root rotation through each cluster source (a ConfigMap, ClusterTrustBundles,
+// istiod's ProxyConfig pushed by the test control plane), with the agent binary: the
 // new root is published beside the old one, reaches every place, the CA
 // and the control plane move to it (new serving certificates, verified on
 // new connections by the CA client and the xDS proxy), and then the old
