@@ -66,6 +66,11 @@ type Config struct {
 	// Nil: connect when Run starts.
 	ConnectAfter <-chan struct{}
 
+	// Subscriptions are the proxy's own subscriptions, sent on every
+	// upstream stream after the client's first request (see Subscription).
+	// Each TypeURL once.
+	Subscriptions []Subscription
+
 	// MaxMessageSize bounds one message in either direction.
 	// Default DefaultMaxMessageSize.
 	MaxMessageSize int

@@ -16,7 +16,8 @@
 // consulted afresh at every connection (TLS handshake; the token and
 // metadata at every stream). It never decodes or re-encodes
 // resources: responses are moved as the raw bytes gRPC received (a pass-
-// through codec over mem.BufferSlice), and only a few top-level fields (type
+// through codec over mem.BufferSlice; the proxy's own subscriptions below
+// are the exception), and only a few top-level fields (type
 // URL, nonce, and for delta each resource's name and version) are read from
 // the wire. Requests, which are small, are decoded to follow subscriptions and
 // are forwarded as received, except in the one case described next.
@@ -41,6 +42,15 @@
 // also changes the subscription, it is forwarded with the nonce of the
 // newest response of the current stream instead, since control planes ignore
 // requests with unknown nonces.
+//
+// The proxy's own subscriptions (Config.Subscriptions: istiod's ProxyConfig
+// for the mesh's roots): on every upstream stream, after the client's first
+// request (which names the node), the proxy subscribes to each such type
+// itself, wildcard, with what it last accepted (SotW: the version; delta:
+// initial_resource_versions). Responses of these types are decoded, handed
+// to the Subscription's Apply, ACKed or NACKed by the proxy and never
+// forwarded; every other response takes the raw path above unchanged. With
+// no subscriptions configured the path is exactly as before.
 //
 // Concurrency: New starts nothing. Run serves until its context ends, and
 // gRPC's server waits for every stream handler, which waits for its

@@ -93,6 +93,8 @@ type rigOptions struct {
 	withClientCert bool
 	// requireClientCA makes the control plane ask for a client certificate.
 	requireClientCA bool
+	// opaqueTypes are served by the control plane from caches of their own.
+	opaqueTypes []string
 	// tweak edits the proxy config before New.
 	tweak func(*Config)
 }
@@ -104,7 +106,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if upCA == nil {
 		upCA = ca
 	}
-	scfg := xdsserver.Config{CA: upCA, Tokens: []string{testToken}, ServerNames: []string{testSAN}}
+	scfg := xdsserver.Config{CA: upCA, Tokens: []string{testToken}, ServerNames: []string{testSAN}, OpaqueTypes: o.opaqueTypes}
 	if o.requireClientCA {
 		scfg.ClientCAs = ca.Pool()
 	}

@@ -11,4 +11,6 @@ const (
 	keyCode     = "code"
 	keyBytes    = "bytes"
 	keyRequests = "requests"
+	keyTypeURL  = "type_url"
+	keyVersion  = "version"
 )

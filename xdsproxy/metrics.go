@@ -23,6 +23,7 @@ type metrics struct {
 	droppedRequests   prometheus.Counter
 	rewrittenRequests prometheus.Counter
 	socketRebound     *prometheus.CounterVec
+	ownResponses      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -67,6 +68,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "meshagent_xdsproxy_socket_rebound_total",
 			Help: "Times the xDS proxy's socket was bound again after it was removed or replaced by someone else, by reason (removed, replaced).",
 		}, []string{"reason"}),
+		ownResponses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshagent_xdsproxy_own_responses_total",
+			Help: "Responses to the proxy's own subscriptions (ProxyConfig), by type URL and result (ack, nack).",
+		}, []string{"type_url", "result"}),
 	}
 	for _, d := range []string{toUpstream, toDownstream} {
 		m.messages.WithLabelValues(d)
@@ -81,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var done []prometheus.Collector
 	for _, c := range []prometheus.Collector{
 		m.connects, m.failures, m.reconnects, m.messages, m.bytes, m.streams,
-		m.rejectedRequests, m.droppedRequests, m.rewrittenRequests, m.socketRebound,
+		m.rejectedRequests, m.droppedRequests, m.rewrittenRequests, m.socketRebound, m.ownResponses,
 	} {
 		if err := reg.Register(c); err != nil {
 			for _, d := range done {

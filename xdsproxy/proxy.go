@@ -93,6 +93,13 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Upstream.Addr == "" {
 		return nil, errors.New("xds proxy: no discovery address")
 	}
+	seen := map[string]bool{}
+	for _, sub := range cfg.Subscriptions {
+		if sub.TypeURL == "" || sub.Apply == nil || seen[sub.TypeURL] {
+			return nil, fmt.Errorf("xds proxy: subscription %q needs a type URL of its own and an Apply function", sub.TypeURL)
+		}
+		seen[sub.TypeURL] = true
+	}
 	log := cfg.Logger.Named("xdsproxy")
 	up := cfg.Upstream
 	if up.Plaintext && up.Token != nil && !caclient.IsLoopback(up.Addr) {

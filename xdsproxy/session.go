@@ -35,6 +35,7 @@ type session struct {
 	tr  tracker
 	up  *sender // feeds the current upstream stream; nil between streams
 	gen uint64  // counts upstream streams opened
+	own []*ownSub
 }
 
 // serveStream is the handler of both ADS methods.
@@ -45,6 +46,7 @@ func (p *Proxy) serveStream(ds grpc.ServerStream, proto protocol) error {
 		proto: proto,
 		down:  ds,
 		tr:    proto.newTracker(),
+		own:   p.ownSubs(),
 		log:   p.log.With(zap.Uint64(keyStream, id), zap.String(keyProtocol, proto.name)),
 	}
 	gauge := p.metrics.streams.WithLabelValues(proto.name)
@@ -122,10 +124,13 @@ func (s *session) forwardRequest(f *frame) error {
 	}
 	if v == rewrite {
 		s.up.enqueue(bytesFrame(rewritten))
-		return nil
+	} else {
+		f.data.Ref() // the queue's own reference
+		s.up.enqueue(&frame{data: f.data})
 	}
-	f.data.Ref() // the queue's own reference
-	s.up.enqueue(&frame{data: f.data})
+	if len(s.own) > 0 {
+		s.subscribeOwn()
+	}
 	return nil
 }
 
@@ -225,6 +230,17 @@ func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool,
 			s.log.Info("control plane answered", zap.String(keyUpstream, s.p.upstream.Addr))
 		}
 		n := f.data.Len()
+		if len(s.own) > 0 {
+			handled, err := s.ownResponse(f, snd)
+			if handled || err != nil {
+				f.free()
+				if err != nil {
+					s.log.Warn("dropped malformed upstream response; reconnecting", zap.Int(keyBytes, n), zap.Error(err))
+					return answered, status.Errorf(codes.Internal, "malformed upstream response: %v", err)
+				}
+				continue
+			}
+		}
 		s.mu.Lock()
 		err := s.tr.response(f.data, s.gen)
 		s.mu.Unlock()
@@ -259,8 +275,10 @@ func (s *session) attach(snd *sender) {
 	for _, b := range reqs {
 		snd.enqueue(bytesFrame(b))
 	}
+	s.up = snd
 	if len(reqs) > 0 {
 		s.log.Info("restoring subscriptions on a new upstream stream", zap.Int(keyRequests, len(reqs)))
+		// The node went out with the first restored request.
+		s.subscribeOwn()
 	}
-	s.up = snd
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -79,6 +80,9 @@ type App struct {
 	components []component
 	// preconnect, when set, starts the CA connection: the first thing Run does.
 	preconnect func()
+	// proxyConfig takes the mesh's roots from istiod's ProxyConfig
+	// (PROXY_CONFIG_XDS_AGENT); the xDS proxy feeds it. Nil when off.
+	proxyConfig *trust.ProxyConfigSource
 	// undo releases what New made, if New fails.
 	undo []func()
 

@@ -15,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/settings"
+	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
@@ -184,15 +185,28 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 			Metadata:          md,
 			ClientCertificate: clientCert,
 		},
-		ConnectAfter: connectAfter,
-		Clock:        a.clock,
-		Logger:       a.base,
-		Registerer:   a.reg,
+		ConnectAfter:  connectAfter,
+		Subscriptions: a.xdsSubscriptions(),
+		Clock:         a.clock,
+		Logger:        a.base,
+		Registerer:    a.reg,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
 	return xp, rootFeed, nil
+}
+
+// xdsSubscriptions are the xDS proxy's own subscriptions: istiod's
+// ProxyConfig for its roots with PROXY_CONFIG_XDS_AGENT.
+func (a *App) xdsSubscriptions() []xdsproxy.Subscription {
+	if a.proxyConfig == nil {
+		if a.s.ProxyConfigXDSAgent {
+			a.log.Warn("PROXY_CONFIG_XDS_AGENT: this certificate source has no trust bundle; the ProxyConfig is not asked for")
+		}
+		return nil
+	}
+	return []xdsproxy.Subscription{{TypeURL: trust.ProxyConfigTypeURL, Apply: a.proxyConfig.Apply}}
 }
 
 // writeBootstrap writes the gRPC xDS bootstrap once (docs/vm.md).

@@ -16,8 +16,10 @@ import (
 // trustRoots returns the roots a certificate source serves and verifies
 // with (docs/trust.md): the root files' roots as they are when no cluster
 // trust source is set; else a bundle of its own that holds the union of
-// the files and the ConfigMap key and ClusterTrustBundles the settings
-// name, with the components that keep it live. Every user of the roots
+// the files and the ConfigMap key, the ClusterTrustBundles and istiod's
+// ProxyConfig the settings name, with the components that keep it live.
+// The ProxyConfig source (PROXY_CONFIG_XDS_AGENT) is kept in
+// a.proxyConfig for the xDS proxy, which feeds it. Every user of the roots
 // (ROOTCA, the Workload API, OUTPUT_CERTS, the CA and xDS connections) then
 // follows the union.
 //
@@ -38,7 +40,8 @@ func (a *App) trustRoots(fileRoots *secretmanager.Roots) (*secretmanager.Roots, 
 // clusterTrust is trustRoots without the CRL.
 func (a *App) clusterTrust(fileRoots *secretmanager.Roots) (*secretmanager.Roots, []component, error) {
 	c := a.s
-	if c.TrustConfigMap.IsZero() && c.TrustBundleSigner == "" {
+	fromXDS := c.ProxyConfigXDSAgent && c.XDSProxy && c.Mode != settings.ModeNode
+	if c.TrustConfigMap.IsZero() && c.TrustBundleSigner == "" && !fromXDS {
 		return fileRoots, nil, nil
 	}
 	first, source := fileRoots.Bundle()
@@ -53,6 +56,12 @@ func (a *App) clusterTrust(fileRoots *secretmanager.Roots) (*secretmanager.Roots
 		return nil, nil, err
 	}
 	cs := []component{{name: "trust_files", run: fromFiles.Run}}
+	if fromXDS {
+		a.proxyConfig = trust.NewProxyConfigSource(merger)
+	}
+	if c.TrustConfigMap.IsZero() && c.TrustBundleSigner == "" {
+		return merged, cs, nil
+	}
 
 	rc, err := kubeclient.RESTConfig(kubeclient.Config{Kubeconfig: c.Kubeconfig, UserAgent: "meshagent/" + a.cfg.Version})
 	if err != nil {

@@ -94,13 +94,22 @@ func pkcs8Unused(c *Config, set bool) string {
 }
 
 // multiRootUnused: with ISTIO_MULTIROOT_MESH=true pilot-agent takes the
-// mesh's extra roots from the ProxyConfig istiod sends over xDS, which is
-// not read here; without a cluster trust source those roots are missing.
+// mesh's extra roots from the ProxyConfig istiod sends over xDS; without
+// PROXY_CONFIG_XDS_AGENT or a cluster trust source those roots are missing.
 func multiRootUnused(c *Config, set bool) string {
-	if !c.MultiRootMesh || !c.TrustConfigMap.IsZero() || c.TrustBundleSigner != "" {
+	if !c.MultiRootMesh || c.ProxyConfigXDSAgent || !c.TrustConfigMap.IsZero() || c.TrustBundleSigner != "" {
 		return ""
 	}
-	return "every root of every trust source is served (several roots per bundle, merged across sources), but the mesh's extra roots that pilot-agent takes from the ProxyConfig over xDS are not read: set MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER (docs/trust.md)"
+	return "every root of every trust source is served (several roots per bundle, merged across sources), but the mesh's extra roots that pilot-agent takes from the ProxyConfig over xDS are read only with PROXY_CONFIG_XDS_AGENT=true: set it, or MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER (docs/trust.md)"
+}
+
+// proxyConfigXDSUnused: the ProxyConfig is asked for by the xDS proxy, which
+// a node agent and MESHAGENT_XDS_PROXY=false do not run.
+func proxyConfigXDSUnused(c *Config, _ bool) string {
+	if !c.ProxyConfigXDSAgent || c.XDSProxy && c.Mode != ModeNode {
+		return ""
+	}
+	return "the ProxyConfig is read by the xDS proxy, which does not run here (MESHAGENT_XDS_PROXY=false or node mode): its roots are not merged"
 }
 
 // credentialUDSUnused: pilot-agent points Envoy's bootstrap at an external

@@ -419,13 +419,15 @@ var Registry = []Setting{
 	},
 	{
 		Name: "PROXY_CONFIG_XDS_AGENT", Default: "false", Group: GroupIstio,
-		Doc:   "pilot-agent: take ProxyConfig (and with it the mesh's trust roots) from istiod over xDS. Not supported: true stops the agent at start-up; take the roots from MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER (docs/trust.md).",
-		Value: Refused(func(c *Config) *bool { return &c.ProxyConfigXDSAgent }, "ProxyConfig is not read over xDS; use MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER for the mesh roots"),
+		Doc: "pilot-agent: take ProxyConfig from istiod over xDS. With true, the xDS proxy asks istiod for the ProxyConfig (type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig) on its own, on the upstream stream of every xDS client (state of the world or delta), and merges its caCertificatesPem (the mesh's extra roots) into the trust bundle, live (docs/trust.md). " +
+			"A ProxyConfig whose roots do not parse is NACKed and its last good roots stay. Only the roots are read from it. Without an xDS proxy (MESHAGENT_XDS_PROXY=false, node mode) true has no effect and is logged at start-up.",
+		Value:  Bool(func(c *Config) *bool { return &c.ProxyConfigXDSAgent }),
+		Unused: proxyConfigXDSUnused,
 	},
 	{
 		Name: "ISTIO_MULTIROOT_MESH", Default: "false", Group: GroupIstio,
 		Doc: "pilot-agent: trust several roots at once. meshagent always does: every root of every trust source is served and verified with, merged across sources (docs/trust.md). " +
-			"pilot-agent also takes the mesh's extra roots from the ProxyConfig over xDS, which meshagent does not read: with true and no MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER, the agent says so at start-up.",
+			"pilot-agent also takes the mesh's extra roots from the ProxyConfig over xDS, which meshagent reads with PROXY_CONFIG_XDS_AGENT=true: with true and neither that nor MESHAGENT_TRUST_CONFIGMAP or MESHAGENT_TRUST_BUNDLE_SIGNER, the agent says so at start-up.",
 		Value:  Bool(func(c *Config) *bool { return &c.MultiRootMesh }),
 		Unused: multiRootUnused,
 	},

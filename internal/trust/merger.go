@@ -100,6 +100,13 @@ func (m *Merger) UpdateBundle(source string, b *pki.Bundle) error {
 	return nil
 }
 
+// Withdraw records that source now holds no roots by its own say (istiod's
+// ProxyConfig with no extra roots): unlike a refusal, its roots leave the
+// merge.
+func (m *Merger) Withdraw(source string) {
+	m.update(source, nil)
+}
+
 // update makes certs the roots of source and publishes the union if it
 // changed.
 func (m *Merger) update(source string, certs []*x509.Certificate) {

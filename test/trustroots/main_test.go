@@ -1,7 +1,7 @@
 // Package trustroots tests trust root rotation end to end: the agent binary
 // follows a ConfigMap key and a signer's ClusterTrustBundles on a real API
-// server, merged with its root file, while clients handshake through the
-// rotation.
+// server, and istiod's ProxyConfig from a real xDS control plane, merged
+// with its root file, while clients handshake through the rotation.
 package trustroots
 
 import (

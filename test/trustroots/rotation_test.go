@@ -10,12 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	meshconfig "istio.io/api/mesh/v1alpha1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/kubeenv"
@@ -47,8 +50,32 @@ type source struct {
 	name string
 	// env is the agent's setting for the source in namespace ns.
 	env func(ns string) string
-	// publish makes the source hold exactly roots.
+	// publish makes the source hold exactly roots. Nil for overXDS.
 	publish func(t *testing.T, env *kubeenv.Env, ns string, roots ...root)
+	// overXDS: the roots come from the control plane's ProxyConfig, which
+	// the test control plane serves (see rotate).
+	overXDS bool
+}
+
+// proxyConfig is istiod's ProxyConfig over xDS: its caCertificatesPem,
+// which the xDS proxy asks for on its own.
+var proxyConfig = source{
+	name:    "proxyconfig",
+	env:     func(string) string { return "PROXY_CONFIG_XDS_AGENT=true" },
+	overXDS: true,
+}
+
+// setProxyConfig makes xs serve a ProxyConfig whose caCertificatesPem are
+// the roots.
+func setProxyConfig(t *testing.T, xs *xdsserver.Server, roots []root) {
+	t.Helper()
+	pc := &meshconfig.ProxyConfig{}
+	for _, r := range roots {
+		pc.CaCertificatesPem = append(pc.CaCertificatesPem, string(r.ca.RootPEM()))
+	}
+	if err := xs.SetOpaque(trust.ProxyConfigTypeURL, map[string]proto.Message{"": pc}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 var configMap = source{
@@ -113,7 +140,8 @@ var clusterTrustBundles = source{
 
 func signer(ns string) string { return "meshagent.io/" + ns }
 
-// A root rotation through each cluster source, with the agent binary: the
+// A root rotation through each cluster source (a ConfigMap, ClusterTrustBundles,
+// istiod's ProxyConfig pushed by the test control plane), with the agent binary: the
 // new root is published beside the old one, reaches every place, the CA
 // and the control plane move to it (new serving certificates, verified on
 // new connections by the CA client and the xDS proxy), and then the old
@@ -121,7 +149,7 @@ func signer(ns string) string { return "meshagent.io/" + ns }
 // every 100 ms, verified with each place's roots and presenting the
 // workload certificate: not one handshake fails.
 func TestRootRotation(t *testing.T) {
-	for _, src := range []source{configMap, clusterTrustBundles} {
+	for _, src := range []source{configMap, clusterTrustBundles, proxyConfig} {
 		t.Run(src.name, func(t *testing.T) { rotate(t, src) })
 	}
 }
@@ -145,9 +173,22 @@ func rotate(t *testing.T, src source) {
 	if err := env.Kubeconfig(kc, agentToken(t, env, ns)); err != nil {
 		t.Fatal(err)
 	}
-	src.publish(t, env, ns, a)
 	out := filepath.Join(dir, "out")
-	xds := xdsserver.Start(t, xdsserver.Config{CA: a.ca, ServerNames: []string{istioca.DefaultServerName}})
+	opaque := []string{trust.ProxyConfigTypeURL}
+	xds := xdsserver.Start(t, xdsserver.Config{CA: a.ca, ServerNames: []string{istioca.DefaultServerName}, OpaqueTypes: opaque})
+	// publish makes the source hold exactly roots; a control plane that
+	// replaces xds is given the last ones.
+	var published []root
+	publish := func(roots ...root) {
+		t.Helper()
+		published = roots
+		if src.overXDS {
+			setProxyConfig(t, xds, roots)
+			return
+		}
+		src.publish(t, env, ns, roots...)
+	}
+	publish(a)
 	p := agentproc.Start(t, dir,
 		"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_LOG_LEVEL=debug",
 		`PROXY_CONFIG={"discoveryAddress":"`+xds.Addr()+`"}`,
@@ -169,7 +210,7 @@ func rotate(t *testing.T, src source) {
 	hs := startHandshakes(pl, peer.lis.Addr().String())
 
 	// 1. The new root beside the old one.
-	src.publish(t, env, ns, a, b)
+	publish(a, b)
 	pl.waitRoots(t, "root-a", "root-b")
 	// 2. Everything moves to the new root: the peer, the CA's issuer and
 	// its serving certificate (on a new connection: the CA restarts).
@@ -180,10 +221,13 @@ func rotate(t *testing.T, src source) {
 	pl.waitIssuer(t, "root-b", 30*time.Second)
 	// The control plane too, on the same address: the proxy reconnects.
 	xds.Stop()
-	xds = xdsserver.Start(t, xdsserver.Config{CA: b.ca, ServerNames: []string{istioca.DefaultServerName}, Addr: xds.Addr()})
+	xds = xdsserver.Start(t, xdsserver.Config{CA: b.ca, ServerNames: []string{istioca.DefaultServerName}, Addr: xds.Addr(), OpaqueTypes: opaque})
+	if src.overXDS {
+		setProxyConfig(t, xds, published)
+	}
 	waitUpstream(t, xds, 1, "under the new root, with both roots trusted")
 	// 3. The old root leaves the source and the root file.
-	src.publish(t, env, ns, b)
+	publish(b)
 	write(t, rootFile, b.ca.RootPEM())
 	pl.waitRoots(t, "root-b")
 	// The CA and the control plane are still trusted with the new root

@@ -47,6 +47,10 @@ type Config struct {
 	// verify any that is offered against this pool (a client without one is
 	// still served).
 	ClientCAs *x509.CertPool
+	// OpaqueTypes are type URLs served from caches of their own, whatever
+	// the resources are (any proto message; istiod's ProxyConfig is one):
+	// see SetOpaque. Other types are served from the snapshot cache.
+	OpaqueTypes []string
 	// ADS makes the snapshot cache hold back a SotW answer until every named
 	// resource is in the snapshot (go-control-plane's ADS mode).
 	ADS bool
@@ -85,7 +89,11 @@ type Call struct {
 type Server struct {
 	cfg   Config
 	cache cache.SnapshotCache
-	creds credentials.TransportCredentials
+	// served is what the server answers from: the snapshot cache, and a
+	// linear cache per opaque type.
+	muxed  cache.Cache
+	opaque map[string]*cache.LinearCache
+	creds  credentials.TransportCredentials
 
 	mu      sync.Mutex
 	addr    string
@@ -107,6 +115,26 @@ func Start(t testing.TB, cfg Config) *Server {
 		cfg.ServerNames = []string{"localhost"}
 	}
 	s := &Server{cfg: cfg, cache: cache.NewSnapshotCache(cfg.ADS, cache.IDHash{}, nil)}
+	s.muxed = s.cache
+	if len(cfg.OpaqueTypes) > 0 {
+		s.opaque = map[string]*cache.LinearCache{}
+		caches := map[string]cache.Cache{"": s.cache}
+		for _, typeURL := range cfg.OpaqueTypes {
+			l := cache.NewLinearCache(typeURL)
+			s.opaque[typeURL], caches[typeURL] = l, l
+		}
+		classify := func(typeURL string) string {
+			if _, ok := s.opaque[typeURL]; ok {
+				return typeURL
+			}
+			return ""
+		}
+		s.muxed = &cache.MuxCache{
+			Classify:      func(r *cache.Request) string { return classify(r.GetTypeUrl()) },
+			ClassifyDelta: func(r *cache.DeltaRequest) string { return classify(r.GetTypeUrl()) },
+			Caches:        caches,
+		}
+	}
 	if !cfg.Plaintext {
 		if cfg.CA == nil {
 			t.Fatal("xdsserver: a CA is required unless Plaintext is set")
@@ -158,6 +186,22 @@ func (s *Server) SetResources(nodeID, version string, res map[resource.Type][]ty
 		return fmt.Errorf("building snapshot %s: %w", version, err)
 	}
 	return s.SetSnapshot(nodeID, snap)
+}
+
+// SetOpaque replaces every resource of an opaque type (Config.OpaqueTypes)
+// with resources, keyed by name, under a new version; clients subscribed
+// to the type get them at once.
+func (s *Server) SetOpaque(typeURL string, resources map[string]proto.Message) error {
+	l, ok := s.opaque[typeURL]
+	if !ok {
+		return fmt.Errorf("xdsserver: %s is not one of Config.OpaqueTypes", typeURL)
+	}
+	res := make(map[string]types.Resource, len(resources))
+	for name, m := range resources {
+		res[name] = m
+	}
+	l.SetResources(res)
+	return nil
 }
 
 // Streams returns the stream counts so far.
@@ -247,7 +291,7 @@ func (s *Server) serve(lis net.Listener) {
 		opts = append(opts, grpc.Creds(s.creds))
 	}
 	g := grpc.NewServer(opts...)
-	discovery.RegisterAggregatedDiscoveryServiceServer(g, serverv3.NewServer(ctx, s.cache, nil))
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, serverv3.NewServer(ctx, s.muxed, nil))
 	served := make(chan struct{})
 	s.mu.Lock()
 	s.grpc, s.cancel, s.served = g, cancel, served

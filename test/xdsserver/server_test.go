@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/internal/localca"
@@ -141,5 +143,38 @@ func TestRestartKeepsAddressAndSnapshots(t *testing.T) {
 	var md metadata.MD = s.LastMetadata()
 	if md == nil {
 		t.Error("no metadata recorded")
+	}
+}
+
+// An opaque type is served whatever its messages are: here istiod's
+// ProxyConfig, on the same ADS stream as clusters.
+func TestOpaqueType(t *testing.T) {
+	const pcType = "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig"
+	s := xdsserver.Start(t, xdsserver.Config{Plaintext: true, OpaqueTypes: []string{pcType}})
+	if err := s.SetOpaque(resource.ClusterType, nil); err == nil {
+		t.Error("SetOpaque accepted a type that is not opaque")
+	}
+	if err := s.SetOpaque(pcType, map[string]proto.Message{"mesh": &meshconfig.ProxyConfig{CaCertificatesPem: []string{"root"}}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(dial(t, s, nil, "")).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: node}, TypeUrl: pcType}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.TypeUrl != pcType || len(resp.Resources) != 1 {
+		t.Fatalf("response %v, want one ProxyConfig", resp)
+	}
+	pc := &meshconfig.ProxyConfig{}
+	if err := resp.Resources[0].UnmarshalTo(pc); err != nil || pc.GetCaCertificatesPem()[0] != "root" {
+		t.Fatalf("ProxyConfig %v (%v), want the root published", pc, err)
 	}
 }

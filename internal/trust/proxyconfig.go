@@ -1,0 +1,68 @@
+package trust
+
+import (
+	"fmt"
+	"strings"
+
+	"google.golang.org/protobuf/types/known/anypb"
+	meshconfig "istio.io/api/mesh/v1alpha1"
+)
+
+// ProxyConfigTypeURL is the xDS type of istiod's ProxyConfig, which an agent
+// asks for on its own ADS stream (pilot-agent's PROXY_CONFIG_XDS_AGENT).
+const ProxyConfigTypeURL = "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig"
+
+// ProxyConfigSourceName is the xDS source's name in logs, metrics and the
+// merged bundle's description.
+const ProxyConfigSourceName = "xds:proxyconfig"
+
+// proxyConfigSink is the merger as the ProxyConfig source uses it: besides
+// updates and refusals, it can be told the source holds no roots.
+type proxyConfigSink interface {
+	Sink
+	Withdraw(source string)
+}
+
+// ProxyConfigSource takes the mesh's extra roots from the ProxyConfig istiod
+// sends over xDS: its ca_certificates_pem list (meshConfig.caCertificates,
+// which also carries the roots of a plugged-in CA), merged with the other
+// sources. It runs nothing itself: the xDS proxy subscribes to
+// ProxyConfigTypeURL on its upstream streams and hands each answer to Apply
+// (xdsproxy.Subscription).
+type ProxyConfigSource struct {
+	sink proxyConfigSink
+}
+
+// NewProxyConfigSource returns the source reporting to m.
+func NewProxyConfigSource(m *Merger) *ProxyConfigSource {
+	return &ProxyConfigSource{sink: m}
+}
+
+// Apply takes one answer of the control plane: the ProxyConfig resources
+// (istiod sends one). Their PEMs, together, become the source's roots,
+// parsed once. An answer that does not decode, or whose PEMs do not parse,
+// is refused and returned as an error (the proxy NACKs it); the source's
+// last good roots stay. A ProxyConfig with no PEM at all means the mesh has
+// no extra roots, as pilot-agent reads it: the source then holds none. An
+// answer without any ProxyConfig says nothing (a control plane that has
+// none yet): the source keeps what it holds.
+func (s *ProxyConfigSource) Apply(resources []*anypb.Any) error {
+	if len(resources) == 0 {
+		return nil
+	}
+	var pems []string
+	for _, r := range resources {
+		pc := &meshconfig.ProxyConfig{}
+		if err := r.UnmarshalTo(pc); err != nil {
+			err = fmt.Errorf("decoding ProxyConfig: %w", err)
+			s.sink.Refuse(ProxyConfigSourceName, err)
+			return err
+		}
+		pems = append(pems, pc.GetCaCertificatesPem()...)
+	}
+	if len(pems) == 0 {
+		s.sink.Withdraw(ProxyConfigSourceName)
+		return nil
+	}
+	return s.sink.Update(ProxyConfigSourceName, []byte(strings.Join(pems, "\n")))
+}

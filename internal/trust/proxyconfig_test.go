@@ -1,0 +1,82 @@
+package trust
+
+import (
+	"slices"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshconfig "istio.io/api/mesh/v1alpha1"
+)
+
+func proxyConfigAny(t *testing.T, m proto.Message) []*anypb.Any {
+	t.Helper()
+	a, err := anypb.New(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []*anypb.Any{a}
+}
+
+func TestProxyConfigSource(t *testing.T) {
+	pub := newPublisher()
+	m, err := NewMerger(MergerConfig{Publisher: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Update("file", newRoot(t, "file")); err != nil {
+		t.Fatal(err)
+	}
+	src := NewProxyConfigSource(m)
+	a, b := newRoot(t, "a"), newRoot(t, "b")
+	pc := func(pems ...[]byte) []*anypb.Any {
+		c := &meshconfig.ProxyConfig{}
+		for _, p := range pems {
+			c.CaCertificatesPem = append(c.CaCertificatesPem, string(p))
+		}
+		return proxyConfigAny(t, c)
+	}
+	want := func(names ...string) {
+		t.Helper()
+		if got := subjects(t, pub.last()); !slices.Equal(got, names) {
+			t.Fatalf("bundle %v, want %v", got, names)
+		}
+	}
+
+	if err := src.Apply(pc(a, b)); err != nil {
+		t.Fatal(err)
+	}
+	want("file", "a", "b")
+
+	// Bad answers are refused alone: the last good roots stay.
+	for name, bad := range map[string][]*anypb.Any{
+		"not PEM":         pc([]byte("not a certificate")),
+		"one bad of two":  pc(a, []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")),
+		"not ProxyConfig": proxyConfigAny(t, wrapperspb.String("x")),
+	} {
+		if err := src.Apply(bad); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	want("file", "a", "b")
+
+	// An answer with no ProxyConfig changes nothing.
+	if err := src.Apply(nil); err != nil {
+		t.Fatal(err)
+	}
+	want("file", "a", "b")
+
+	// A rotation: b stays, a goes, c comes.
+	c := newRoot(t, "c")
+	if err := src.Apply(pc(b, c)); err != nil {
+		t.Fatal(err)
+	}
+	want("file", "b", "c")
+
+	// No extra roots any more: the source's roots leave.
+	if err := src.Apply(pc()); err != nil {
+		t.Fatal(err)
+	}
+	want("file")
+}
