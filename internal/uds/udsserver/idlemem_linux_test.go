@@ -20,15 +20,16 @@ import (
 // that keeps a read buffer per connection again (4 KiB), or per-connection
 // state of a few hundred bytes more, goes over it. Most of it is gRPC's own
 // (docs/performance.md, "Idle connections").
-const idleConnBudget = 18 << 10
+const idleConnBudget = 9 << 10
 
 // idleConnGoroutines are the goroutines gRPC's server runs per connection:
 // its reader, its writer (loopy) and its keepalive timer loop.
 const idleConnGoroutines = 3
 
 // openIdle opens a connection to socket and takes it through the HTTP/2
-// handshake (preface, SETTINGS both ways and their ACKs), leaving it idle:
-// what a process that connects and makes no RPC costs the server.
+// handshake as a gRPC client does (its preface and SETTINGS, the server's
+// SETTINGS acknowledged), leaving it idle: what a process that connects and
+// makes no RPC costs the server.
 func openIdle(t testing.TB, socket string) net.Conn {
 	t.Helper()
 	nc, err := net.Dial("unix", socket)
@@ -42,19 +43,15 @@ func openIdle(t testing.TB, socket string) net.Conn {
 	if err := fr.WriteSettings(); err != nil {
 		t.Fatal(err)
 	}
-	for acked, got := false, false; !acked || !got; {
+	for got := false; !got; {
 		f, err := fr.ReadFrame()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s, ok := f.(*http2.SettingsFrame); ok {
-			if s.IsAck() {
-				acked = true
-			} else {
-				got = true
-				if err := fr.WriteSettingsAck(); err != nil {
-					t.Fatal(err)
-				}
+		if s, ok := f.(*http2.SettingsFrame); ok && !s.IsAck() {
+			got = true
+			if err := fr.WriteSettingsAck(); err != nil {
+				t.Fatal(err)
 			}
 		}
 	}
