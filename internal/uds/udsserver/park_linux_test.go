@@ -1,11 +1,13 @@
 package udsserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -50,6 +52,7 @@ func TestParkedConnectionServesItsFirstCall(t *testing.T) {
 
 // A parked connection's first frame other than the acknowledgement of the
 // server's SETTINGS hands it to gRPC, which answers it: a PING is answered.
+// gRPC's SETTINGS, sent at hand-off, are those the server sent parked.
 func TestParkedConnectionHandsOffAtAnyFrame(t *testing.T) {
 	f := start(t, nil)
 	if _, err := unary(t, f.conn); err != nil { // the socket is served
@@ -64,18 +67,36 @@ func TestParkedConnectionHandsOffAtAnyFrame(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var grpcSettings []http2.Setting
 	for {
 		fm, err := fr.ReadFrame()
 		if err != nil {
 			t.Fatalf("waiting for the PING's answer: %v", err)
 		}
+		if sf, ok := fm.(*http2.SettingsFrame); ok && !sf.IsAck() {
+			grpcSettings = settingsOf(sf)
+		}
 		if p, ok := fm.(*http2.PingFrame); ok {
 			if !p.IsAck() || p.Data != data {
 				t.Fatalf("got PING ack=%v data=%v, want the answer to %v", p.IsAck(), p.Data, data)
 			}
-			return
+			break
 		}
 	}
+	fm, err := http2.NewFramer(nil, bytes.NewReader(f.srv.settingsFrame)).ReadFrame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parked := settingsOf(fm.(*http2.SettingsFrame)); !slices.Equal(parked, grpcSettings) {
+		t.Fatalf("SETTINGS sent parked %v, gRPC's %v: want the same", parked, grpcSettings)
+	}
+}
+
+func settingsOf(f *http2.SettingsFrame) []http2.Setting {
+	var out []http2.Setting
+	_ = f.ForeachSetting(func(s http2.Setting) error { out = append(out, s); return nil })
+	slices.SortFunc(out, func(a, b http2.Setting) int { return int(a.ID) - int(b.ID) })
+	return out
 }
 
 // A connection that stays parked for IdleTimeout is closed and given back

@@ -193,6 +193,8 @@ func (s *Server) Run(ctx context.Context) error {
 		// the next request, when most connections make one: the client is
 		// asked to index nothing.
 		grpc.HeaderTableSize(0),
+		// handshakeSettings repeats the settings these options make gRPC
+		// send (streams per connection, header table size): keep them in step.
 		grpc.ForceServerCodecV2(newCodec()),
 		grpc.ChainUnaryInterceptor(s.unaryAdmit),
 		grpc.ChainStreamInterceptor(s.streamAdmit),
