@@ -57,21 +57,22 @@ func (s *Server) park(lc *localConn) error {
 
 	// gRPC has set the connection's deadline for its handshake: the
 	// preface and SETTINGS are read under it.
-	head := make([]byte, len(http2.ClientPreface)+frameHeaderLen, len(http2.ClientPreface)+frameHeaderLen+maxClientSettings)
-	if _, err := io.ReadFull(lc.Conn, head); err != nil {
+	var start [len(http2.ClientPreface) + frameHeaderLen]byte
+	if _, err := io.ReadFull(lc.Conn, start[:]); err != nil {
 		return err
 	}
-	if string(head[:len(http2.ClientPreface)]) != http2.ClientPreface {
+	if string(start[:len(http2.ClientPreface)]) != http2.ClientPreface {
 		return errNotHTTP2
 	}
-	fh := head[len(http2.ClientPreface):]
+	fh := start[len(http2.ClientPreface):]
 	n := int(fh[0])<<16 | int(fh[1])<<8 | int(fh[2])
 	if http2.FrameType(fh[3]) != http2.FrameSettings || fh[4]&byte(http2.FlagSettingsAck) != 0 ||
 		binary.BigEndian.Uint32(fh[5:])&(1<<31-1) != 0 || n%6 != 0 || n > maxClientSettings {
 		return fmt.Errorf("%w: the first frame is not the client's SETTINGS", errNotHTTP2)
 	}
-	head = head[:len(head)+n]
-	if _, err := io.ReadFull(lc.Conn, head[len(head)-n:]); err != nil {
+	head := make([]byte, len(start)+n) // kept while parked: no more than that
+	copy(head, start[:])
+	if _, err := io.ReadFull(lc.Conn, head[len(start):]); err != nil {
 		return err
 	}
 	if _, err := lc.Conn.Write(s.settingsFrame); err != nil {
