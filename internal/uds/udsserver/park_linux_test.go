@@ -170,3 +170,17 @@ func waitClosed(t *testing.T, nc net.Conn, what string) {
 		t.Fatalf("%s was not closed: %v", what, err)
 	}
 }
+
+// A parked connection of a pod that leaves is closed with the pod's others.
+func TestParkedConnectionClosedWhenItsPodLeaves(t *testing.T) {
+	f := start(t, func(c *Config) { c.Resolver = twoPods{} })
+	if _, err := unary(t, f.conn); err != nil { // the socket is served
+		t.Fatal(err)
+	}
+	nc := openIdle(t, f.socket)
+	defer nc.Close()
+	testwait.Within(t, 20*time.Second, "the connection parked", func() bool { return f.srv.parked.len() == 1 })
+	f.srv.CallerLeft("uid-a", "was deleted")
+	waitClosed(t, nc, "the parked connection of the pod that left")
+	testwait.Within(t, 20*time.Second, "the connections are given back", func() bool { return f.connsOf(podKey("uid-a")) == 0 })
+}
