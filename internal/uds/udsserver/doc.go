@@ -52,8 +52,14 @@
 // small one taken from a pool only when the socket is readable (the
 // connection reads through the raw socket, as gRPC does for a bare one),
 // the write buffer is shared, clients are asked to keep no header table,
-// and no pidfd is held once the caller is known; what remains is gRPC's
-// three goroutines and its transport (TestIdleConnectionMemory).
+// and no pidfd is held once the caller is known. A connection is parked
+// until its first request (park): the server answers the HTTP/2 handshake
+// itself and hands the connection to gRPC, with what it read of the
+// handshake, at the client's first frame after it. A parked connection
+// holds one goroutine (4 KB of stack), its record and its socket, ~8 KB;
+// gRPC's three goroutines and transport, ~14 KB more, come with its first
+// request (TestIdleConnectionMemory). A parked connection is closed after
+// Config.IdleTimeout and when Run returns.
 //
 // Encoding: messages are protobuf, except that a service may Send a
 // WireMessage, a message already in wire form as buffers, which the socket's

@@ -16,3 +16,6 @@ func readPeerCred(*net.UnixConn) (caller.Cred, error) { return caller.Cred{}, er
 type readyRead struct{}
 
 func (*readyRead) init(*net.UnixConn) {}
+
+// park hands every connection to gRPC at once off Linux.
+func (*Server) park(*localConn) error { return nil }

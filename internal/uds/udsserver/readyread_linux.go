@@ -50,6 +50,11 @@ func (r *readyRead) init(uc *net.UnixConn) {
 // transport uses it in place of a buffered reader of its own when the
 // connection has it.
 func (p *localConn) ReadOnReady(size int, pool mem.BufferPool) (*[]byte, int, error) {
+	if len(p.replay) > 0 {
+		buf := pool.Get(size)
+		n, _ := p.Read(*buf)
+		return buf, n, nil
+	}
 	r := &p.rd
 	if r.raw == nil {
 		buf := pool.Get(size)

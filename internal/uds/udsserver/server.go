@@ -110,6 +110,10 @@ type Server struct {
 	log     *zap.Logger
 	metrics *metrics
 	callers callers
+	// settingsFrame is the server's SETTINGS frame of the HTTP/2
+	// handshake, written by park.
+	settingsFrame []byte
+	parked        parkedConns
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -150,7 +154,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
-	return &Server{cfg: cfg, log: cfg.Logger.Named("uds"), metrics: m, callers: callers{m: map[string]*callerState{}}}, nil
+	s := &Server{cfg: cfg, log: cfg.Logger.Named("uds"), metrics: m, callers: callers{m: map[string]*callerState{}}}
+	s.settingsFrame = s.handshakeSettings()
+	return s, nil
 }
 
 // connReadBuffer is each connection's read buffer: an SDS request or a
@@ -187,6 +193,8 @@ func (s *Server) Run(ctx context.Context) error {
 		// the next request, when most connections make one: the client is
 		// asked to index nothing.
 		grpc.HeaderTableSize(0),
+		// handshakeSettings repeats the settings these options make gRPC
+		// send (streams per connection, header table size): keep them in step.
 		grpc.ForceServerCodecV2(newCodec()),
 		grpc.ChainUnaryInterceptor(s.unaryAdmit),
 		grpc.ChainStreamInterceptor(s.streamAdmit),
@@ -209,11 +217,13 @@ func (s *Server) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		// Streams are long-lived: end them now rather than wait for clients.
+		s.parked.stop()
 		gs.Stop()
 		<-served
 		s.log.Info("local socket server stopped", zap.String(keySocket, s.cfg.SocketPath))
 		return nil
 	case err := <-served:
+		s.parked.stop()
 		gs.Stop()
 		return fmt.Errorf("serving on %s: %w", s.cfg.SocketPath, err)
 	}
