@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
@@ -485,10 +486,20 @@ func TestSocketLifecycle(t *testing.T) {
 	if err := os.Rename(socket+".x", socket); err != nil {
 		t.Fatal(err)
 	}
+	impostorInfo, err := os.Lstat(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv4, _ := New(Config{SocketPath: socket, Services: services, Replace: true})
 	ctx4, cancel4 := context.WithCancel(context.Background())
 	done4 := make(chan error, 1)
 	go func() { done4 <- srv4.Run(ctx4) }()
+	// Until the server has replaced it, the path is the impostor's, which
+	// accepts and never answers: call only once the path changed hands.
+	testwait.For(t, "the impostor's socket replaced", func() bool {
+		fi, err := os.Lstat(socket)
+		return err == nil && !os.SameFile(fi, impostorInfo)
+	})
 	call(t)
 	cancel4()
 	if err := <-done4; err != nil {
