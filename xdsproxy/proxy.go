@@ -255,7 +255,10 @@ func (p *Proxy) Run(ctx context.Context) error {
 func (p *Proxy) listen(path string) (*udslisten.Listener, error) {
 	lis, err := udslisten.Listen(udslisten.Config{
 		Path: path, DirMode: socketDirMode, SocketMode: socketFileMode, Logger: p.log,
-		OnRebind: func(reason string) { p.metrics.socketRebound.WithLabelValues(reason).Inc() },
+		// Only the pod's own containers reach the directory: a slow check
+		// saves the idle agent its wake-ups.
+		CheckInterval: 5 * time.Second,
+		OnRebind:      func(reason string) { p.metrics.socketRebound.WithLabelValues(reason).Inc() },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("xds proxy socket: %w", err)

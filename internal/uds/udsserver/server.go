@@ -229,9 +229,19 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 }
 
+// sidecarSocketCheck is how often a sidecar's socket is checked (node mode,
+// Replace, checks every udslisten.DefaultCheckInterval): in a sidecar only
+// the pod's own containers reach the directory, so a slower check saves the
+// idle agent its wake-ups.
+const sidecarSocketCheck = 5 * time.Second
+
 func (s *Server) listen() (*udslisten.Listener, error) {
+	check := udslisten.DefaultCheckInterval
+	if !s.cfg.Replace {
+		check = sidecarSocketCheck
+	}
 	lis, err := udslisten.Listen(udslisten.Config{
-		Path: s.cfg.SocketPath, DirMode: s.cfg.DirMode, Replace: s.cfg.Replace,
+		Path: s.cfg.SocketPath, DirMode: s.cfg.DirMode, Replace: s.cfg.Replace, CheckInterval: check,
 		Clock: s.cfg.Clock, Logger: s.log,
 		OnRebind: func(reason string) { s.metrics.rebound.WithLabelValues(reason).Inc() },
 	})
