@@ -92,6 +92,11 @@ func startAgent(p agentParams) (*agent, error) {
 		"MESHAGENT_STATUS_HOST=127.0.0.1",
 		"SECRET_TTL=" + secretTTL.String(),
 		"MESHAGENT_LOG_LEVEL=info",
+		// The soak's clients all run as one uid, its one caller in a sidecar:
+		// the per-caller connection limit (32) is for a real pod's Envoy and
+		// applications, not for the soak's hundreds of clients.
+		"MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER=100000",
+		"MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER=100000",
 	}
 	for _, k := range []string{"PATH", "HOME"} {
 		if v, ok := os.LookupEnv(k); ok {

@@ -47,7 +47,7 @@
 // window is 0 and reads nothing; the CA refuses one pod's identity
 // (istioca.RefuseIdentity) while it asks again and again; one pod holding a
 // stream is deleted halfway. Invariants: the agent's RSS stays under a
-// bound (this needs the per-caller limits on connections, streams and
+// bound (held by the per-caller limits on connections, streams and
 // queued response bytes); every good fetch after the first certificate
 // succeeds with its own identity within a latency bound; the refused
 // identity is never served; no CSR of a good identity fails (one identity's

@@ -420,9 +420,9 @@ func reportPods(w io.Writer, f podFigures) {
 		fmt.Fprintf(w, "SOAK pods skipped: %s\n", f.skipped)
 		return
 	}
-	fmt.Fprintf(w, "SOAK pods rss base %d kB peak %d kB end %d kB (bound %d kB; needs the per-caller limits)\n", f.rssBase, f.rssPeak, f.rssEnd, podsRSSBoundKB)
+	fmt.Fprintf(w, "SOAK pods rss base %d kB peak %d kB end %d kB (bound %d kB)\n", f.rssBase, f.rssPeak, f.rssEnd, podsRSSBoundKB)
 	fmt.Fprintf(w, "SOAK pods flood %q zero_window %q\n", f.floodHeld, f.zeroSent)
 	fmt.Fprintf(w, "SOAK pods good fetches %d slowest %s over bound %d (bound %s)\n", f.goodFetches, f.goodMax.Round(time.Millisecond), f.goodSlow, goodFetchBound)
 	fmt.Fprintf(w, "SOAK pods refused fetches %d served %d, CSRs refused identity %d good %d failed %d\n", f.refusedFetches, f.refusedOK, f.refusedCSRs, f.goodCSRs, f.goodCSRsNotIssued)
-	fmt.Fprintf(w, "SOAK pods leaving stream %q then %q (bound %s; needs a leaving pod's connections closed)\n", f.leaveEnded, f.leaveAfter, leaveBound)
+	fmt.Fprintf(w, "SOAK pods leaving stream %q then %q (bound %s)\n", f.leaveEnded, f.leaveAfter, leaveBound)
 }
