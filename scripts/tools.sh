@@ -92,7 +92,8 @@ build helm test/tools/helm helm.sh/helm/v3/cmd/helm \
 build spiffe-helper test/tools/spiffe-helper github.com/spiffe/spiffe-helper/cmd/spiffe-helper
 
 # istiod and pilot-agent from one pinned istio.io/istio module, and from the same module the
-# CRDs (applied by test/istiod) and the injector's templates (the e2e cluster's injector).
+# CRDs (applied by test/istiod) and the istio-discovery chart (rendered by the tests for the
+# injector's ConfigMap, with Istio's own injection templates).
 istio_dir=$(cd test/tools/istio && go list -m -f '{{.Dir}}' istio.io/istio)
 # The version they report is the one Istio's own development builds set: the module's
 # VERSION file plus "-dev" (istiod parses proxies' versions; a pseudo-version is not one).
@@ -103,7 +104,7 @@ if [ ! -d "$dir/istio-manifests" ]; then
 	rm -rf "$dir/.istio-manifests.tmp"
 	mkdir -p "$dir/.istio-manifests.tmp"
 	cp "$istio_dir/manifests/charts/base/files/crd-all.gen.yaml" "$dir/.istio-manifests.tmp/crds.yaml"
-	cp -r "$istio_dir/manifests/charts/istio-control/istio-discovery/files" "$dir/.istio-manifests.tmp/injection"
+	cp -r "$istio_dir/manifests/charts/istio-control/istio-discovery" "$dir/.istio-manifests.tmp/istio-discovery"
 	chmod -R u+w "$dir/.istio-manifests.tmp"
 	mv "$dir/.istio-manifests.tmp" "$dir/istio-manifests"
 fi

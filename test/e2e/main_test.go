@@ -78,6 +78,7 @@ func runMain(m *testing.M) int {
 	go func() {
 		<-sigs
 		fmt.Fprintln(os.Stderr, "e2e: interrupted, tearing down")
+		_ = stopControlPlane()
 		if err := kube.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: teardown:", err)
 		}
@@ -90,6 +91,10 @@ func runMain(m *testing.M) int {
 		if err := exec.Command("cp", "-r", filepath.Join(kube.Dir(), "logs"), keep).Run(); err == nil {
 			fmt.Fprintln(os.Stderr, "e2e: component logs kept in", keep)
 		}
+	}
+	if err := stopControlPlane(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: stopping istiod:", err)
+		code = 1
 	}
 	stop := time.Now()
 	if err := kube.Stop(); err != nil {

@@ -61,11 +61,19 @@ func control(t *testing.T) *istiod.Istiod {
 		if meshErr != nil {
 			return
 		}
+		var docs string
+		if docs, meshErr = docsTemplate(); meshErr != nil {
+			return
+		}
 		indented := "    " + strings.ReplaceAll(strings.TrimSpace(string(meshExtraRoot)), "\n", "\n    ")
 		start := time.Now()
 		mesh, meshErr = istiod.Start(context.Background(), istiod.APIOf(env), istiod.Options{
 			TrustedNodeAccounts: []string{nodeAgentNamespace + "/" + nodeAgentSA},
 			MeshConfig:          "caCertificates:\n- pem: |\n" + indented + "\n",
+			Injector: &istiod.Injector{
+				Templates: map[string]string{"meshagent": docs, "meshagent-containers": containersTemplate},
+				Hub:       "meshagent.test", Tag: "e2e",
+			},
 		})
 		if meshErr == nil {
 			t.Logf("istiod ready in %v", time.Since(start).Round(time.Millisecond))

@@ -16,8 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/test/agentproc"
@@ -46,10 +49,16 @@ func uniq(prefix string) string { return fmt.Sprintf("%s-%d", prefix, time.Now()
 func newWorkload(t *testing.T, sa, node string) *workload {
 	t.Helper()
 	ca := control(t)
-	env := kube.Env(t)
+	return newWorkloadIn(t, kube.Env(t), ca, uniq("mesh"), sa, node)
+}
+
+// newWorkloadIn is newWorkload in namespace ns (made if missing) of
+// another API server and istiod.
+func newWorkloadIn(t *testing.T, env *kubeenv.Env, ca *istiod.Istiod, ns, sa, node string) *workload {
+	t.Helper()
 	ctx := context.Background()
-	w := &workload{env: env, ca: ca, ns: uniq("mesh"), sa: sa, dir: agentproc.TempDir(t)}
-	if _, err := env.CreateNamespace(ctx, w.ns); err != nil {
+	w := &workload{env: env, ca: ca, ns: ns, sa: sa, dir: agentproc.TempDir(t)}
+	if _, err := env.CreateNamespace(ctx, w.ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	if _, err := env.CreateServiceAccount(ctx, w.ns, sa); err != nil {
@@ -266,4 +275,30 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+// workloadAPIBundle fetches the trust domain's X.509 bundle over the SPIFFE
+// Workload API on socket (go-spiffe's client), as PEM.
+func workloadAPIBundle(socket string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	set, err := workloadapi.FetchX509Bundles(ctx, workloadapi.WithAddr("unix://"+socket))
+	if err != nil {
+		return nil, err
+	}
+	td, err := spiffeid.TrustDomainFromString(istiod.TrustDomain)
+	if err != nil {
+		return nil, err
+	}
+	b, ok := set.Get(td)
+	if !ok {
+		return nil, fmt.Errorf("no bundle for %s", td)
+	}
+	var out []byte
+	for _, c := range b.X509Authorities() {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return out, nil
 }

@@ -25,8 +25,8 @@ import (
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // ManifestsDir is where scripts/tools.sh puts the pinned module's manifests:
-// crds.yaml (every Istio CRD) and injection/ (the injector's templates and
-// profiles, as the istio-discovery chart ships them).
+// crds.yaml (every Istio CRD) and istio-discovery/ (the chart that renders
+// istiod's injector ConfigMap from Istio's own injection templates).
 func ManifestsDir() (string, error) {
 	dir, err := kubeenv.ToolsDir()
 	if err != nil {

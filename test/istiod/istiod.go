@@ -102,6 +102,9 @@ type Options struct {
 	TrustedNodeAccounts []string
 	// PluginCA, when set, is written to ROOT_CA_DIR before istiod starts.
 	PluginCA *PluginCA
+	// Injector, when set, turns istiod's sidecar injector on (its HTTPS port
+	// serves /inject).
+	Injector *Injector
 	// MeshConfig is YAML appended to the mesh config istiod starts with.
 	MeshConfig string
 	// Env is appended to istiod's environment (a variable given here overrides the
@@ -168,6 +171,16 @@ func Start(ctx context.Context, api API, opts Options) (*Istiod, error) {
 	if err := i.prepare(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
+	}
+	if opts.Injector != nil {
+		cm, err := renderInjector(*opts.Injector, dir)
+		if err == nil {
+			err = applyConfigMap(ctx, api.Client, cm)
+		}
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	if err := i.start(ctx); err != nil {
 		i.Stop()
