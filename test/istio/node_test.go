@@ -16,11 +16,13 @@ import (
 	"testing"
 	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -190,7 +192,12 @@ func impersonate(t *testing.T, ca *istiod.Istiod, token, id string) ([]string, e
 func TestProxyConfigTrustFromIstiod(t *testing.T) {
 	w := newWorkload(t, "web", "node-a")
 	a := w.startSidecar(t, "PROXY_CONFIG_XDS_AGENT=true")
-	a.waitReady(t, 60*time.Second)
+	// Envoy's ADS stream: the proxy opens its upstream stream with it, and
+	// subscribes to ProxyConfig there itself, as pilot-agent does.
+	socket := filepath.Join(w.dir, "etc/istio/proxy/XDS")
+	a.waitFiles(t, 60*time.Second, socket)
+	newADSClient(t, socket, w).get(resourcev3.ClusterType, nil, func([]*anypb.Any) bool { return true })
+	a.waitReady(t, 30*time.Second)
 	extra := parseCerts(t, "extra root", meshExtraRoot)[0]
 	deadline := time.Now().Add(30 * time.Second)
 	for {

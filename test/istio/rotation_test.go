@@ -132,22 +132,28 @@ func TestRootRotationWithIstiod(t *testing.T) {
 	port := lis.Addr().(*net.TCPAddr).Port
 	host := serviceAt(t, env, ns, port)
 
+	// A third workload in the Envoy shape (its SDS socket serves ROOTCA and
+	// the Workload API; a proxyless agent serves no socket) with files too.
+	sidecar := newWorkloadIn(t, env, ca, ns, "web", "node-a")
 	const ttl = 40 * time.Second
 	agents := map[string]*agent{}
-	for _, w := range []*workload{server, client} {
+	for _, w := range []*workload{server, client, sidecar} {
 		stop := syncRoots(t, env, w)
 		t.Cleanup(stop)
-		agents[w.sa] = w.startSidecar(t,
-			"DISABLE_ENVOY=true",
+		shape := []string{"DISABLE_ENVOY=true", "GRPC_XDS_BOOTSTRAP=" + filepath.Join(w.dir, "grpc-bootstrap.json")}
+		if w == sidecar {
+			shape = []string{"MESHAGENT_XDS_PROXY=false"}
+		}
+		agents[w.sa] = w.startSidecar(t, append(shape,
 			"INSTANCE_IP=127.0.0.1",
-			"GRPC_XDS_BOOTSTRAP="+filepath.Join(w.dir, "grpc-bootstrap.json"),
 			"OUTPUT_CERTS="+filepath.Join(w.dir, "certs"),
 			"SECRET_TTL="+ttl.String(),
-		)
+		)...)
 	}
-	for _, a := range agents {
-		a.waitReady(t, 60*time.Second)
+	for _, w := range []*workload{server, client} {
+		agents[w.sa].waitFiles(t, 60*time.Second, proxylessFiles(w.dir)...)
 	}
+	agents[sidecar.sa].waitReady(t, 60*time.Second)
 
 	// The server: grpc-go's xDS server on the server agent's bootstrap.
 	serverBootstrap, err := os.ReadFile(filepath.Join(server.dir, "grpc-bootstrap.json"))
@@ -201,10 +207,10 @@ func TestRootRotationWithIstiod(t *testing.T) {
 	step := func(what string, roots []*caPair, signer *caPair) {
 		t.Helper()
 		deadline := time.Now().Add(3 * time.Minute)
-		for _, w := range []*workload{server, client} {
+		for _, w := range []*workload{server, client, sidecar} {
 			a := agents[w.sa]
 			for {
-				err := checkAgentRoots(t, w, a, roots, signer)
+				err := checkAgentRoots(t, w, a, w == sidecar, roots, signer)
 				if err == nil {
 					break
 				}
@@ -244,14 +250,10 @@ func TestRootRotationWithIstiod(t *testing.T) {
 	}
 }
 
-// checkAgentRoots says why agent a of w does not yet hold roots in ROOTCA,
-// its OUTPUT_CERTS root file and its Workload API bundle, or a leaf issued
-// by signer; nil when it does.
-func checkAgentRoots(t *testing.T, w *workload, a *agent, roots []*caPair, signer *caPair) error {
-	rootca, _ := a.fetch(t, "ROOTCA").TrustedCA("ROOTCA")
-	if err := sameCerts(rootca, roots); err != nil {
-		return errorf("ROOTCA: %v", err)
-	}
+// checkAgentRoots says why agent a of w does not yet hold roots in its
+// OUTPUT_CERTS root file and, when it serves a socket, in ROOTCA and its
+// Workload API bundle, or a leaf issued by signer; nil when it does.
+func checkAgentRoots(t *testing.T, w *workload, a *agent, socket bool, roots []*caPair, signer *caPair) error {
 	file, err := os.ReadFile(filepath.Join(w.dir, "certs", files.RootCertFile))
 	if err != nil {
 		return err
@@ -259,26 +261,32 @@ func checkAgentRoots(t *testing.T, w *workload, a *agent, roots []*caPair, signe
 	if err := sameCerts(file, roots); err != nil {
 		return errorf("OUTPUT_CERTS %s: %v", files.RootCertFile, err)
 	}
-	bundle, err := workloadAPIBundle(a.Socket())
-	if err != nil {
-		return errorf("Workload API: %v", err)
-	}
-	if err := sameCerts(bundle, roots); err != nil {
-		return errorf("Workload API bundle: %v", err)
-	}
-	chain, _, _ := a.fetch(t, "default").Cert("default")
-	leaf, err := firstCert(chain)
-	if err != nil {
-		return err
-	}
-	if err := leaf.CheckSignatureFrom(signer.cert); err != nil {
-		return errorf("default is not yet issued by %s", signer.cert.Subject.CommonName)
+	if socket {
+		rootca, _ := a.fetch(t, "ROOTCA").TrustedCA("ROOTCA")
+		if err := sameCerts(rootca, roots); err != nil {
+			return errorf("ROOTCA: %v", err)
+		}
+		bundle, err := workloadAPIBundle(a.Socket())
+		if err != nil {
+			return errorf("Workload API: %v", err)
+		}
+		if err := sameCerts(bundle, roots); err != nil {
+			return errorf("Workload API bundle: %v", err)
+		}
+		chain, _, _ := a.fetch(t, "default").Cert("default")
+		leaf, err := firstCert(chain)
+		if err != nil {
+			return err
+		}
+		if err := leaf.CheckSignatureFrom(signer.cert); err != nil {
+			return errorf("default is not yet issued by %s", signer.cert.Subject.CommonName)
+		}
 	}
 	file, err = os.ReadFile(filepath.Join(w.dir, "certs", files.CertChainFile))
 	if err != nil {
 		return err
 	}
-	if leaf, err = firstCert(file); err != nil || leaf.CheckSignatureFrom(signer.cert) != nil {
+	if leaf, err := firstCert(file); err != nil || leaf.CheckSignatureFrom(signer.cert) != nil {
 		return errorf("OUTPUT_CERTS %s is not yet issued by %s", files.CertChainFile, signer.cert.Subject.CommonName)
 	}
 	return nil

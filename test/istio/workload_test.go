@@ -203,6 +203,40 @@ func (a *agent) waitReady(t *testing.T, within time.Duration) {
 	}
 }
 
+// waitFiles waits until the agent has written every one of paths, failing
+// the test after within or if the agent exits. A proxyless agent is ready
+// only once its xDS proxy's upstream has answered, which takes a client: the
+// gRPC application starts from the files.
+func (a *agent) waitFiles(t *testing.T, within time.Duration, paths ...string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		missing := ""
+		for _, p := range paths {
+			if _, err := os.Stat(p); err != nil {
+				missing = p
+				break
+			}
+		}
+		if missing == "" {
+			return
+		}
+		if a.ExitCode() >= 0 {
+			t.Fatalf("agent exited (%d) before writing %s", a.ExitCode(), missing)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent wrote no %s within %v", missing, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// proxylessFiles are the files a proxyless agent in dir writes for gRPC.
+func proxylessFiles(dir string) []string {
+	return []string{filepath.Join(dir, "grpc-bootstrap.json"), filepath.Join(dir, "certs", "cert-chain.pem"),
+		filepath.Join(dir, "certs", "key.pem"), filepath.Join(dir, "certs", "root-cert.pem")}
+}
+
 // fetch is one SDS Fetch of names on the agent's socket.
 func (a *agent) fetch(t *testing.T, names ...string) *sdsclient.Response {
 	t.Helper()

@@ -230,7 +230,7 @@ func TestProxylessGRPCThroughAgentFromIstiod(t *testing.T) {
 		"DISABLE_ENVOY=true",
 		"GRPC_XDS_BOOTSTRAP="+bootstrap,
 		"OUTPUT_CERTS="+filepath.Join(w.dir, "certs"))
-	a.waitReady(t, 60*time.Second)
+	a.waitFiles(t, 60*time.Second, proxylessFiles(w.dir)...)
 	b, err := os.ReadFile(bootstrap)
 	if err != nil {
 		t.Fatal(err)
@@ -258,6 +258,8 @@ func TestProxylessGRPCThroughAgentFromIstiod(t *testing.T) {
 	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health: %v", resp.GetStatus())
 	}
+	// istiod has answered the client through the proxy: the agent is ready.
+	a.waitReady(t, 10*time.Second)
 }
 
 func clusterNames(t *testing.T, res []*anypb.Any) []string {
