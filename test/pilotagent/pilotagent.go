@@ -32,10 +32,14 @@
 //     workload's certificate comes from another socket;
 //   - var/run/secrets/tokens/istio-token: the token pilot-agent's xDS proxy sends to istiod
 //     (the istio-token projected volume, audience istio-ca);
-//   - writable: etc/istio/proxy (the bootstrap envoy-rev.json and the XDS socket; the
+//   - writable by uid 1337 (the injection template's runAsUser and runAsGroup; the test
+//     runs pilot-agent, and so Envoy, as 1337:1337 with the image's files owned by root):
+//     etc/istio/proxy (envoy-rev.json, the XDS socket and a grpc-bootstrap.json; the
 //     istio-envoy emptyDir), var/run/secrets/credential-uds (pilot-agent's files-only SDS
-//     socket), var/run/secrets/workload-spiffe-uds (the workload-socket volume; here
-//     meshagent's socket, which pilot-agent only connects to), var/lib/istio/data;
+//     socket; the credential-socket emptyDir), var/lib/istio/data (istio-data);
+//     var/run/secrets/workload-spiffe-uds only needs to let 1337 reach meshagent's socket
+//     (an emptyDir is 0777; meshagent keeps an existing directory's mode and makes its
+//     socket 0666, but a directory it creates itself is 0750 and would shut 1337 out);
 //   - the socket var/run/secrets/workload-spiffe-uds/socket answering when pilot-agent
 //     starts: it then logs "Existing workload SDS socket found", serves only file
 //     certificates, creates no CA client and sends no CSR ("Skipping connecting to CA"),

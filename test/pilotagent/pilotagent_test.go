@@ -35,6 +35,9 @@ import (
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
+// proxyUID is the uid and gid Istio's injection template runs istio-proxy as.
+const proxyUID = 1337
+
 // standInLine is one line the Envoy stand-in prints.
 type standInLine struct {
 	Kind      string    `json:"kind"`
@@ -47,6 +50,7 @@ type standInLine struct {
 	Bootstrap string    `json:"bootstrap"`
 	Args      []string  `json:"args"`
 	Socket    string    `json:"socket"`
+	UID       int       `json:"uid"`
 	Message   string    `json:"message"`
 	Error     string    `json:"error"`
 }
@@ -145,10 +149,6 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	envoy := filepath.Join(t.TempDir(), "envoy")
-	if err := BuildStandIn(envoy); err != nil {
-		t.Fatal(err)
-	}
 	const (
 		ns, sa, pod = "default", "sleep", "sleep-1"
 		token       = "token-sleep"
@@ -176,15 +176,43 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The pod's file system, as the image and the injected volumes make it.
+	// The pod's file system, as the image and the injected volumes make it: the image's
+	// files owned by root, the volumes writable by the proxy's user (uid 1337, as the
+	// injection template runs istio-proxy), the workload socket's directory an emptyDir
+	// (0777) that meshagent (root here) serves its socket in.
 	dir := agentproc.TempDir(t)
 	b, err := os.ReadFile(tmpl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(dir, "var/lib/istio/envoy/envoy_bootstrap_tmpl.json"), b, 0o644)
+	pa, err := os.ReadFile(pilotAgent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "usr/local/bin/pilot-agent"), pa, 0o755)
+	envoy := filepath.Join(dir, "usr/local/bin/envoy")
+	if err := BuildStandIn(envoy); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, BootstrapTemplateImagePath), b, 0o644)
 	writeFile(t, filepath.Join(dir, "var/run/secrets/istio/root-cert.pem"), ca.RootPEM(), 0o644)
 	writeFile(t, filepath.Join(dir, "var/run/secrets/tokens/istio-token"), []byte(token), 0o600)
+	for _, d := range []string{"etc/istio/proxy", "var/run/secrets/credential-uds", "var/lib/istio/data", "var/run/secrets/workload-spiffe-uds"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "var/run/secrets/workload-spiffe-uds"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"etc", "etc/istio", "etc/istio/proxy", "var/run/secrets/credential-uds", "var/lib/istio/data", "var/run/secrets/tokens", "var/run/secrets/tokens/istio-token"} {
+		if err := os.Chown(filepath.Join(dir, p), proxyUID, proxyUID); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// meshagent first, serving the workload socket (dev mode: its own CA).
 	agent := agentproc.Start(t, dir, "MESHAGENT_DEV=true", "POD_NAMESPACE="+ns, "SERVICE_ACCOUNT="+sa, "POD_NAME="+pod,
@@ -225,7 +253,7 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 		"statusPort":       statusPort,
 	})
 	out := &output{}
-	cmd := exec.Command(pilotAgent, "proxy", "sidecar", "--domain", ns+".svc.cluster.local",
+	cmd := exec.Command(filepath.Join(dir, "usr/local/bin/pilot-agent"), "proxy", "sidecar", "--domain", ns+".svc.cluster.local",
 		"--proxyLogLevel=warning", "--proxyComponentLogLevel=misc:error", "--log_output_level=default:info")
 	cmd.Dir = dir
 	cmd.Env = []string{
@@ -249,7 +277,7 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Its own process group, so that the stand-in goes too if pilot-agent does not stop it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: &syscall.Credential{Uid: proxyUID, Gid: proxyUID}}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -298,6 +326,9 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 	for _, l := range out.standIn() {
 		if l.Kind == "start" && l.Socket != "unix:./var/run/secrets/workload-spiffe-uds/socket" {
 			t.Errorf("the bootstrap's sds-grpc cluster is %s, want the workload socket", l.Socket)
+		}
+		if l.Kind == "start" && l.UID != proxyUID {
+			t.Errorf("Envoy runs as uid %d, want %d (pilot-agent's)", l.UID, proxyUID)
 		}
 	}
 
