@@ -99,6 +99,30 @@ func BootstrapTemplate() (string, error) {
 	return p, nil
 }
 
+// ProxyUID is the uid and gid Istio's injection template runs istio-proxy as
+// (runAsUser and runAsGroup 1337).
+const ProxyUID = 1337
+
+// ProxyImageArgs are tools/image's arguments (bin/image-tool, `make image`'s tool) for an
+// istio-proxy image laid out as Istio's proxyv2 (pilot/docker/Dockerfile.proxyv2 in the
+// module): pilot-agent at /usr/local/bin/pilot-agent as the entry point, envoy (the
+// stand-in) at /usr/local/bin/envoy, the bootstrap template at
+// BootstrapTemplateImagePath, working directory /, run as ProxyUID. The directories
+// pilot-agent writes are made owned by ProxyUID too, for a pod that mounts no volume on
+// them (the injection template mounts emptyDirs on each, and the root file system is
+// then read-only).
+func ProxyImageArgs(pilotAgent, envoy, template, tag, out string) []string {
+	uid := fmt.Sprintf("%d:%d", ProxyUID, ProxyUID)
+	return []string{
+		"-binary", pilotAgent, "-path", "/usr/local/bin/pilot-agent", "-user", uid,
+		"-add", envoy + ":/usr/local/bin/envoy",
+		"-add", template + ":" + BootstrapTemplateImagePath + ":0644",
+		"-dir", "/etc/istio/proxy", "-dir", "/var/lib/istio/data",
+		"-dir", "/var/run/secrets/credential-uds", "-dir", "/var/run/secrets/workload-spiffe-uds:0777",
+		"-tag", tag, "-o", out,
+	}
+}
+
 // BuildStandIn builds test/e2e/images/envoy, the Envoy stand-in, statically into out.
 func BuildStandIn(out string) error {
 	cmd := exec.Command("go", "build", "-o", out, "./test/e2e/images/envoy")

@@ -1,12 +1,15 @@
 package pilotagent
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -34,9 +37,6 @@ import (
 	"github.com/meshagent/meshagent/test/sdsclient"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
-
-// proxyUID is the uid and gid Istio's injection template runs istio-proxy as.
-const proxyUID = 1337
 
 // standInLine is one line the Envoy stand-in prints.
 type standInLine struct {
@@ -209,7 +209,7 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{"etc", "etc/istio", "etc/istio/proxy", "var/run/secrets/credential-uds", "var/lib/istio/data", "var/run/secrets/tokens", "var/run/secrets/tokens/istio-token"} {
-		if err := os.Chown(filepath.Join(dir, p), proxyUID, proxyUID); err != nil {
+		if err := os.Chown(filepath.Join(dir, p), ProxyUID, ProxyUID); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -277,7 +277,7 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Its own process group, so that the stand-in goes too if pilot-agent does not stop it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: &syscall.Credential{Uid: proxyUID, Gid: proxyUID}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: &syscall.Credential{Uid: ProxyUID, Gid: ProxyUID}}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -327,8 +327,8 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 		if l.Kind == "start" && l.Socket != "unix:./var/run/secrets/workload-spiffe-uds/socket" {
 			t.Errorf("the bootstrap's sds-grpc cluster is %s, want the workload socket", l.Socket)
 		}
-		if l.Kind == "start" && l.UID != proxyUID {
-			t.Errorf("Envoy runs as uid %d, want %d (pilot-agent's)", l.UID, proxyUID)
+		if l.Kind == "start" && l.UID != ProxyUID {
+			t.Errorf("Envoy runs as uid %d, want %d (pilot-agent's)", l.UID, ProxyUID)
 		}
 	}
 
@@ -405,4 +405,139 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 	if agent.ExitCode() != -1 {
 		t.Errorf("meshagent exited (%d) while pilot-agent ran", agent.ExitCode())
 	}
+}
+
+// TestProxyImageLayout builds the istio-proxy image of ProxyImageArgs with tools/image and
+// reads it back: the files where pilot-agent looks for them, and the user and entry point
+// of the injection template.
+func TestProxyImageLayout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds tools/image and an image holding pilot-agent (-short)")
+	}
+	pilotAgent, err := kubeenv.ToolPath("pilot-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := BootstrapTemplate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	envoy := filepath.Join(dir, "envoy")
+	if err := BuildStandIn(envoy); err != nil {
+		t.Fatal(err)
+	}
+	tool := filepath.Join(dir, "image-tool")
+	build := exec.Command("go", "build", "-o", tool, ".")
+	build.Dir = filepath.Join(repoRoot(), "tools", "image")
+	build.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building tools/image: %v: %s", err, out)
+	}
+	archive := filepath.Join(dir, "proxy.tar")
+	if out, err := exec.Command(tool, ProxyImageArgs(pilotAgent, envoy, tmpl, "meshagent.test/istio-proxy:e2e", archive)...).CombinedOutput(); err != nil {
+		t.Fatalf("image-tool: %v: %s", err, out)
+	}
+
+	files, config := readArchive(t, archive)
+	for name, want := range map[string]struct {
+		mode     int64
+		uid      int
+		fromFile string
+	}{
+		"usr/local/bin/pilot-agent":                     {0o755, 0, pilotAgent},
+		"usr/local/bin/envoy":                           {0o755, 0, envoy},
+		"var/lib/istio/envoy/envoy_bootstrap_tmpl.json": {0o644, 0, tmpl},
+		"etc/istio/proxy/":                              {0o755, ProxyUID, ""},
+		"var/lib/istio/data/":                           {0o755, ProxyUID, ""},
+		"var/run/secrets/credential-uds/":               {0o755, ProxyUID, ""},
+		"var/run/secrets/workload-spiffe-uds/":          {0o777, ProxyUID, ""},
+	} {
+		got, ok := files[name]
+		if !ok {
+			t.Errorf("%s missing from the image", name)
+			continue
+		}
+		if got.Mode != want.mode || got.Uid != want.uid || got.Gid != want.uid {
+			t.Errorf("%s: mode %o owner %d:%d, want %o %d:%d", name, got.Mode, got.Uid, got.Gid, want.mode, want.uid, want.uid)
+		}
+		if want.fromFile != "" {
+			if fi, err := os.Stat(want.fromFile); err != nil || fi.Size() != got.Size {
+				t.Errorf("%s: %d bytes, want those of %s", name, got.Size, want.fromFile)
+			}
+		}
+	}
+	if got := strings.Join(config.Config.Entrypoint, " "); got != "/usr/local/bin/pilot-agent" {
+		t.Errorf("entry point %q", got)
+	}
+	if config.Config.User != "1337:1337" || config.Config.WorkingDir != "/" {
+		t.Errorf("user %q working directory %q, want 1337:1337 and /", config.Config.User, config.Config.WorkingDir)
+	}
+}
+
+type imageConfig struct {
+	Config struct {
+		Entrypoint []string
+		User       string
+		WorkingDir string
+	} `json:"config"`
+}
+
+// readArchive reads a docker-save archive of one image: its layers' entries (later
+// layers win) and its config.
+func readArchive(t *testing.T, archive string) (map[string]*tar.Header, imageConfig) {
+	t.Helper()
+	members := map[string][]byte{}
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		members[h.Name] = b
+	}
+	var manifest []struct {
+		Config string
+		Layers []string
+	}
+	if err := json.Unmarshal(members["manifest.json"], &manifest); err != nil || len(manifest) != 1 {
+		t.Fatalf("manifest.json: %v (%d images)", err, len(manifest))
+	}
+	var cfg imageConfig
+	if err := json.Unmarshal(members[manifest[0].Config], &cfg); err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	files := map[string]*tar.Header{}
+	for _, l := range manifest[0].Layers {
+		var r io.Reader = bytes.NewReader(members[l])
+		if zr, err := gzip.NewReader(r); err == nil {
+			r = zr
+		} else {
+			r = bytes.NewReader(members[l])
+		}
+		lr := tar.NewReader(r)
+		for {
+			h, err := lr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("layer %s: %v", l, err)
+			}
+			files[h.Name] = h
+		}
+	}
+	return files, cfg
 }
