@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"net"
 	"os"
@@ -35,6 +36,8 @@ type xeLine struct {
 	Code            string `json:"code"`
 	ServerID        string `json:"server_id"`
 	ServerSays      string `json:"server_says"`
+	ServerSerial    string `json:"server_serial"`
+	ServerIssuer    string `json:"server_issuer"`
 	ClientID        string `json:"client_id"`
 	Calls           int    `json:"calls"`
 	Failures        int    `json:"failures"`
@@ -212,6 +215,13 @@ func TestXdsechoProxylessMTLSAndRBAC(t *testing.T) {
 		}
 		return n >= 20
 	})
+	// The server agent's certificates (rotated every few seconds here) all come from the
+	// CA's one issuing key.
+	leaf := serverAgent.leaf()
+	if leaf == nil {
+		t.Fatal("the server agent's OUTPUT_CERTS has no certificate")
+	}
+	wantIssuer := hex.EncodeToString(leaf.AuthorityKeyId)
 	var okCalls int
 	started := false
 	for _, l := range client.calls() {
@@ -226,6 +236,9 @@ func TestXdsechoProxylessMTLSAndRBAC(t *testing.T) {
 		okCalls++
 		if l.ServerID != serverID || l.ServerSays != serverID || l.ClientID != clientID {
 			t.Errorf("call: TLS peer %q, server says %q, server saw client %q; want %s, %s, %s", l.ServerID, l.ServerSays, l.ClientID, serverID, serverID, clientID)
+		}
+		if l.ServerSerial == "" || l.ServerIssuer != wantIssuer {
+			t.Errorf("call: server certificate serial %q issuer key %s, want a serial and the agents' issuer %s", l.ServerSerial, l.ServerIssuer, wantIssuer)
 		}
 		if l.FailuresAfterOK != 0 {
 			t.Errorf("failures_after_ok %d with no failed call after the first success", l.FailuresAfterOK)

@@ -18,7 +18,8 @@
 //	                 call) and prints one line of kind "call" per call: whether it
 //	                 succeeded, the gRPC code and error, the server's SPIFFE ID as the
 //	                 client saw it on the TLS connection and as the server reported it,
-//	                 the client ID the server saw, and running counts of calls and
+//	                 the serial and issuer key of the server's certificate, the client
+//	                 ID the server saw, and running counts of calls and
 //	                 failures (all, and since the first success).
 //
 // Lines are JSON on stdout; the end-to-end tests read them from the pod's log. SIGTERM
@@ -28,6 +29,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -65,7 +67,12 @@ type Line struct {
 	// ServerID is the URI SAN of the certificate the server presented on the connection
 	// ("" over plaintext); ServerSays is the identity the server reported; ClientID is the
 	// caller identity the server saw.
-	ServerID        string `json:"server_id,omitempty"`
+	ServerID string `json:"server_id,omitempty"`
+	// ServerSerial and ServerIssuer are the serial (hex) and authority key ID (hex) of the
+	// server's certificate on the connection: a new certificate or a new issuing key (a
+	// root rotation) shows here.
+	ServerSerial    string `json:"server_serial,omitempty"`
+	ServerIssuer    string `json:"server_issuer,omitempty"`
 	ServerSays      string `json:"server_says,omitempty"`
 	ClientID        string `json:"client_id,omitempty"`
 	Calls           int    `json:"calls,omitempty"`
@@ -127,17 +134,20 @@ func uriSAN(c *x509.Certificate) string {
 	return c.URIs[0].String()
 }
 
-// peerID is the URI SAN of the peer's certificate on the call's connection.
-func peerID(p *peer.Peer) string {
+// peerCert is the peer's leaf certificate on the call's connection, nil over plaintext.
+func peerCert(p *peer.Peer) *x509.Certificate {
 	if p == nil {
-		return ""
+		return nil
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(info.State.PeerCertificates) == 0 {
-		return ""
+		return nil
 	}
-	return uriSAN(info.State.PeerCertificates[0])
+	return info.State.PeerCertificates[0]
 }
+
+// peerID is the URI SAN of the peer's certificate on the call's connection.
+func peerID(p *peer.Peer) string { return uriSAN(peerCert(p)) }
 
 // ownCertFile is the certificate file of the bootstrap's certificate provider instance
 // "default" (the one Istio's and the agent's bootstraps name), "" when there is none.
@@ -290,6 +300,9 @@ func call(ctx context.Context, tc testgrpc.TestServiceClient, timeout time.Durat
 	var p peer.Peer
 	resp, err := tc.UnaryCall(ctx, &testgrpc.SimpleRequest{FillUsername: true, FillServerId: true}, grpc.Peer(&p))
 	l := Line{Kind: "call", OK: err == nil, Code: status.Code(err).String(), ServerID: peerID(&p)}
+	if c := peerCert(&p); c != nil {
+		l.ServerSerial, l.ServerIssuer = c.SerialNumber.Text(16), hex.EncodeToString(c.AuthorityKeyId)
+	}
 	if err != nil {
 		l.Error = err.Error()
 		return l
