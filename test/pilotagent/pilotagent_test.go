@@ -360,7 +360,7 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 	if code, body = httpGet(fmt.Sprintf("http://127.0.0.1:%d/healthz/ready", envoyStatusPort)); code != http.StatusOK {
 		t.Errorf("/healthz/ready through Envoy's health listener: %d %s", code, body)
 	}
-	if code, body = httpGet(fmt.Sprintf("http://127.0.0.1:%d/stats/prometheus", promPort)); code != http.StatusOK || !strings.Contains(body, "envoy_server_state 0") {
+	if code, body = httpGet(fmt.Sprintf("http://127.0.0.1:%d/stats/prometheus", promPort)); code != http.StatusOK || !strings.Contains(body, "envoy_server_state 0") || strings.Contains(body, "envoy_standin_sds_fetch_success 0\n") {
 		t.Errorf("/stats/prometheus through Envoy's Prometheus listener: %d %s", code, body)
 	}
 	tokens := map[string]bool{}

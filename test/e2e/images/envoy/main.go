@@ -176,7 +176,7 @@ func run(args []string) error {
 	st.live.Store(true)
 
 	var wg sync.WaitGroup
-	wg.Go(func() { sdsLoop(ctx, sdsAddr, bs.node, interval) })
+	wg.Go(func() { sdsLoop(ctx, sdsAddr, bs.node, interval, st) })
 	if name := bs.adsCluster(); name != "" {
 		if addr, err := bs.clusterAddress(name); err != nil {
 			emit(Line{Kind: "xds", Error: err.Error()})
@@ -478,11 +478,17 @@ func dial(t dialTarget) (*grpc.ClientConn, error) {
 }
 
 // sdsLoop fetches default and ROOTCA every interval.
-func sdsLoop(ctx context.Context, target dialTarget, node *corev3.Node, interval time.Duration) {
+func sdsLoop(ctx context.Context, target dialTarget, node *corev3.Node, interval time.Duration, st *stats) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		emit(fetchSecrets(ctx, target, node))
+		l := fetchSecrets(ctx, target, node)
+		if l.Error == "" {
+			st.sdsSuccess.Add(1)
+		} else {
+			st.sdsFailure.Add(1)
+		}
+		emit(l)
 		select {
 		case <-ctx.Done():
 			return
