@@ -73,6 +73,10 @@ func startIstiod(ctx context.Context) (*istiod.Istiod, error) {
 	if err := kube.AddLocalAddress(istiodIP); err != nil {
 		return nil, err
 	}
+	template, err := istiod.DocumentedTemplate()
+	if err != nil {
+		return nil, err
+	}
 	api := istiod.API{Client: kube.Client(), Config: kube.RESTConfig(), WriteKubeconfig: func(path string) error {
 		b, err := os.ReadFile(kube.Kubeconfig())
 		if err != nil {
@@ -90,6 +94,7 @@ func startIstiod(ctx context.Context) (*istiod.Istiod, error) {
 			sidecarNamespace + "/" + sidecarRelease + "-meshagent-node",
 		},
 		StartTimeout: 3 * time.Minute,
+		Injector:     &istiod.Injector{Templates: map[string]string{"meshagent": template}, Hub: proxyHub, Tag: proxyTag},
 	})
 }
 

@@ -388,6 +388,9 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	}
 
 	podCerts.check(t)
+	// istiod's injector with the documented template: the real pilot-agent hands
+	// this node agent's socket to Envoy.
+	checkInjection(t, agent)
 
 	// Restarting the agent pod: the volumes keep the socket directory, the new agent's
 	// socket appears in it, nothing is mounted again.

@@ -8,9 +8,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/yaml"
 
 	"github.com/meshagent/meshagent/test/istiod"
 )
@@ -42,36 +38,6 @@ const containersTemplate = `spec:
         driver: csi.meshagent.io
         readOnly: true
 `
-
-// docsTemplate is the injection template docs/kubernetes.md gives: the YAML
-// block that sets sidecarInjectorWebhook.templates.meshagent.
-func docsTemplate() (string, error) {
-	_, file, _, _ := goruntime.Caller(0)
-	b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "docs", "kubernetes.md"))
-	if err != nil {
-		return "", err
-	}
-	for _, block := range strings.Split(string(b), "```yaml\n")[1:] {
-		block, _, _ = strings.Cut(block, "```")
-		if !strings.Contains(block, "sidecarInjectorWebhook:") {
-			continue
-		}
-		var v struct {
-			Values struct {
-				SidecarInjectorWebhook struct {
-					Templates map[string]string `json:"templates"`
-				} `json:"sidecarInjectorWebhook"`
-			} `json:"values"`
-		}
-		if err := yaml.Unmarshal([]byte(block), &v); err != nil {
-			return "", err
-		}
-		if t := v.Values.SidecarInjectorWebhook.Templates["meshagent"]; t != "" {
-			return t, nil
-		}
-	}
-	return "", errorf("docs/kubernetes.md has no sidecarInjectorWebhook.templates.meshagent block")
-}
 
 // TestInjectionTemplateOfTheDocs: istiod's own sidecar injector, with
 // Istio's templates and the one docs/kubernetes.md gives, injects a pod

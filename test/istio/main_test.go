@@ -62,7 +62,7 @@ func control(t *testing.T) *istiod.Istiod {
 			return
 		}
 		var docs string
-		if docs, meshErr = docsTemplate(); meshErr != nil {
+		if docs, meshErr = istiod.DocumentedTemplate(); meshErr != nil {
 			return
 		}
 		indented := "    " + strings.ReplaceAll(strings.TrimSpace(string(meshExtraRoot)), "\n", "\n    ")

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,6 +33,37 @@ type Injector struct {
 	Templates map[string]string
 	// Hub and Tag name the proxy image (global.hub, global.tag): <Hub>/proxyv2:<Tag>.
 	Hub, Tag string
+}
+
+// DocumentedTemplate is the injection template docs/kubernetes.md gives: the
+// YAML block that sets sidecarInjectorWebhook.templates.meshagent. Tests
+// inject with it, so the page and what is tested cannot differ.
+func DocumentedTemplate() (string, error) {
+	_, file, _, _ := runtime.Caller(0)
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "docs", "kubernetes.md"))
+	if err != nil {
+		return "", err
+	}
+	for _, block := range strings.Split(string(b), "```yaml\n")[1:] {
+		block, _, _ = strings.Cut(block, "```")
+		if !strings.Contains(block, "sidecarInjectorWebhook:") {
+			continue
+		}
+		var v struct {
+			Values struct {
+				SidecarInjectorWebhook struct {
+					Templates map[string]string `json:"templates"`
+				} `json:"sidecarInjectorWebhook"`
+			} `json:"values"`
+		}
+		if err := yaml.Unmarshal([]byte(block), &v); err != nil {
+			return "", fmt.Errorf("docs/kubernetes.md: the injection template block: %w", err)
+		}
+		if t := v.Values.SidecarInjectorWebhook.Templates["meshagent"]; t != "" {
+			return t, nil
+		}
+	}
+	return "", errors.New("docs/kubernetes.md has no sidecarInjectorWebhook.templates.meshagent block")
 }
 
 // renderInjector renders the istio-discovery chart with helm and returns its
