@@ -76,7 +76,8 @@ func control(t *testing.T) *istiod.Istiod {
 			},
 		})
 		if meshErr == nil {
-			t.Logf("istiod ready in %v", time.Since(start).Round(time.Millisecond))
+			rss, _ := mesh.RSS()
+			t.Logf("istiod ready in %v, VmRSS %.0f MB", time.Since(start).Round(time.Millisecond), float64(rss)/1e6)
 			kube.OnStop(mesh.Stop)
 		}
 	})

@@ -241,7 +241,8 @@ func TestRootRotationWithIstiod(t *testing.T) {
 	time.Sleep(2 * (ttl / 10))
 
 	ok, failed := calls.stop()
-	t.Logf("%d calls, %d failed", ok+failed, failed)
+	rss, _ := ca.RSS()
+	t.Logf("%d calls, %d failed; istiod's VmRSS %.0f MB", ok+failed, failed, float64(rss)/1e6)
 	if failed != 0 {
 		t.Fatalf("%d of %d calls failed during the rotation; first: %v", failed, ok+failed, calls.firstErr())
 	}
