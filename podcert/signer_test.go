@@ -204,6 +204,14 @@ func TestCAFailures(t *testing.T) {
 	if n := c.ca.Requests(); n != 6+2 {
 		t.Errorf("the CA got %d requests, want %d (MaxAttempts 2)", n, 6+2)
 	}
+
+	// A leaf that is itself a CA would let the pod mint any identity: never
+	// written to the request.
+	c.ca.SetMode(istioca.ModeLeafIsCA)
+	got, cond = c.answer(c.request(c.pod("leafisca", "web", nodeA), ecKey(t), 0, nil))
+	if cond.Type != "Failed" || got.Status.CertificateChain != "" || !containsAll(cond.Message, "is a CA") {
+		t.Errorf("condition %+v, chain %q: want Failed, no chain, after every answer was a CA", cond, got.Status.CertificateChain)
+	}
 }
 
 // 100 requests of 20 service accounts are all issued, never more than the
