@@ -951,3 +951,226 @@ func helm(t *testing.T, args ...string) ([]byte, error) {
 	)
 	return cmd.CombinedOutput()
 }
+
+// nodeAgentAllowed is every permission a node agent may ever be given, whatever the
+// values: a grant outside it fails TestNodeAgentPermissions. names is what the
+// rule's resourceNames must be ("" = any, "$sa" = the agent's own service account,
+// "$signer" = the Pod Certificates signer).
+var nodeAgentAllowed = []struct{ group, resource, verb, names string }{
+	{"", "pods", "list", ""},
+	{"", "pods", "watch", ""},
+	// Linkerd has no impersonation: a token of each workload's service account
+	// (docs/node-mode.md; the ValidatingAdmissionPolicy narrows it).
+	{"", "serviceaccounts/token", "create", "$linkerd"},
+	{"", "serviceaccounts/token", "create", "$sa"},
+	{"certificates.k8s.io", "signers", "sign", "$signer"},
+	{"certificates.k8s.io", "podcertificaterequests", "list", ""},
+	{"certificates.k8s.io", "podcertificaterequests", "watch", ""},
+	{"certificates.k8s.io", "podcertificaterequests/status", "update", ""},
+}
+
+// TestNodeAgentPermissions renders the chart for every node-mode choice and checks
+// every rule of every role bound to the node agent against nodeAgentAllowed; then,
+// with Pod Certificates on, creates the RBAC for real and asks the API server: the
+// node agent may sign and nothing of trust (no attest, no ClusterTrustBundle
+// write), and the trust publisher may attest and write the signer's bundle alone.
+func TestNodeAgentPermissions(t *testing.T) {
+	const signer = "meshagent.io/workload-identity"
+	const bundle = "meshagent.io:workload-identity:mesh-roots"
+	for name, values := range map[string]string{
+		"node":              "sidecar:\n  enabled: false\nnode:\n  enabled: true\n",
+		"node-tokenrequest": "credentialFetcherType: TokenRequest\nsidecar:\n  enabled: false\nnode:\n  enabled: true\n",
+		"node-linkerd":      "caProvider: Linkerd\nsidecar:\n  enabled: false\nnode:\n  enabled: true\n",
+		"node-podcert":      "sidecar:\n  enabled: false\nnode:\n  enabled: true\n  podCertificateSigner: " + signer + "\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			ns := newNamespace(t, name)
+			objs, err := render(t, name, ns, values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sa := objs.serviceAccount(t, "node")
+			linkerd := strings.Contains(values, "Linkerd")
+			rules := rulesBoundTo(t, objs, ns, sa)
+			if len(rules) == 0 {
+				t.Fatal("no rule bound to the node agent")
+			}
+			for _, r := range rules {
+				for _, g := range r.APIGroups {
+					for _, res := range r.Resources {
+						for _, v := range r.Verbs {
+							if !nodeAgentMay(g, res, v, r.ResourceNames, sa, signer, linkerd) {
+								t.Errorf("the node agent is granted %s %s/%s names %v: not in the allow-list", v, g, res, r.ResourceNames)
+							}
+						}
+					}
+				}
+				if len(r.NonResourceURLs) != 0 {
+					t.Errorf("the node agent is granted non-resource URLs %v", r.NonResourceURLs)
+				}
+			}
+			t.Logf("node agent rules (%s):\n%s", name, formatRules(rules))
+			if name != "node-podcert" {
+				return
+			}
+
+			var dep appsv1.Deployment
+			objs.find(t, "Deployment", &dep)
+			pub := dep.Spec.Template.Spec.ServiceAccountName
+			c := container(t, dep.Spec.Template.Spec, "trust-publisher")
+			if !slices.Equal(c.Args, []string{"trust-publisher", "--signer=" + signer, "--roots=/var/run/secrets/istio/root-cert.pem", "--log-level=info"}) {
+				t.Errorf("trust publisher args %v", c.Args)
+			}
+			if pub == sa || dep.Spec.Replicas == nil || *dep.Spec.Replicas != 1 {
+				t.Errorf("trust publisher runs as %q with %v replicas, want its own service account and one replica", pub, dep.Spec.Replicas)
+			}
+			ctx := context.Background()
+			if err := apply(ctx, ns, objs, true); err != nil {
+				t.Fatalf("API server refused the chart:\n%v", err)
+			}
+			var rbac objects
+			for _, o := range objs {
+				if o.GetAPIVersion() == "rbac.authorization.k8s.io/v1" || o.GetKind() == "ServiceAccount" {
+					rbac = append(rbac, o)
+				}
+			}
+			if err := apply(ctx, ns, rbac, false); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { deleteClusterScoped(rbac) })
+			const certs = "certificates.k8s.io"
+			checks := []struct {
+				sa                   string
+				verb, resource, name string
+				allowed              bool
+			}{
+				{sa, "sign", "signers", signer, true},
+				{pub, "attest", "signers", signer, true},
+				{pub, "update", "clustertrustbundles", bundle, true},
+				{pub, "create", "clustertrustbundles", "", true},
+				{sa, "attest", "signers", signer, false},
+				{sa, "create", "clustertrustbundles", "", false},
+				{sa, "update", "clustertrustbundles", bundle, false},
+				{sa, "delete", "clustertrustbundles", bundle, false},
+				{pub, "update", "clustertrustbundles", "other", false},
+				{pub, "sign", "signers", signer, false},
+				{pub, "attest", "signers", "example.com/other", false},
+				{pub, "list", "pods", "", false},
+			}
+			// Grants first (the authorizer's caches catch up), then refusals.
+			for _, wantAllowed := range []bool{true, false} {
+				for _, ck := range checks {
+					if ck.allowed != wantAllowed {
+						continue
+					}
+					group := certs
+					if ck.resource == "pods" {
+						group = ""
+					}
+					if got := allowedIn(t, ns, ck.sa, group, ck.verb, ck.resource, ck.name, ck.allowed); got != ck.allowed {
+						t.Errorf("%s may %s %s %q: %v, want %v", ck.sa, ck.verb, ck.resource, ck.name, got, ck.allowed)
+					}
+				}
+			}
+		})
+	}
+}
+
+func nodeAgentMay(group, resource, verb string, names []string, sa, signer string, linkerd bool) bool {
+	for _, a := range nodeAgentAllowed {
+		if a.group != group || a.resource != resource || a.verb != verb {
+			continue
+		}
+		switch a.names {
+		case "":
+			if len(names) == 0 {
+				return true
+			}
+		case "$sa":
+			if slices.Equal(names, []string{sa}) {
+				return true
+			}
+		case "$signer":
+			if slices.Equal(names, []string{signer}) {
+				return true
+			}
+		case "$linkerd":
+			if linkerd {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// rulesBoundTo returns the rules of every rendered Role and ClusterRole that a
+// rendered binding grants to service account sa of ns.
+func rulesBoundTo(t *testing.T, objs objects, ns, sa string) []rbacv1.PolicyRule {
+	t.Helper()
+	roles := map[string][]rbacv1.PolicyRule{}
+	for _, o := range objs {
+		if k := o.GetKind(); k == "Role" || k == "ClusterRole" {
+			var r rbacv1.ClusterRole
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &r); err != nil {
+				t.Fatal(err)
+			}
+			roles[k+"/"+o.GetName()] = r.Rules
+		}
+	}
+	var out []rbacv1.PolicyRule
+	for _, o := range objs {
+		if k := o.GetKind(); k != "RoleBinding" && k != "ClusterRoleBinding" {
+			continue
+		}
+		var b rbacv1.RoleBinding
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &b); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == "ServiceAccount" && s.Name == sa && s.Namespace == ns
+		}) {
+			continue
+		}
+		rules, ok := roles[b.RoleRef.Kind+"/"+b.RoleRef.Name]
+		if !ok {
+			t.Errorf("binding %s refers to %s %s, which the chart does not render", b.Name, b.RoleRef.Kind, b.RoleRef.Name)
+		}
+		out = append(out, rules...)
+	}
+	return out
+}
+
+func formatRules(rules []rbacv1.PolicyRule) string {
+	var b strings.Builder
+	for _, r := range rules {
+		fmt.Fprintf(&b, "  groups=%v resources=%v names=%v verbs=%v\n", r.APIGroups, r.Resources, r.ResourceNames, r.Verbs)
+	}
+	return b.String()
+}
+
+// allowedIn is allowed for a resource of an API group, cluster-scoped.
+func allowedIn(t *testing.T, ns, sa, group, verb, resource, name string, waitFor bool) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), rbacPropagation)
+	defer cancel()
+	for {
+		r, err := kube.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:               "system:serviceaccount:" + ns + ":" + sa,
+				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Group: group, Verb: verb, Resource: resource, Name: name},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SubjectAccessReview: %v", err)
+		}
+		if r.Status.Allowed || !waitFor {
+			return r.Status.Allowed
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -330,8 +330,8 @@ var Registry = []Setting{
 	{
 		Name: "MESHAGENT_POD_CERTIFICATE_SIGNER", Group: GroupMeshagent,
 		Doc: "Node mode: the signer name under which the agent signs Kubernetes PodCertificateRequests of its node's pods " +
-			"(podCertificate projected volumes), e.g. `meshagent.io/workload-identity`, and publishes the mesh roots as that signer's ClusterTrustBundle. " +
-			"Empty: off. Needs the RBAC the chart grants with node.podCertificateSigner (docs/pod-certificates.md). No effect in sidecar mode.",
+			"(podCertificate projected volumes), e.g. `meshagent.io/workload-identity`. " +
+			"The agent publishes no trust: the mesh roots' ClusterTrustBundle is written by one `meshagent trust-publisher` per cluster. Empty: off. Needs the RBAC the chart grants with node.podCertificateSigner (docs/pod-certificates.md). No effect in sidecar mode.",
 		Value: String(func(c *Config) *string { return &c.PodCertificateSigner }),
 		Unused: func(c *Config, set bool) string {
 			if set && c.Mode != ModeNode {
