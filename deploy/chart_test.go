@@ -580,6 +580,21 @@ func checkCSI(t *testing.T, objs objects, pod corev1.PodSpec) {
 	if sc := container(t, pod, "meshagent").SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
 		t.Error("the agent container is privileged")
 	}
+	// The privileged container gets no API token: the pod mounts none by itself,
+	// and only the agent container mounts the projected API credentials.
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Error("the node pod automounts an API token into every container, the privileged CSI one included")
+	}
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == "/var/run/secrets/kubernetes.io/serviceaccount" || m.Name == "kube-api-access" {
+			t.Errorf("the csi container mounts API credentials (%s at %s)", m.Name, m.MountPath)
+		}
+	}
+	checkMount(t, pod, container(t, pod, "meshagent"), "/var/run/secrets/kubernetes.io/serviceaccount", func(v corev1.Volume) bool {
+		p := v.Projected
+		return p != nil && len(p.Sources) == 3 && p.Sources[0].ServiceAccountToken != nil && p.Sources[0].ServiceAccountToken.Audience == "" &&
+			p.Sources[1].ConfigMap != nil && p.Sources[1].ConfigMap.Name == "kube-root-ca.crt"
+	})
 	if len(c.Args) == 0 || c.Args[0] != "csi" {
 		t.Errorf("csi container args %v, want the csi subcommand", c.Args)
 	}
