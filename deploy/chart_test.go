@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -31,6 +32,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
@@ -206,7 +208,8 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 	}, {
 		name:   "node-linkerd-and-sidecar",
 		values: "caProvider: Linkerd\nnode:\n  enabled: true\n",
-		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount"},
+		kinds: []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount",
+			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"},
 		check: func(t *testing.T, objs objects) {
 			checkNodePod(t, objs, "identity.l5d.io")
 		},
@@ -888,6 +891,10 @@ func deleteClusterScoped(objs objects) {
 			client.ClusterRoles().Delete(context.Background(), o.GetName(), metav1.DeleteOptions{})
 		case "ClusterRoleBinding":
 			client.ClusterRoleBindings().Delete(context.Background(), o.GetName(), metav1.DeleteOptions{})
+		case "ValidatingAdmissionPolicy":
+			kube.Client().AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(context.Background(), o.GetName(), metav1.DeleteOptions{})
+		case "ValidatingAdmissionPolicyBinding":
+			kube.Client().AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(context.Background(), o.GetName(), metav1.DeleteOptions{})
 		}
 	}
 }
@@ -1187,5 +1194,90 @@ func allowedIn(t *testing.T, ns, sa, group, verb, resource, name string, waitFor
 			return false
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// TestLinkerdTokenRequestPolicy: with Linkerd the node agent may create tokens of any
+// service account; the chart's ValidatingAdmissionPolicy, applied for real, lets it
+// have only Linkerd-audience tokens bound to a pod.
+func TestLinkerdTokenRequestPolicy(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "l5d-policy")
+	objs, err := render(t, "l5d", ns, "caProvider: Linkerd\nsidecar:\n  enabled: false\nnode:\n  enabled: true\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var real objects
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "ClusterRole", "ClusterRoleBinding", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			real = append(real, o)
+		}
+	}
+	if len(real) != 5 {
+		t.Fatalf("rendered %d of the RBAC and policy objects, want 5 (the policy and its binding included)", len(real))
+	}
+	if err := apply(ctx, ns, real, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteClusterScoped(real) })
+	sa := objs.serviceAccount(t, "node")
+	if _, err := kube.CreateServiceAccount(ctx, ns, "app"); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := kube.CreatePod(ctx, ns, "app-0", "app", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentToken, err := kube.Token(ctx, ns, sa, nil, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := kubernetes.NewForConfig(kube.ConfigForToken(agentToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+	ask := func(audiences []string, ref *authenticationv1.BoundObjectReference) error {
+		_, err := agent.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "app", &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{Audiences: audiences, BoundObjectRef: ref},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	// The policy reaches admission a moment after it is created: wait for the
+	// first refusal, then check the rest.
+	deadline := time.Now().Add(rbacPropagation)
+	for {
+		err := ask([]string{"istio-ca"}, bound)
+		if err != nil && strings.Contains(err.Error(), "identity.l5d.io") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a token for audience istio-ca: %v, want the policy's refusal", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := ask([]string{"identity.l5d.io"}, bound); err != nil {
+		t.Errorf("a Linkerd token bound to a pod: %v, want it issued", err)
+	}
+	for name, tc := range map[string]struct {
+		audiences []string
+		ref       *authenticationv1.BoundObjectReference
+		want      string
+	}{
+		"unbound":           {[]string{"identity.l5d.io"}, nil, "bound to a pod"},
+		"API audience":      {nil, bound, "identity.l5d.io"},
+		"two audiences":     {[]string{"identity.l5d.io", "istio-ca"}, bound, "identity.l5d.io"},
+		"bound to a secret": {[]string{"identity.l5d.io"}, &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: "s", UID: "1"}, "bound to a pod"},
+	} {
+		if err := ask(tc.audiences, tc.ref); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want a refusal naming %q", name, err, tc.want)
+		}
+	}
+	// The policy binds the node agent only: the admin is not held to it.
+	if _, err := kube.Client().CoreV1().ServiceAccounts(ns).CreateToken(ctx, "app", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Errorf("the admin's token request: %v", err)
 	}
 }
