@@ -96,7 +96,13 @@ func (a *App) managerConfig(id pki.Identity, roots secretmanager.RootSource, sou
 // it and the provider. client, when not nil, is closed when the manager
 // stops, or when New fails.
 func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secretmanager.Manager, []component, error) {
-	files := fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
+	fc := fileprovider.Config{Files: a.fileConfig(), Logger: a.base}
+	if len(a.s.SDSAllowedUIDs) == 0 {
+		// Anyone who can open the socket may ask: only the listed
+		// directories' files are served (docs/configuration.md).
+		fc.AllowedDirs = a.s.FileResourceDirList()
+	}
+	files := fileprovider.New(fc)
 	if a.node == nil || a.node.fileResources() {
 		mc.Providers = map[string]secretmanager.Provider{
 			secretmanager.FileCertPrefix: files,

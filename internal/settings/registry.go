@@ -291,6 +291,14 @@ var Registry = []Setting{
 		Value: UIDs(func(c *Config) *[]uint32 { return &c.SDSAllowedUIDs }),
 	},
 	{
+		Name: "MESHAGENT_FILE_RESOURCE_DIRS", Group: GroupMeshagent, Default: DefaultFileResourceDirs,
+		Doc: "Comma-separated directories whose files SDS file-cert: and file-root: resources may name (a relative one is against the working directory); " +
+			"a file elsewhere, as named or through a symbolic link, is refused, so a caller of the socket cannot have the agent read any PEM it can read. " +
+			"The defaults are Istio's certificate, credential and root directories and the system CA directories. " +
+			"Not applied when MESHAGENT_SDS_ALLOWED_UIDS limits the socket to trusted uids. `/` allows every file.",
+		Value: String(func(c *Config) *string { return &c.FileResourceDirs }),
+	},
+	{
 		Name: "MESHAGENT_MODE", Flag: "mode", Default: ModeSidecar, Group: GroupMeshagent,
 		Doc:   "sidecar serves one workload (the agent's own identity); node serves every pod of the node over one socket, each caller identified by the kernel (SO_PEERCRED pid, cgroup, pod) and given its pod's identity (docs/node-mode.md). `meshagent run --node` is the same as node.",
 		Value: Enum(func(c *Config) *string { return &c.Mode }, ModeSidecar, ModeNode),
