@@ -38,7 +38,7 @@ func ecKey(t *testing.T) *ecdsa.PrivateKey {
 
 // A request for a pod of the agent's node is issued for the pod's SPIFFE
 // ID and the request's key, asked of the CA on the pod's behalf; a request
-// of another node's kubelet is never touched; the roots are published.
+// of another node's kubelet is never touched; nothing is published.
 func TestIssuesForPodsOfItsNodeOnly(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
 	c.startSigner(nil)
@@ -81,11 +81,10 @@ func TestIssuesForPodsOfItsNodeOnly(t *testing.T) {
 		t.Errorf("another node's request was answered: %+v", other.Status)
 	}
 
-	// The trust bundle: the CA's root, for the signer.
-	eventually(t, "the ClusterTrustBundle", func() bool {
-		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(testSigner), metav1.GetOptions{})
-		return err == nil && b.Spec.SignerName == testSigner && b.Spec.TrustBundle == string(c.ca.RootPEM())
-	})
+	// The signer publishes no trust: that is the Publisher's.
+	if _, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(testSigner), metav1.GetOptions{}); err == nil {
+		t.Error("the signer published a ClusterTrustBundle")
+	}
 }
 
 // The requests of these tests are made as a kubelet's are, and checked as
@@ -271,6 +270,7 @@ func TestRefuseDenies(t *testing.T) {
 // resync.
 func TestPublisherFollowsRoots(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
+	const pubSigner = "meshagent.io/publisher-test" // the other tests' signer has no bundle
 	roots, err := secretmanager.NewRoots(c.ca.RootPEM(), "test-ca")
 	if err != nil {
 		t.Fatal(err)
@@ -279,7 +279,7 @@ func TestPublisherFollowsRoots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewPublisher(PublisherConfig{SignerName: testSigner, API: api, Roots: roots, BundleResync: 200 * time.Millisecond})
+	p, err := NewPublisher(PublisherConfig{SignerName: pubSigner, API: api, Roots: roots, BundleResync: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,8 +288,8 @@ func TestPublisherFollowsRoots(t *testing.T) {
 	go func() { done <- p.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	bundle := func() string {
-		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(testSigner), metav1.GetOptions{})
-		if err != nil || b.Spec.SignerName != testSigner {
+		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(pubSigner), metav1.GetOptions{})
+		if err != nil || b.Spec.SignerName != pubSigner {
 			return ""
 		}
 		return b.Spec.TrustBundle
@@ -306,7 +306,7 @@ func TestPublisherFollowsRoots(t *testing.T) {
 	}
 	eventually(t, "the ClusterTrustBundle with both roots", func() bool { return bundle() == string(both) })
 
-	b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(testSigner), metav1.GetOptions{})
+	b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(pubSigner), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
