@@ -294,7 +294,8 @@ var Registry = []Setting{
 		Name: "MESHAGENT_FILE_RESOURCE_DIRS", Group: GroupMeshagent, Default: DefaultFileResourceDirs,
 		Doc: "Comma-separated directories whose files SDS file-cert: and file-root: resources may name (a relative one is against the working directory); " +
 			"a file elsewhere, as named or through a symbolic link, is refused, so a caller of the socket cannot have the agent read any PEM it can read. " +
-			"The defaults are Istio's certificate, credential and root directories and the system CA directories. " +
+			"The defaults are Istio's certificate, credential and root directories and the system CA directories; " +
+			"the directories of MESHAGENT_FILE_MOUNTED_CERTS_DIR, MESHAGENT_WORKLOAD_CREDENTIALS_DIR and CA_ROOT_CA are always allowed. " +
 			"Not applied when MESHAGENT_SDS_ALLOWED_UIDS limits the socket to trusted uids. `/` allows every file.",
 		Value: String(func(c *Config) *string { return &c.FileResourceDirs }),
 	},
