@@ -186,7 +186,7 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	docsCmd.Flags().StringVarP(&docsOut, "output", "o", "-", "file to write, - for stdout")
 
 	root.AddCommand(runCmd, configCmd, versionCmd, docsCmd, newCSICommand(stderr))
-	root.AddCommand(newSocketDirCommand())
+	root.AddCommand(newSocketDirCommand(), newTrustPublisherCommand(env, stderr))
 	return root
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/podcert"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -96,7 +97,18 @@ func (a *App) managerConfig(id pki.Identity, roots secretmanager.RootSource, sou
 // it and the provider. client, when not nil, is closed when the manager
 // stops, or when New fails.
 func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secretmanager.Manager, []component, error) {
-	files := fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
+	fc := fileprovider.Config{Files: a.fileConfig(), Logger: a.base}
+	if len(a.s.SDSAllowedUIDs) == 0 {
+		// Anyone who can open the socket may ask: only the listed
+		// directories' files are served (docs/configuration.md).
+		// The directories the agent is told to read certificates from are
+		// allowed too, wherever the operator moved them.
+		fc.AllowedDirs = append(a.s.FileResourceDirList(), a.s.FileMountedCertsDir, a.s.WorkloadCredentialsDir)
+		if a.s.CARoot != "" && a.s.CARoot != settings.SystemRoots {
+			fc.AllowedDirs = append(fc.AllowedDirs, filepath.Dir(a.s.CARoot))
+		}
+	}
+	files := fileprovider.New(fc)
 	if a.node == nil || a.node.fileResources() {
 		mc.Providers = map[string]secretmanager.Provider{
 			secretmanager.FileCertPrefix: files,

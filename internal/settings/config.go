@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
@@ -35,6 +36,23 @@ const (
 	CertProviderCustom     = "custom"
 	CertProviderNone       = "none"
 )
+
+// DefaultFileResourceDirs are the directories whose files file-cert: and
+// file-root: resources may name by default (MESHAGENT_FILE_RESOURCE_DIRS):
+// where Istio puts file-mounted certificates, workload credentials and roots,
+// and the usual system CA directories (file-root: of a system bundle).
+const DefaultFileResourceDirs = "./etc/certs,./var/run/secrets/workload-spiffe-credentials,./var/run/secrets/istio,./var/lib/istio/data,/etc/ssl/certs,/etc/pki/tls/certs,/etc/pki/ca-trust"
+
+// FileResourceDirList is FileResourceDirs as a list.
+func (c *Config) FileResourceDirList() []string {
+	var out []string
+	for _, d := range strings.Split(c.FileResourceDirs, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			out = append(out, d)
+		}
+	}
+	return out
+}
 
 // SystemRoots is the CA_ROOT_CA / XDS_ROOT_CA value that means the system trust store.
 const SystemRoots = "SYSTEM"
@@ -166,6 +184,10 @@ type Config struct {
 	// SDSAllowedUIDs are the only peer uids the SDS socket serves; empty
 	// serves anyone (MESHAGENT_SDS_ALLOWED_UIDS).
 	SDSAllowedUIDs []uint32
+	// FileResourceDirs are the directories whose files file-cert: and
+	// file-root: may name, comma-separated, unless SDSAllowedUIDs limits the
+	// socket's callers (MESHAGENT_FILE_RESOURCE_DIRS).
+	FileResourceDirs string
 	// XDSProxy runs the xDS proxy (MESHAGENT_XDS_PROXY; default true, false in dev mode).
 	XDSProxy bool
 	// Mode is ModeSidecar or ModeNode (MESHAGENT_MODE).

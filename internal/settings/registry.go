@@ -291,6 +291,15 @@ var Registry = []Setting{
 		Value: UIDs(func(c *Config) *[]uint32 { return &c.SDSAllowedUIDs }),
 	},
 	{
+		Name: "MESHAGENT_FILE_RESOURCE_DIRS", Group: GroupMeshagent, Default: DefaultFileResourceDirs,
+		Doc: "Comma-separated directories whose files SDS file-cert: and file-root: resources may name (a relative one is against the working directory); " +
+			"a file elsewhere, as named or through a symbolic link, is refused, so a caller of the socket cannot have the agent read any PEM it can read. " +
+			"The defaults are Istio's certificate, credential and root directories and the system CA directories; " +
+			"the directories of MESHAGENT_FILE_MOUNTED_CERTS_DIR, MESHAGENT_WORKLOAD_CREDENTIALS_DIR and CA_ROOT_CA are always allowed. " +
+			"Not applied when MESHAGENT_SDS_ALLOWED_UIDS limits the socket to trusted uids. `/` allows every file.",
+		Value: String(func(c *Config) *string { return &c.FileResourceDirs }),
+	},
+	{
 		Name: "MESHAGENT_MODE", Flag: "mode", Default: ModeSidecar, Group: GroupMeshagent,
 		Doc:   "sidecar serves one workload (the agent's own identity); node serves every pod of the node over one socket, each caller identified by the kernel (SO_PEERCRED pid, cgroup, pod) and given its pod's identity (docs/node-mode.md). `meshagent run --node` is the same as node.",
 		Value: Enum(func(c *Config) *string { return &c.Mode }, ModeSidecar, ModeNode),
@@ -330,8 +339,8 @@ var Registry = []Setting{
 	{
 		Name: "MESHAGENT_POD_CERTIFICATE_SIGNER", Group: GroupMeshagent,
 		Doc: "Node mode: the signer name under which the agent signs Kubernetes PodCertificateRequests of its node's pods " +
-			"(podCertificate projected volumes), e.g. `meshagent.io/workload-identity`, and publishes the mesh roots as that signer's ClusterTrustBundle. " +
-			"Empty: off. Needs the RBAC the chart grants with node.podCertificateSigner (docs/pod-certificates.md). No effect in sidecar mode.",
+			"(podCertificate projected volumes), e.g. `meshagent.io/workload-identity`. " +
+			"The agent publishes no trust: the mesh roots' ClusterTrustBundle is written by one `meshagent trust-publisher` per cluster. Empty: off. Needs the RBAC the chart grants with node.podCertificateSigner (docs/pod-certificates.md). No effect in sidecar mode.",
 		Value: String(func(c *Config) *string { return &c.PodCertificateSigner }),
 		Unused: func(c *Config, set bool) string {
 			if set && c.Mode != ModeNode {

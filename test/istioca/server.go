@@ -67,9 +67,15 @@ const (
 	ModeGarbage
 	// ModeError fails every request with the code set by SetError.
 	ModeError
+	// ModeLeafIsCA issues a leaf that is itself a CA (basic constraints cA,
+	// keyCertSign): the workload could mint any identity with it.
+	ModeLeafIsCA
+	// ModeNoDigitalSignature issues a leaf whose key usage lacks
+	// digitalSignature.
+	ModeNoDigitalSignature
 )
 
-var modeNames = [...]string{"ok", "wrong-san", "foreign-chain", "expired", "wrong-key", "garbage", "error"}
+var modeNames = [...]string{"ok", "wrong-san", "foreign-chain", "expired", "wrong-key", "garbage", "error", "leaf-is-ca", "no-digital-signature"}
 
 // String names the mode.
 func (m Mode) String() string {
@@ -526,6 +532,13 @@ func (s *Server) issue(mode Mode, csr *x509.CertificateRequest, id pki.Identity,
 			return nil, err
 		}
 		leaf.PublicKey = k.Public()
+	case ModeLeafIsCA:
+		leaf.Edit = func(c *x509.Certificate) {
+			c.IsCA, c.BasicConstraintsValid = true, true
+			c.KeyUsage |= x509.KeyUsageCertSign
+		}
+	case ModeNoDigitalSignature:
+		leaf.Edit = func(c *x509.Certificate) { c.KeyUsage = x509.KeyUsageKeyEncipherment }
 	}
 	chain, err := ca.Issue(leaf)
 	if err != nil {

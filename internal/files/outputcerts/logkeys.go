@@ -4,4 +4,5 @@ package outputcerts
 const (
 	keyDir   = "dir"
 	keyFiles = "files"
+	keyFile  = "file"
 )

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -32,7 +33,9 @@ type Config struct {
 	Dir string
 	// DirMode is the mode given to Dir if the writer has to create it:
 	// 0700 (the default) or 0750 (to let a group read the certificates; the
-	// key stays 0600). An existing directory keeps its mode.
+	// key stays 0600). An existing directory keeps its mode; it must be a
+	// directory (not a link) owned by root or the agent's uid and writable
+	// by neither its group nor others, or every write is refused.
 	DirMode fs.FileMode
 	// KeyMode is the mode of key.pem and of the bundle file: 0600 (the
 	// default), 0640, 0400 or 0440. Never readable by others.
@@ -82,6 +85,7 @@ type Writer struct {
 	writes   *prometheus.CounterVec
 	fails    prometheus.Counter
 	mu       sync.Mutex
+	swept    bool // the directory's stale temporary files were removed; under mu
 }
 
 // New checks cfg and returns a Writer. It touches nothing on disk; the
@@ -308,24 +312,72 @@ func validate(f Files) error {
 	return nil
 }
 
+// ensureDir makes the directory if missing, or checks the one there (with
+// Lstat: a symbolic link is refused) is one nobody else controls: owned by
+// root or the agent's uid, and writable by neither its group nor others,
+// who could otherwise swap the files between the agent's writes. The first
+// call also removes the temporary files a write cut short left (a
+// ".key.pem.tmp-*" holds a private key).
 func (w *Writer) ensureDir() error {
-	fi, err := os.Stat(w.dir)
-	if err == nil {
-		if !fi.IsDir() {
-			return fmt.Errorf("outputcerts: %s is not a directory", w.dir)
+	fi, err := os.Lstat(w.dir)
+	switch {
+	case err == nil:
+		if err := checkDir(w.dir, fi); err != nil {
+			return err
 		}
-		return nil
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
+	case !errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("outputcerts: %w", err)
+	default:
+		if err := os.MkdirAll(w.dir, w.dirMode); err != nil {
+			return fmt.Errorf("outputcerts: creating directory: %w", err)
+		}
+		// MkdirAll's mode is subject to the umask; make it exact.
+		if err := os.Chmod(w.dir, w.dirMode); err != nil {
+			return fmt.Errorf("outputcerts: setting directory mode: %w", err)
+		}
+		w.log.Info("output directory created")
 	}
-	if err := os.MkdirAll(w.dir, w.dirMode); err != nil {
-		return fmt.Errorf("outputcerts: creating directory: %w", err)
+	if !w.swept {
+		w.swept = true
+		w.removeStaleTemps()
 	}
-	// MkdirAll's mode is subject to the umask; make it exact.
-	if err := os.Chmod(w.dir, w.dirMode); err != nil {
-		return fmt.Errorf("outputcerts: setting directory mode: %w", err)
-	}
-	w.log.Info("output directory created")
 	return nil
+}
+
+// checkDir refuses an output directory that is a link, not a directory, or
+// controlled by another user.
+func checkDir(dir string, fi fs.FileInfo) error {
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("outputcerts: %s is a symbolic link: name the directory itself", dir)
+	case !fi.IsDir():
+		return fmt.Errorf("outputcerts: %s is not a directory", dir)
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("outputcerts: %s is writable by its group or others (mode %v): another user could replace the files", dir, fi.Mode().Perm())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("outputcerts: %s is owned by uid %d, neither root nor the agent (uid %d)", dir, st.Uid, os.Geteuid())
+	}
+	return nil
+}
+
+// removeStaleTemps removes the temporary files of the writer's own files
+// (atomicfile's ".<name>.tmp-*") that a write cut short left in the
+// directory.
+func (w *Writer) removeStaleTemps() {
+	names := []string{files.KeyFile, files.CertChainFile, files.RootCertFile, files.BundleMapFile}
+	if w.bundle != "" {
+		names = append(names, w.bundle)
+	}
+	for _, name := range names {
+		stale, _ := filepath.Glob(filepath.Join(w.dir, "."+name+".tmp-*"))
+		for _, path := range stale {
+			if fi, err := os.Lstat(path); err != nil || !fi.Mode().IsRegular() {
+				continue
+			}
+			if err := os.Remove(path); err == nil {
+				w.log.Info("stale temporary file removed", zap.String(keyFile, filepath.Base(path)))
+			}
+		}
+	}
 }

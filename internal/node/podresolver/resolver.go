@@ -27,6 +27,7 @@ const (
 	ReasonProcUnreadable = "proc_unreadable"
 	ReasonCgroup         = "cgroup_invalid"
 	ReasonNodeProcess    = "node_process"
+	ReasonContainer      = "container_runtime"
 	ReasonStaticPod      = "static_pod"
 	ReasonPodUnknown     = "pod_unknown"
 	ReasonPodTerminated  = "pod_terminated"
@@ -163,6 +164,12 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 		id, ok := r.cfg.NodeUIDs[cred.UID]
 		if !ok {
 			return caller.Info{}, "", refuse(ReasonNodeProcess, "process %d is not in a pod and uid %d has no node identity", cred.PID, cred.UID)
+		}
+		// A node identity is for the node's own processes: a uid and a cgroup
+		// that is no container runtime's. A docker or podman container on the
+		// node runs as the same uids and is not the node.
+		if scope, in := podcgroup.ContainerRuntime(data); in {
+			return caller.Info{}, "", refuse(ReasonContainer, "process %d runs in a container outside the kubelet's pods (cgroup %s): uid %d's node identity is for node processes only", cred.PID, scope, cred.UID)
 		}
 		return caller.Info{Cred: cred, Identity: id}, kindNode, nil
 	}
