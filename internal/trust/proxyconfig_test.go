@@ -50,6 +50,16 @@ func TestProxyConfigPEMsMatchTheGeneratedDecoder(t *testing.T) {
 	if !slices.Equal(got, back.GetCaCertificatesPem()) || !slices.Equal(got, []string{"one", "two"}) {
 		t.Fatalf("got %q, the generated decoder %q", got, back.GetCaCertificatesPem())
 	}
+
+	// Invalid UTF-8 in the string field is refused, as the generated decoder
+	// refuses it.
+	bad := &anypb.Any{TypeUrl: ProxyConfigTypeURL, Value: []byte{0x92, 0x02, 0x01, 0xff}}
+	if _, err := proxyConfigPEMs(bad); err == nil {
+		t.Error("invalid UTF-8 accepted")
+	}
+	if err := bad.UnmarshalTo(&meshconfig.ProxyConfig{}); err == nil {
+		t.Error("the generated decoder accepts the invalid UTF-8 case: the case tests nothing")
+	}
 }
 
 func TestProxyConfigSource(t *testing.T) {
