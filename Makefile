@@ -61,6 +61,11 @@ bench: build tools
 	$(GO) run ./cmd/meshbench -agent $(abspath $(BIN))
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./xdsproxy ./sds ./secretmanager
 
+## bench-compare: make bench's figures of BASE (a git ref, built in a temporary worktree) and of the working tree, side by side in alternating rounds, with each figure's ratio (ROUNDS=3, ONLY=groups); not for CI
+bench-compare:
+	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<git ref>"; exit 2; }
+	bash scripts/bench-compare.sh $(BASE)
+
 ## soak: fault-injection soak of bin/meshagent (default 3 minutes, at most 5, then 1 minute of hostile pods); prints SOAK figures; SOAK_FLAGS="-duration 1m -pods-duration 30s" shortens it
 soak: build
 	$(GO) run ./cmd/meshsoak -agent $(abspath $(BIN)) $(SOAK_FLAGS)

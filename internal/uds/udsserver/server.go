@@ -229,10 +229,11 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 }
 
-// sidecarSocketCheck is how often a sidecar's socket is checked (node mode,
-// Replace, checks every udslisten.DefaultCheckInterval): in a sidecar only
-// the pod's own containers reach the directory, so a slower check saves the
-// idle agent its wake-ups.
+// sidecarSocketCheck is how long a sidecar waits before looking at its
+// socket again after a rebind, and how often it looks when the directory
+// cannot be watched (node mode, Replace, uses
+// udslisten.DefaultCheckInterval): in a sidecar only the pod's own
+// containers reach the directory.
 const sidecarSocketCheck = 5 * time.Second
 
 func (s *Server) listen() (*udslisten.Listener, error) {
