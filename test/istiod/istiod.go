@@ -289,9 +289,7 @@ func (i *Istiod) start(ctx context.Context) error {
 			}
 		}
 	}
-	ready := func(ctx context.Context) error {
-		return i.opts.InNetns(func() error { return httpOK(ctx, "http://"+i.HTTPAddr+"/ready") })
-	}
+	ready := func(ctx context.Context) error { return httpOK(ctx, "http://"+i.HTTPAddr+"/ready", i.opts.InNetns) }
 	if err := wait("ready", ready); err != nil {
 		return err
 	}
@@ -468,12 +466,25 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-func httpOK(ctx context.Context, url string) error {
+// httpOK GETs url over a connection dialled inside inNetns (the transport
+// dials on goroutines of its own: a thread switched to another network
+// namespace would not be theirs).
+func httpOK(ctx context.Context, url string, inNetns func(func() error) error) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := inNetns(func() error {
+			var d net.Dialer
+			var err error
+			c, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: dial}}
 	resp, err := client.Do(req)
 	if err != nil {
 		return err
