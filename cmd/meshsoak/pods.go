@@ -35,9 +35,10 @@ import (
 const (
 	podsNode = "soak-node"
 	podsNS   = "soakpods"
-	// floodConns idle connections from one pod; zeroCalls FetchSecrets on
-	// one window-0 connection.
-	floodConns = 2000
+	// floodConns idle connections from one pod (all but the per-caller
+	// limit refused at their handshake); zeroCalls FetchSecrets on one
+	// window-0 connection, each followed by empty SETTINGS frames.
+	floodConns = 5000
 	zeroCalls  = 20000
 	// podsRSSBoundKB is the agent's RSS bound during the phase.
 	podsRSSBoundKB = 160 << 10
