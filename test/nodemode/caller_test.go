@@ -356,8 +356,8 @@ func copyFile(from, to string) error {
 }
 
 // flood opens n connections to sock, 64 at a time, each sending an HTTP/2
-// client's preface and an empty SETTINGS frame, and waits a moment for the
-// agent to close each; it returns how many it closed and how many it kept
+// client's preface and an empty SETTINGS frame, and waits up to 10 s for
+// the agent to close each; it returns how many it closed and how many it kept
 // (left open until the process exits).
 func flood(sock string, n int) (closed, open int) {
 	var (
@@ -379,7 +379,9 @@ func flood(sock string, n int) (closed, open int) {
 				return
 			}
 			_, _ = c.Write(hello)
-			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			// Long enough for the agent to reach every connection of the
+			// flood on a busy machine; those it keeps are kept longer.
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			buf := make([]byte, 512)
 			for {
 				if _, err := c.Read(buf); err != nil {
