@@ -355,51 +355,59 @@ func copyFile(from, to string) error {
 	return out.Close()
 }
 
-// flood opens n connections to sock, 64 at a time, each sending an HTTP/2
-// client's preface and an empty SETTINGS frame, and waits up to 10 s for
-// the agent to close each; it returns how many it closed and how many it kept
-// (left open until the process exits).
+// flood opens n connections to sock as fast as it can (64 dialling at
+// once, none waiting for an answer before the next is opened), each sending
+// an HTTP/2 client's preface and an empty SETTINGS frame, then waits up to
+// 10 s for the agent to close each; it returns how many it closed and how
+// many it kept (left open until the process exits).
 func flood(sock string, n int) (closed, open int) {
 	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		sem  = make(chan struct{}, 64)
-		kept []net.Conn
+		mu      sync.Mutex
+		dialers sync.WaitGroup
+		readers sync.WaitGroup
+		sem     = make(chan struct{}, 64)
+		kept    []net.Conn
 	)
 	hello := append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)
+	count := func(c net.Conn, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			open++
+			kept = append(kept, c)
+			return
+		}
+		closed++
+		if c != nil {
+			_ = c.Close()
+		}
+	}
 	for range n {
 		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
+		dialers.Go(func() {
 			c, err := net.Dial("unix", sock)
+			<-sem
 			if err != nil {
-				mu.Lock()
-				closed++
-				mu.Unlock()
+				count(nil, err)
 				return
 			}
 			_, _ = c.Write(hello)
-			// Long enough for the agent to reach every connection of the
-			// flood on a busy machine; those it keeps are kept longer.
-			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			buf := make([]byte, 512)
-			for {
-				if _, err := c.Read(buf); err != nil {
-					mu.Lock()
-					if errors.Is(err, os.ErrDeadlineExceeded) {
-						open++
-						kept = append(kept, c)
-					} else {
-						closed++
-						_ = c.Close()
+			readers.Go(func() {
+				// Long enough for the agent to reach every connection of
+				// the flood on a busy machine.
+				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				buf := make([]byte, 512)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						count(c, err)
+						return
 					}
-					mu.Unlock()
-					return
 				}
-			}
+			})
 		})
 	}
-	wg.Wait()
+	dialers.Wait()
+	readers.Wait()
 	floodKept = append(floodKept, kept...)
 	return closed, open
 }

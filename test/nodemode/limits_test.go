@@ -61,7 +61,10 @@ func TestNodeRefusalFlood(t *testing.T) {
 	// A refusal is counted just after its connection is closed.
 	var refused float64
 	for deadline := time.Now().Add(10 * time.Second); refused < conns-32 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		refused = n.metric(`meshagent_socket_refused_total{reason="max_connections"}`)
+		refused = 0
+		for _, reason := range []string{"max_connections", "max_connection_rate", "handshakes"} {
+			refused += max(0, n.metric(`meshagent_socket_refused_total{reason="`+reason+`"}`))
+		}
 	}
 	t.Logf("%d connections of one pod: %s; agent peak RSS %d kB, %d log lines, %v refusals counted", conns, got, hwm, lines, refused)
 	if !strings.HasPrefix(got, "flood closed ") || !strings.HasSuffix(got, " open 32") {
