@@ -234,6 +234,11 @@ func (nb *nodeBench) scale(ctx context.Context, n, ids int, rep *Reporter) (floa
 	if err := s.idleConns(actx, pods.Items, rep, name); err != nil {
 		rep.Fail(name("idle_conn_rss_kb"), agentErr(s.agent, err))
 	}
+	if len(pods.Items) > 0 {
+		if err := s.refusedConns(actx, pods.Items[0], rep, name); err != nil {
+			rep.Fail(name("refused_conn_peak_rss_kb"), agentErr(s.agent, err))
+		}
+	}
 
 	if err := s.rotation(actx, rep, name); err != nil {
 		rep.Fail(name("rotation_all_streams_ms"), agentErr(s.agent, err))
