@@ -63,7 +63,9 @@ func (s *scaleRun) refusedConns(ctx context.Context, pod corev1.Pod, rep *Report
 		}
 		_, _ = nc.Write(hello)
 		wg.Go(func() {
-			_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			// The agent refuses within milliseconds; those still open
+			// after this are kept.
+			_ = nc.SetReadDeadline(time.Now().Add(3 * time.Second))
 			var b [512]byte
 			for {
 				if _, err := nc.Read(b[:]); err != nil {
