@@ -256,7 +256,7 @@ func (s *Server) tell(nc net.Conn, code codes.Code, msg string) {
 		return
 	}
 	fr := http2.NewFramer(nc, nc)
-	fr.SetMaxReadFrameSize(maxClientSettings)
+	fr.SetMaxReadFrameSize(maxRefusedFrame)
 	if f, err := fr.ReadFrame(); err != nil || f.Header().Type != http2.FrameSettings {
 		_, _ = nc.Write(s.goAway(0, msg))
 		return
@@ -308,8 +308,10 @@ func grpcMessage(msg string) string {
 }
 
 // refusalWait bounds tell's wait; maxAwaiting bounds the refused
-// connections waiting in it at once.
+// connections waiting in it at once; maxRefusedFrame bounds a frame tell
+// reads (the client's first HEADERS; the server's SETTINGS allow 16 KiB).
 const (
-	refusalWait = 250 * time.Millisecond
-	maxAwaiting = 64
+	refusalWait     = 250 * time.Millisecond
+	maxAwaiting     = 64
+	maxRefusedFrame = 16 << 10
 )
