@@ -239,6 +239,12 @@ func (nb *nodeBench) scale(ctx context.Context, n, ids int, rep *Reporter) (floa
 	if err := s.newPods(actx, rep, name); err != nil {
 		rep.Fail(name("first_cert"), agentErr(s.agent, err))
 	}
+	// After the rotation, whose timing the flood would disturb.
+	if len(pods.Items) > 0 {
+		if err := s.refusedConns(actx, pods.Items[0], rep, name); err != nil {
+			rep.Fail(name("refused_conn_peak_rss_kb"), agentErr(s.agent, err))
+		}
+	}
 	rep.Report(Figure{Name: name("csrs_in_flight_max"), Unit: "CSRs", Samples: []float64{float64(s.ca.MaxInFlight())}, Target: fmt.Sprintf("<= %d", opts.nodeBudget)})
 	return mb, nil
 }

@@ -118,6 +118,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 			},
 		},
 		PodLeft:    a.podLeft,
+		PodArrived: a.podArrived,
 		Logger:     a.base,
 		Registerer: a.reg,
 	})

@@ -218,6 +218,9 @@ type Config struct {
 	// SocketMaxConnsPerCaller bounds one caller's connections to the SDS
 	// socket (MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER).
 	SocketMaxConnsPerCaller int
+	// SocketMaxConnRatePerCaller bounds one caller's new connections a
+	// second (MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER).
+	SocketMaxConnRatePerCaller int
 	// SocketMaxStreamsPerConn bounds the RPCs open on one connection
 	// (MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION).
 	SocketMaxStreamsPerConn int

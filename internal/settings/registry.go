@@ -361,8 +361,14 @@ var Registry = []Setting{
 	},
 	{
 		Name: "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER", Default: "32", Group: GroupMeshagent,
-		Doc:   "Most connections to the SDS socket one caller holds open: a pod in node mode, else the connecting process's uid (node processes, and every caller in sidecar mode). The caller is identified when it connects; one more connection is refused with gRPC status RESOURCE_EXHAUSTED naming this setting, and closed.",
+		Doc:   "Most connections to the SDS socket one caller holds open: a pod in node mode, else the connecting process's uid (node processes, and every caller in sidecar mode). The caller is identified when it connects; one more connection is refused when accepted, without a gRPC transport: its first call gets gRPC status RESOURCE_EXHAUSTED naming this setting, then an HTTP/2 GOAWAY.",
 		Value: Int(func(c *Config) *int { return &c.SocketMaxConnsPerCaller }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER", Default: "20", Group: GroupMeshagent,
+		Doc: "Most new connections to the SDS socket one caller opens a second (a pod in node mode, else the connecting process's uid), after a burst of MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER. " +
+			"One more is refused when accepted, without a gRPC transport: its first call gets gRPC status RESOURCE_EXHAUSTED naming this setting, then an HTTP/2 GOAWAY.",
+		Value: Int(func(c *Config) *int { return &c.SocketMaxConnRatePerCaller }, 1, 1<<20),
 	},
 	{
 		Name: "MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION", Default: "100", Group: GroupMeshagent,

@@ -90,6 +90,10 @@ type Config struct {
 	// (Succeeded, Failed); why says which ("was deleted", "has finished
 	// (Succeeded)"). Node mode ends the pod's connections with it.
 	PodLeft func(p Pod, why string)
+	// PodArrived, when set, is told of a pod the index did not hold before
+	// (added, or listed at start), after Get and Wait find it. Node mode
+	// resolves again the connections its processes opened before.
+	PodArrived func(p Pod)
 	// Logger; nil means zap.NewNop().
 	Logger *zap.Logger
 	// Registerer receives the index's metrics; nil means none.
@@ -246,6 +250,9 @@ func (x *Index) upsert(obj any) {
 	x.setGauges()
 	x.mu.Unlock()
 	x.emit(added, removed)
+	if !had && x.cfg.PodArrived != nil {
+		x.cfg.PodArrived(p)
+	}
 	if p.Terminated() && (!had || !old.Terminated()) {
 		x.left(p, "has finished ("+string(p.Phase)+")")
 	}

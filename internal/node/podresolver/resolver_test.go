@@ -334,3 +334,25 @@ func TestAppendFile(t *testing.T) {
 		t.Fatalf("missing file: %v", err)
 	}
 }
+
+// Under caller.NoWait a pod not known yet is refused for now at once, and
+// the refusal names the pod the cgroup names (caller.PodOf), so that the
+// socket server counts the connection against that pod.
+func TestResolveNoWaitNamesThePod(t *testing.T) {
+	root := t.TempDir()
+	fakeProc(t, root, 100, 1, "0::/kubepods/pod"+uidA+"\n")
+	r, err := New(Config{Pods: podMap{}, ProcRoot: root, PodWait: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = r.Resolve(caller.NoWait(ctx), caller.Cred{PID: 100})
+	wantRefusal(t, err, ReasonPodUnknown)
+	if !caller.IsTemporary(err) || caller.PodOf(err) != uidA {
+		t.Fatalf("refusal %v: temporary %v, pod %q; want temporary naming pod %s", err, caller.IsTemporary(err), caller.PodOf(err), uidA)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Resolve waited for the pod under NoWait")
+	}
+}

@@ -22,4 +22,8 @@ const (
 	keyMaxQueued   = "max_queued_bytes"
 	keyReason      = "reason"
 	keyConnections = "connections"
+	keyError       = "error"
+	keyRefused     = "refused"
+	keyReasons     = "reasons"
+	keyWithin      = "within"
 )
