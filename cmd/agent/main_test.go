@@ -339,7 +339,7 @@ func TestRunWritesTheSidecarNodeID(t *testing.T) {
 	t.Chdir(t.TempDir())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env := []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "DISABLE_ENVOY=true",
+	env := []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "DISABLE_ENVOY=true", "OUTPUT_CERTS=out",
 		"INSTANCE_IP=10.9.8.7", "POD_NAME=web-0", "POD_NAMESPACE=shop", "SERVICE_ACCOUNT=web", "TRUST_DOMAIN=example.org"}
 	base, wait, log := startAgent(t, ctx, env, "--dev")
 	if code, body := waitReady(t, base); code != 200 {

@@ -123,7 +123,9 @@ var Registry = []Setting{
 	},
 	{
 		Name: "OUTPUT_CERTS", Flag: "output-certs", Group: GroupIstio,
-		Doc:   "Directory to write cert-chain.pem, key.pem (0600) and root-cert.pem to on every rotation; empty writes nothing.",
+		DerivedDefault: ProxylessOutputCerts + " when a gRPC bootstrap is written (DISABLE_ENVOY=true or GRPC_XDS_BOOTSTRAP set), as Istio's proxyless template sets it; else none",
+		Doc: "Directory to write cert-chain.pem, key.pem (0600) and root-cert.pem to on every rotation; empty writes nothing. " +
+			"The gRPC bootstrap's certificate provider names these files, so a bootstrap always comes with them.",
 		Value: Path(func(c *Config) *string { return &c.OutputCerts }),
 	},
 	{
@@ -174,7 +176,8 @@ var Registry = []Setting{
 	},
 	{
 		Name: "DISABLE_ENVOY", Default: "false", Group: GroupIstio,
-		Doc:   "No Envoy runs beside the agent (proxyless gRPC or VM).",
+		Doc: "No Envoy runs beside the agent (proxyless gRPC or VM): the SDS socket and the SPIFFE Workload API on it are not served; " +
+			"the certificates are written to OUTPUT_CERTS and the gRPC bootstrap (GRPC_XDS_BOOTSTRAP) names them.",
 		Value: Bool(func(c *Config) *bool { return &c.DisableEnvoy }),
 	},
 	{

@@ -31,8 +31,10 @@ type Config struct {
 	// absolute against the working directory when New is called. Required.
 	Dir string
 	// DirMode is the mode given to Dir if the writer has to create it:
-	// 0700 (the default) or 0750 (to let a group read the certificates; the
-	// key stays 0600). An existing directory keeps its mode.
+	// 0700 or 0750 (to let a group read the certificates; the key stays
+	// 0600 unless KeyMode says otherwise). Zero means 0750 with a Group
+	// (the directory is then given the group too), else 0700. An existing
+	// directory keeps its mode and group.
 	DirMode fs.FileMode
 	// KeyMode is the mode of key.pem and of the bundle file: 0600 (the
 	// default), 0640, 0400 or 0440. Never readable by others.
@@ -82,6 +84,10 @@ type Writer struct {
 	writes   *prometheus.CounterVec
 	fails    prometheus.Counter
 	mu       sync.Mutex
+	// lastErr is the last Write's failure, nil after a success; guarded
+	// by errMu (Healthy never waits for a write in progress).
+	errMu   sync.Mutex
+	lastErr error
 }
 
 // New checks cfg and returns a Writer. It touches nothing on disk; the
@@ -94,9 +100,18 @@ func New(cfg Config) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outputcerts: resolving %s: %w", cfg.Dir, err)
 	}
+	gid, err := LookupGroup(cfg.Group)
+	if err != nil {
+		return nil, err
+	}
 	switch cfg.DirMode {
 	case 0:
+		// A group is given the files so that its members read them: they
+		// must be able to enter the directory too.
 		cfg.DirMode = 0o700
+		if gid >= 0 {
+			cfg.DirMode = 0o750
+		}
 	case 0o700, 0o750:
 	default:
 		return nil, fmt.Errorf("outputcerts: directory mode %#o not allowed (0700 or 0750)", cfg.DirMode)
@@ -113,10 +128,6 @@ func New(cfg Config) (*Writer, error) {
 	}
 	if cfg.CertMode&^0o666 != 0 {
 		return nil, fmt.Errorf("outputcerts: certificate mode %#o not allowed (at most 0666)", cfg.CertMode)
-	}
-	gid, err := LookupGroup(cfg.Group)
-	if err != nil {
-		return nil, err
 	}
 	if b := cfg.BundleFile; b != "" && (b != filepath.Base(b) || b == "." || b == ".." || b == files.KeyFile || b == files.CertChainFile || b == files.RootCertFile) {
 		return nil, fmt.Errorf("outputcerts: bundle file %q must be a file name of its own", b)
@@ -158,17 +169,41 @@ func (w *Writer) Dir() string { return w.dir }
 // disk: key first, then chain, then roots. The chain and key must parse and
 // match, and the roots must parse, or nothing is written. It returns the
 // names of the files it replaced.
+//
+// A failure is counted and logged once per change of its message: a
+// directory that stays unwritable is logged once, not at every rotation.
+// It is what Healthy reports until a Write succeeds.
 func (w *Writer) Write(f Files) ([]string, error) {
 	written, err := w.write(f)
+	w.errMu.Lock()
+	changed := (err == nil) != (w.lastErr == nil) || (err != nil && err.Error() != w.lastErr.Error())
+	w.lastErr = err
+	w.errMu.Unlock()
 	if err != nil {
 		w.fails.Inc()
-		w.log.Error("writing output certificates failed", zap.Strings(keyFiles, written), zap.Error(err))
+		if changed {
+			w.log.Error("writing output certificates failed", zap.Strings(keyFiles, written), zap.Error(err))
+		}
 		return written, err
+	}
+	if changed {
+		w.log.Info("output certificates writable again")
 	}
 	if len(written) > 0 {
 		w.log.Info("output certificates written", zap.Strings(keyFiles, written))
 	}
 	return written, nil
+}
+
+// Healthy returns the last Write's failure, naming the directory, or nil
+// when it succeeded (or none ran yet): the agent's readiness check.
+func (w *Writer) Healthy() error {
+	w.errMu.Lock()
+	defer w.errMu.Unlock()
+	if w.lastErr != nil {
+		return fmt.Errorf("OUTPUT_CERTS %s cannot be written: %w", w.dir, w.lastErr)
+	}
+	return nil
 }
 
 func (w *Writer) write(f Files) ([]string, error) {
@@ -319,8 +354,18 @@ func (w *Writer) ensureDir() error {
 	if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("outputcerts: %w", err)
 	}
-	if err := os.MkdirAll(w.dir, w.dirMode); err != nil {
+	// Directories above it are made as mkdir -p makes them: a group given
+	// the files must be able to reach them.
+	if err := os.MkdirAll(filepath.Dir(w.dir), 0o755); err != nil {
 		return fmt.Errorf("outputcerts: creating directory: %w", err)
+	}
+	if err := os.Mkdir(w.dir, w.dirMode); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("outputcerts: creating directory: %w", err)
+	}
+	if w.gid >= 0 {
+		if err := os.Lchown(w.dir, -1, w.gid); err != nil {
+			return fmt.Errorf("outputcerts: setting the group of %s: %w", w.dir, err)
+		}
 	}
 	// MkdirAll's mode is subject to the umask; make it exact.
 	if err := os.Chmod(w.dir, w.dirMode); err != nil {

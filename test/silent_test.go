@@ -1,0 +1,257 @@
+package test
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/test/agentproc"
+)
+
+// Nothing silent (docs/troubleshooting.md): what the built binary does with
+// configurations that cannot work, and the states it must not keep quiet.
+
+// caEnv is a CA-mode configuration that gets past the identity checks.
+func caEnv(dir string, extra ...string) []string {
+	return append([]string{
+		"POD_NAMESPACE=shop", "SERVICE_ACCOUNT=web", "STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1",
+		"CA_ADDR=127.0.0.1:1", "MESHAGENT_XDS_PROXY=false",
+		"MESHAGENT_SDS_SOCKET=" + filepath.Join(dir, "sds", "socket"),
+	}, extra...)
+}
+
+// TestStartUpProblemsExitTwoWithOneLine: every configuration problem found
+// at start exits 2 and writes exactly one line (no JSON log line besides
+// the start-up ones) naming the setting and what to do.
+func TestStartUpProblemsExitTwoWithOneLine(t *testing.T) {
+	dir := agentproc.TempDir(t)
+	notPEM := filepath.Join(dir, "not-pem.pem")
+	regular := filepath.Join(dir, "regular")
+	for _, f := range []string{notPEM, regular} {
+		if err := os.WriteFile(f, []byte("hello\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tt := range []struct {
+		name, setting string
+		env           []string
+	}{
+		{"missing CA root", "CA_ROOT_CA", caEnv(dir, "CA_ROOT_CA="+filepath.Join(dir, "nope.pem"))},
+		{"default CA root missing", "CA_ROOT_CA", caEnv(dir)},
+		{"CA root is a directory", "CA_ROOT_CA", caEnv(dir, "CA_ROOT_CA="+dir)},
+		{"CA root is not PEM", "CA_ROOT_CA", caEnv(dir, "CA_ROOT_CA="+notPEM)},
+		{"socket under /proc", "MESHAGENT_SDS_SOCKET", []string{"MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_SDS_SOCKET=/proc/meshagent/socket"}},
+		{"socket path is a regular file", "MESHAGENT_SDS_SOCKET", []string{"MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_SDS_SOCKET=" + regular}},
+		{"socket path too long", "MESHAGENT_SDS_SOCKET", []string{"MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_SDS_SOCKET=" + filepath.Join(dir, strings.Repeat("d", 120), "socket")}},
+		{"xDS socket under /proc", "MESHAGENT_XDS_SOCKET", []string{"MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_XDS_PROXY=true", "XDS_ROOT_CA=SYSTEM", "MESHAGENT_SDS_SOCKET=" + filepath.Join(dir, "x", "socket"), "MESHAGENT_XDS_SOCKET=/proc/meshagent/XDS"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out := runBinary(t, agentproc.TempDir(t), tt.env, "run")
+			if code != 2 {
+				t.Fatalf("exit %d, want 2; output:\n%s", code, out)
+			}
+			var lines []string
+			for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+				if strings.HasPrefix(l, "{") {
+					if strings.Contains(l, `"level":"error"`) {
+						t.Errorf("an error logged besides the one line: %s", l)
+					}
+					continue
+				}
+				lines = append(lines, l)
+			}
+			if len(lines) != 1 {
+				t.Fatalf("%d plain lines, want 1:\n%s", len(lines), out)
+			}
+			if !strings.Contains(lines[0], tt.setting) || !strings.Contains(lines[0], "set "+tt.setting) {
+				t.Errorf("line %q does not name %s and what to set", lines[0], tt.setting)
+			}
+			if strings.Contains(lines[0], ".sock") || strings.Contains(lines[0], "meshagent-probe") {
+				t.Errorf("line %q names a temporary file", lines[0])
+			}
+		})
+	}
+}
+
+// runBinary runs the agent binary with args and env (plus PATH) in dir
+// and returns its exit code and combined output.
+func runBinary(t *testing.T, dir string, env []string, args ...string) (int, string) {
+	t.Helper()
+	bin, err := agentproc.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	done := make(chan struct{})
+	timer := time.AfterFunc(20*time.Second, func() {
+		select {
+		case <-done:
+		default:
+			_ = cmd.Process.Kill()
+		}
+	})
+	defer timer.Stop()
+	out, err := cmd.CombinedOutput()
+	close(done)
+	if err != nil && !errors.As(err, new(*exec.ExitError)) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), string(out)
+}
+
+// statusBase waits for the agent's "status server listening" line and
+// returns the server's base URL.
+func statusBase(t *testing.T, p *agentproc.Proc) string {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		for _, l := range strings.Split(p.Logs(), "\n") {
+			var e struct {
+				Msg  string `json:"msg"`
+				Addr string `json:"addr"`
+			}
+			if json.Unmarshal([]byte(l), &e) == nil && e.Msg == "status server listening" && e.Addr != "" {
+				return "http://" + e.Addr
+			}
+		}
+		select {
+		case <-p.Done():
+			t.Fatalf("the agent exited (%d)", p.ExitCode())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no status server after 15 s")
+		}
+	}
+}
+
+// getStatus returns the code and body of GET base+path.
+func getStatus(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestOutputCertsGroupCanReadTheFiles follows docs/vm.md: the agent makes
+// OUTPUT_CERTS itself with MESHAGENT_OUTPUT_CERTS_GROUP set, and a user of
+// that group (not the agent's user) reads the chain, the roots and, with
+// MESHAGENT_OUTPUT_CERTS_KEY_MODE=0640, the key.
+func TestOutputCertsGroupCanReadTheFiles(t *testing.T) {
+	const gid, otherUID = 4242, 4243
+	dir := agentproc.TempDir(t)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "lib", "certs")
+	p := agentproc.Start(t, dir, "MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1",
+		"OUTPUT_CERTS="+out, "MESHAGENT_OUTPUT_CERTS_GROUP=4242", "MESHAGENT_OUTPUT_CERTS_KEY_MODE=0640")
+	waitFor(t, "the three files written", func() bool {
+		for _, f := range []string{"cert-chain.pem", "key.pem", "root-cert.pem"} {
+			if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+				return false
+			}
+		}
+		return true
+	})
+	st, err := os.Stat(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o750 || st.Sys().(*syscall.Stat_t).Gid != gid {
+		t.Errorf("directory %v gid %d, want 0750 gid %d", st.Mode(), st.Sys().(*syscall.Stat_t).Gid, gid)
+	}
+	for _, f := range []string{"cert-chain.pem", "key.pem", "root-cert.pem"} {
+		cat := exec.Command("cat", filepath.Join(out, f))
+		cat.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: otherUID, Gid: gid}}
+		if b, err := cat.CombinedOutput(); err != nil || !strings.Contains(string(b), "-----BEGIN") {
+			t.Errorf("a user of group %d cannot read %s: %v %s", gid, f, err, b)
+		}
+	}
+	_ = p
+}
+
+// TestOutputCertsUnwritableIsNotReady: OUTPUT_CERTS naming a regular file
+// makes readiness 503 naming OUTPUT_CERTS, the failure is logged once
+// (however often it is retried), and the agent is ready once the path can
+// be written.
+func TestOutputCertsUnwritableIsNotReady(t *testing.T) {
+	dir := agentproc.TempDir(t)
+	out := filepath.Join(dir, "out")
+	if err := os.WriteFile(out, []byte("a file, not a directory"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := agentproc.Start(t, dir, "MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "OUTPUT_CERTS="+out)
+	base := statusBase(t, p)
+	var body string
+	waitFor(t, "readiness naming OUTPUT_CERTS", func() bool {
+		var code int
+		code, body = getStatus(t, base+"/healthz/ready")
+		return code == 503 && strings.Contains(body, "OUTPUT_CERTS")
+	})
+	if code, _ := getStatus(t, base+"/healthz/live"); code != 200 {
+		t.Errorf("live %d: an unwritable output is not a reason to restart", code)
+	}
+	if n := strings.Count(p.Logs(), "writing output certificates failed"); n != 1 {
+		t.Errorf("the failure is logged %d times, want once:\n%s", n, p.Logs())
+	}
+	if err := os.Remove(out); err != nil {
+		t.Fatal(err)
+	}
+	// The retry (10 s) writes the files and readiness recovers.
+	deadline := time.Now().Add(25 * time.Second)
+	for {
+		code, b := getStatus(t, base+"/healthz/ready")
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still not ready after the directory became writable: %d %s", code, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := os.Stat(filepath.Join(out, "cert-chain.pem")); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestSIGHUPDoesNotStopTheAgent: SIGHUP is logged and ignored
+// (docs/operations.md); SIGTERM then stops the agent with 0 and leaves no
+// socket behind.
+func TestSIGHUPDoesNotStopTheAgent(t *testing.T) {
+	dir := agentproc.TempDir(t)
+	p := agentproc.Start(t, dir, "MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1")
+	base := statusBase(t, p)
+	waitFor(t, "ready", func() bool { code, _ := getStatus(t, base+"/healthz/ready"); return code == 200 })
+	if err := syscall.Kill(p.Pid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "SIGHUP logged", func() bool { return strings.Contains(p.Logs(), "SIGHUP ignored") })
+	if code, _ := getStatus(t, base+"/healthz/ready"); code != 200 {
+		t.Errorf("ready %d after SIGHUP", code)
+	}
+	if code := p.ExitCode(); code != -1 {
+		t.Fatalf("the agent exited (%d) on SIGHUP", code)
+	}
+	p.Stop()
+	if code := p.ExitCode(); code != 0 {
+		t.Errorf("exit %d after SIGTERM, want 0", code)
+	}
+	if _, err := os.Lstat(p.Socket()); err == nil {
+		t.Errorf("socket %s left behind", p.Socket())
+	}
+}
