@@ -278,7 +278,7 @@ func TestRunCAModeNeedsTheCARoot(t *testing.T) {
 	t.Chdir(t.TempDir())
 	var stderr bytes.Buffer
 	code := run(context.Background(), []string{"run"}, []string{"POD_NAMESPACE=a", "SERVICE_ACCOUNT=b", "STATUS_PORT=0"}, io.Discard, &stderr)
-	if code != exitFailure || !strings.Contains(stderr.String(), "ca_root ./var/run/secrets/istio/root-cert.pem") {
+	if code != exitConfig || !strings.Contains(stderr.String(), "CA_ROOT_CA=./var/run/secrets/istio/root-cert.pem (the default) cannot be used") {
 		t.Errorf("exit %d; log:\n%s", code, stderr.String())
 	}
 }
