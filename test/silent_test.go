@@ -255,3 +255,32 @@ func TestSIGHUPDoesNotStopTheAgent(t *testing.T) {
 		t.Errorf("socket %s left behind", p.Socket())
 	}
 }
+
+// TestNodeModeNamesAnUnreachableAPIServer: a node agent whose API server
+// refuses connections says so at once, in its log (once, however often
+// the informer retries) and in its readiness.
+func TestNodeModeNamesAnUnreachableAPIServer(t *testing.T) {
+	dir := agentproc.TempDir(t)
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := agentproc.Start(t, dir, "MESHAGENT_DEV=true", "MESHAGENT_MODE=node", "NODE_NAME=n1", "KUBECONFIG="+kubeconfig,
+		"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1")
+	base := statusBase(t, p)
+	waitFor(t, "readiness naming the API server", func() bool {
+		code, body := getStatus(t, base+"/healthz/ready")
+		return code == 503 && strings.Contains(body, "https://127.0.0.1:1") && strings.Contains(body, "connection refused")
+	})
+	// The same failure reads the same at every retry, so it is logged once.
+	waitFor(t, "the failure logged", func() bool { return strings.Contains(p.Logs(), "cannot list or watch the node's pods") })
+	if n := strings.Count(p.Logs(), "cannot list or watch the node's pods"); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, p.Logs())
+	}
+}
