@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/agentproc"
 )
@@ -149,5 +150,35 @@ func TestChartProxylessGivesTheWorkloadItsFiles(t *testing.T) {
 		t.Error(err)
 	} else if st.Mode().Perm()&0o040 == 0 {
 		t.Errorf("key %s has mode %v, want it group-readable", prov.Config.PrivateKeyFile, st.Mode())
+	}
+}
+
+// writeKubeconfig writes a kubeconfig naming the test API server into dir
+// and returns its path.
+func writeKubeconfig(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "kubeconfig")
+	kc := "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"" + kube.Host() + "\", insecure-skip-tls-verify: true}}]\n" +
+		"users: [{name: u, user: {token: \"" + kube.AdminToken() + "\"}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// writeCARoot writes a root certificate where the chart mounts the CA
+// root, under dir as the container's "/".
+func writeCARoot(t *testing.T, dir string) {
+	t.Helper()
+	ca, err := localca.New(localca.Config{Name: "chart test CA"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "var/run/secrets/istio/root-cert.pem")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, ca.RootPEM(), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

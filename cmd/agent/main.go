@@ -116,10 +116,8 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 		Short: "Run the agent",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if node, _ := cmd.Flags().GetBool("node"); node {
-				if err := cmd.Flags().Set("mode", settings.ModeNode); err != nil {
-					return configError{err}
-				}
+			if err := nodeFlag(cmd); err != nil {
+				return err
 			}
 			cfg, err := resolve(cmd.Flags(), env)
 			if err != nil {
@@ -142,14 +140,26 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 			if output != "text" && output != "json" {
 				return configError{fmt.Errorf("invalid --output=%q: accepted: text, json", output)}
 			}
+			if err := nodeFlag(cmd); err != nil {
+				return err
+			}
 			cfg, err := resolve(cmd.Flags(), env)
 			if err != nil {
 				return err
 			}
-			return printConfig(stdout, cfg, app.SelectSource(cmd.Context(), cfg), output)
+			// The checks run makes, by the same code: New starts nothing.
+			a, err := app.New(app.Config{Settings: cfg, Version: version})
+			if err != nil {
+				if errors.As(err, new(app.ConfigError)) {
+					return configError{err}
+				}
+				return runFailure{err}
+			}
+			return printConfig(stdout, cfg, a.Source(), output)
 		},
 	}
 	addSettingFlags(configCmd.Flags())
+	configCmd.Flags().Bool("node", false, "as run --node: the same as --mode node (env MESHAGENT_MODE)")
 	configCmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 
 	versionCmd := &cobra.Command{
@@ -188,6 +198,16 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	root.AddCommand(runCmd, configCmd, versionCmd, docsCmd, newCSICommand(stderr))
 	root.AddCommand(newSocketDirCommand())
 	return root
+}
+
+// nodeFlag turns --node into --mode node.
+func nodeFlag(cmd *cobra.Command) error {
+	if node, _ := cmd.Flags().GetBool("node"); node {
+		if err := cmd.Flags().Set("mode", settings.ModeNode); err != nil {
+			return configError{err}
+		}
+	}
+	return nil
 }
 
 // addSettingFlags declares a flag for every setting that has one.

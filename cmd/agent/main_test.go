@@ -74,7 +74,7 @@ func TestConfigPrintsEverySettingWithItsSource(t *testing.T) {
 
 func TestConfigJSON(t *testing.T) {
 	t.Chdir(t.TempDir())
-	code, out, errOut := runCmd(t, []string{"CA_PROVIDER=Linkerd", "POD_NAMESPACE=shop"}, "config", "-o", "json", "--log-level=debug")
+	code, out, errOut := runCmd(t, []string{"CA_PROVIDER=Linkerd", "POD_NAMESPACE=shop", "SERVICE_ACCOUNT=web", "CA_ROOT_CA=SYSTEM"}, "config", "-o", "json", "--log-level=debug")
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}

@@ -253,10 +253,10 @@ func (c *Config) Scheme() pki.Scheme { return c.scheme }
 // is not set or cannot name an identity.
 func (c *Config) Identity() (pki.Identity, error) {
 	if c.PodNamespace == "" {
-		return pki.Identity{}, fmt.Errorf("POD_NAMESPACE is not set: it names the workload identity")
+		return pki.Identity{}, fmt.Errorf("POD_NAMESPACE is not set: it names the workload identity; set POD_NAMESPACE and SERVICE_ACCOUNT, or try the agent with --dev (MESHAGENT_DEV=true)")
 	}
 	if c.ServiceAccount == "" {
-		return pki.Identity{}, fmt.Errorf("SERVICE_ACCOUNT is not set: it names the workload identity")
+		return pki.Identity{}, fmt.Errorf("SERVICE_ACCOUNT is not set: it names the workload identity; set SERVICE_ACCOUNT")
 	}
 	id, err := c.scheme.Identity(c.PodNamespace, c.ServiceAccount)
 	if err != nil {
