@@ -284,3 +284,64 @@ current-context: c
 		t.Errorf("logged %d times, want once:\n%s", n, p.Logs())
 	}
 }
+
+// TestConfigFailsWhereRunFails: `meshagent config` runs the checks `run`
+// makes: it exits 2 with run's line where run exits 2, and reports the
+// source run would pick, dev included.
+func TestConfigFailsWhereRunFails(t *testing.T) {
+	dir := agentproc.TempDir(t)
+	for _, tt := range []struct {
+		name, want string
+		env        []string
+	}{
+		{"no POD_NAMESPACE in CA mode", "POD_NAMESPACE is not set", []string{"STATUS_PORT=0", "CA_ROOT_CA=SYSTEM"}},
+		{"CA root missing", "CA_ROOT_CA=" + filepath.Join(dir, "nope.pem"), caEnv(dir, "CA_ROOT_CA="+filepath.Join(dir, "nope.pem"))},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, cmd := range []string{"config", "run"} {
+				code, out := runBinary(t, agentproc.TempDir(t), tt.env, cmd)
+				if code != 2 || !strings.Contains(out, tt.want) {
+					t.Errorf("%s: exit %d, want 2 with %q:\n%s", cmd, code, tt.want, out)
+				}
+			}
+		})
+	}
+	for _, env := range [][]string{{"MESHAGENT_DEV=true"}, {}} {
+		args := []string{"config"}
+		if len(env) == 0 {
+			args = append(args, "--dev")
+		}
+		code, out := runBinary(t, agentproc.TempDir(t), env, args...)
+		if code != 0 || !strings.Contains(out, "\nmode: dev (") {
+			t.Errorf("config %v %v: exit %d, want 0 and mode dev:\n%s", env, args, code, out)
+		}
+	}
+}
+
+// TestUnknownNamesAreWarned: a misspelled MESHAGENT_ variable or
+// PROXY_CONFIG field is named, with the nearest known name, by config and
+// by run; --dev with FILE_MOUNTED_CERTS=true says which one wins.
+func TestUnknownNamesAreWarned(t *testing.T) {
+	env := []string{"MESHAGENT_DEV=true", "MESHAGENT_DEVV=true", `PROXY_CONFIG={"discoveryAdress":"istiod.mesh:15012"}`, "FILE_MOUNTED_CERTS=true"}
+	want := []string{
+		"MESHAGENT_DEVV ignored: no such setting; did you mean MESHAGENT_DEV?",
+		"PROXY_CONFIG discoveryAdress ignored: field discoveryAdress is not a field of Istio's ProxyConfig; did you mean discoveryAddress?",
+		"FILE_MOUNTED_CERTS=\"true\" has no effect: --dev (MESHAGENT_DEV) comes first",
+	}
+	code, out := runBinary(t, agentproc.TempDir(t), env, "config")
+	if code != 0 {
+		t.Fatalf("config exit %d:\n%s", code, out)
+	}
+	for _, w := range want {
+		if !strings.Contains(out, "warning: "+w) {
+			t.Errorf("config does not warn %q:\n%s", w, out)
+		}
+	}
+	p := agentproc.Start(t, agentproc.TempDir(t), append(env, "STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1")...)
+	statusBase(t, p)
+	for _, w := range []string{`"setting":"MESHAGENT_DEVV"`, `did you mean discoveryAddress?`, `"setting":"FILE_MOUNTED_CERTS"`} {
+		if !strings.Contains(p.Logs(), w) {
+			t.Errorf("run does not log %s:\n%s", w, p.Logs())
+		}
+	}
+}

@@ -158,6 +158,9 @@ func New(cfg Config) (_ *App, err error) {
 	for _, w := range a.s.Warnings() {
 		a.log.Warn("setting has no effect", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
 	}
+	for _, w := range a.s.Unknown() {
+		a.log.Warn("unknown setting ignored", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
+	}
 	if err := a.checkNodeSource(); err != nil {
 		return nil, configError(err)
 	}

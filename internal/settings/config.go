@@ -237,6 +237,8 @@ type Config struct {
 	scheme          pki.Scheme // of CA_PROVIDER, TRUST_DOMAIN and MESHAGENT_LINKERD_NAMESPACE
 	proxyStatusPort int        // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row
+	// unknown are the names in the environment no setting knows (Unknown).
+	unknown []Warning
 }
 
 // StatusAddr is the status server's listen address.

@@ -132,6 +132,12 @@ var Registry = []Setting{
 		Name: "FILE_MOUNTED_CERTS", Default: "false", Group: GroupIstio,
 		Doc:   "Serve the certificates in MESHAGENT_FILE_MOUNTED_CERTS_DIR (./etc/certs) instead of asking a CA.",
 		Value: Bool(func(c *Config) *bool { return &c.FileMountedCerts }),
+		Unused: func(c *Config, _ bool) string {
+			if c.Dev && c.FileMountedCerts {
+				return "--dev (MESHAGENT_DEV) comes first: the in-process CA issues the certificate and " + c.FileMountedCertsDir + " is not served; drop one of the two"
+			}
+			return ""
+		},
 	},
 	{
 		Name: "SECRET_TTL", Default: "24h", Group: GroupIstio,
