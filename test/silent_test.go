@@ -345,3 +345,30 @@ func TestUnknownNamesAreWarned(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandLineSaysWhatToDo: --version, a stray argument, csi without
+// its node, and run --help's value names and defaults.
+func TestCommandLineSaysWhatToDo(t *testing.T) {
+	dir := agentproc.TempDir(t)
+	for _, tt := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--version"}, 0, "meshagent "},
+		{[]string{"run", "extra"}, 2, `meshagent run takes no arguments, got ["extra"]`},
+		{[]string{"config", "extra"}, 2, `meshagent config takes no arguments`},
+		{[]string{"csi"}, 2, "--node-id is required"},
+		{[]string{"run", "--help"}, 0, "--mode value "},
+		{[]string{"run", "--help"}, 0, "--status-port integer"},
+		{[]string{"run", "--help"}, 0, "(default ./etc/istio/proxy/XDS)"},
+	} {
+		code, out := runBinary(t, dir, nil, tt.args...)
+		if code != tt.code || !strings.Contains(out, tt.want) {
+			t.Errorf("%v: exit %d, want %d with %q:\n%s", tt.args, code, tt.code, tt.want, out)
+		}
+		if strings.Contains(out, "--mode meshagent") || strings.Contains(out, `unknown command "extra"`) {
+			t.Errorf("%v:\n%s", tt.args, out)
+		}
+	}
+}

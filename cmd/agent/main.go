@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -109,12 +110,14 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 		SilenceErrors: true,
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
+	root.Version = versionString()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return configError{err} })
 
 	runCmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the agent",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := nodeFlag(cmd); err != nil {
 				return err
@@ -135,7 +138,7 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 		Short: "Print the resolved configuration and the certificate source that would be chosen",
 		Long: "Print every setting with its value and where the value came from (default, env or flag),\n" +
 			"and the certificate source `meshagent run` would choose, without starting anything.",
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "text" && output != "json" {
 				return configError{fmt.Errorf("invalid --output=%q: accepted: text, json", output)}
@@ -217,12 +220,46 @@ func addSettingFlags(fs *pflag.FlagSet) {
 		if s.Flag == "" {
 			continue
 		}
-		usage := s.Doc + " (env " + s.Name + ")"
-		fs.String(s.Flag, "", usage)
+		// pflag takes backquoted text in a usage as the value's name: the
+		// docs' backquotes become plain quotes here.
+		usage := strings.ReplaceAll(s.Doc, "`", "'") + " (env " + s.Name + ")"
+		if s.DerivedDefault != "" && s.Default == "" {
+			usage += " (default: " + s.DerivedDefault + ")"
+		}
+		fs.Var(&flagValue{typ: flagType(s), value: s.Default}, s.Flag, usage)
 		if s.Value.Type == "bool" {
 			fs.Lookup(s.Flag).NoOptDefVal = "true"
 		}
 	}
+}
+
+// flagValue is a setting's flag: the text given, parsed by the settings
+// registry with the environment; its type names the value in --help.
+type flagValue struct{ typ, value string }
+
+func (v *flagValue) String() string     { return v.value }
+func (v *flagValue) Set(s string) error { v.value = s; return nil }
+func (v *flagValue) Type() string       { return v.typ }
+
+// flagType is the value name --help shows: the registry's type, one word.
+func flagType(s *settings.Setting) string {
+	switch t := s.Value.Type; t {
+	case "bool":
+		return "bool" // pflag shows no value name for it
+	case "enum":
+		return "value"
+	default:
+		return strings.ReplaceAll(t, " ", "-")
+	}
+}
+
+// noArgs is cobra.NoArgs with the usage error a user can act on.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	return configError{fmt.Errorf("%s takes no arguments, got %q: settings are flags (--name=value) or environment variables; see %s --help",
+		cmd.CommandPath(), args, cmd.CommandPath())}
 }
 
 // resolve reads the flags that were given and the environment into a Config.
