@@ -1,6 +1,7 @@
 package test
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/istioca"
 )
 
 // Nothing silent (docs/troubleshooting.md): what the built binary does with
@@ -370,5 +372,51 @@ func TestCommandLineSaysWhatToDo(t *testing.T) {
 		if strings.Contains(out, "--mode meshagent") || strings.Contains(out, `unknown command "extra"`) {
 			t.Errorf("%v:\n%s", tt.args, out)
 		}
+	}
+}
+
+// TestCompliancePolicyOnTheCAConnection: the built agent with
+// COMPLIANCE_POLICY asks no certificate of a CA that offers only what the
+// policy disallows (its TLS handshake fails, logged), and gets one from a
+// CA that offers what it allows; it logs the policy and the crypto module
+// at start.
+func TestCompliancePolicyOnTheCAConnection(t *testing.T) {
+	for _, tt := range []struct {
+		name, policy string
+		server       func(*tls.Config)
+		ok           bool
+	}{
+		{"fips-140-2 vs a TLS 1.3-only CA", "fips-140-2", func(c *tls.Config) { c.MinVersion = tls.VersionTLS13 }, false},
+		{"fips-140-3 vs a ChaCha20-only CA", "fips-140-3", func(c *tls.Config) {
+			c.MaxVersion = tls.VersionTLS12
+			c.CipherSuites = []uint16{tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256}
+		}, false},
+		{"pqc vs a classical-only CA", "pqc", func(c *tls.Config) { c.CurvePreferences = []tls.CurveID{tls.X25519, tls.CurveP256} }, false},
+		{"fips-140-2 vs a default CA", "fips-140-2", nil, true},
+		{"pqc vs a default CA", "pqc", nil, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ca := istioca.Start(t, istioca.Config{Tokens: map[string]istioca.ServiceAccount{vmToken: vmSA}, ServerTLS: tt.server})
+			dir := agentproc.TempDir(t)
+			vmWriteToken(t, dir)
+			rootPath := filepath.Join(dir, "root-cert.pem")
+			flWrite(t, rootPath, ca.RootPEM())
+			p := agentproc.Start(t, dir, vmEnv(ca, dir, "CA_ROOT_CA="+rootPath, "COMPLIANCE_POLICY="+tt.policy)...)
+			base := statusBase(t, p)
+			if !strings.Contains(p.Logs(), `"compliance_policy":"`+tt.policy+`"`) || !strings.Contains(p.Logs(), `"crypto_module":"Go Cryptographic Module`) {
+				t.Errorf("the start-up line names no policy or crypto module:\n%s", p.Logs())
+			}
+			if tt.ok {
+				waitFor(t, "ready", func() bool { code, _ := getStatus(t, base+"/healthz/ready"); return code == 200 })
+				return
+			}
+			waitFor(t, "a failed handshake logged", func() bool { return strings.Contains(p.Logs(), "handshake") })
+			if code, _ := getStatus(t, base+"/healthz/ready"); code == 200 {
+				t.Error("ready with a certificate from a CA the policy disallows")
+			}
+			if n := ca.Requests(); n != 0 {
+				t.Errorf("the CA got %d requests", n)
+			}
+		})
 	}
 }

@@ -202,6 +202,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 			TokenOptional:     true,
 			Metadata:          md,
 			ClientCertificate: clientCert,
+			Policy:            c.CompliancePolicy,
 		},
 		ConnectAfter:  connectAfter,
 		Subscriptions: a.xdsSubscriptions(),

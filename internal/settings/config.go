@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/tlspolicy"
 )
 
 // CA providers (CA_PROVIDER).
@@ -237,6 +238,10 @@ type Config struct {
 	scheme          pki.Scheme // of CA_PROVIDER, TRUST_DOMAIN and MESHAGENT_LINKERD_NAMESPACE
 	proxyStatusPort int        // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row
+	// CompliancePolicy restricts the TLS of the CA and xDS connections
+	// (COMPLIANCE_POLICY).
+	CompliancePolicy tlspolicy.Policy
+
 	// unknown are the names in the environment no setting knows (Unknown).
 	unknown []Warning
 }

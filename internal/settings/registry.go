@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/tlspolicy"
 )
 
 // Registry declares every setting, once. To add one: add a field to Config
@@ -202,6 +203,13 @@ var Registry = []Setting{
 		Name: "WORKLOAD_IDENTITY_SOCKET_FILE", Default: "socket", Group: GroupIstio,
 		Doc:   "File name of the SDS socket in ./var/run/secrets/workload-spiffe-uds/.",
 		Value: FileName(func(c *Config) *string { return &c.WorkloadIdentitySocketFile }),
+	},
+	{
+		Name: "COMPLIANCE_POLICY", Group: GroupIstio,
+		Doc: "TLS policy of the connections the agent makes (the CA, the control plane), as pilot-agent applies it: " +
+			"fips-140-2: TLS 1.2 only, the ECDHE AES-GCM suites, P-256; fips-140-3: TLS 1.2 and 1.3, those suites, P-256 and P-384 (and a warning unless Go's FIPS 140-3 mode is on: GODEBUG=fips140=on, see make build-fips); " +
+			"pqc: TLS 1.3 only with the X25519MLKEM768 key exchange alone. Empty: Go's defaults. The policy and the crypto module in force are logged at start-up.",
+		Value: Enum(func(c *Config) *tlspolicy.Policy { return &c.CompliancePolicy }, tlspolicy.Policies...),
 	},
 
 	// meshagent's own settings.
