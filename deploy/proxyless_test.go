@@ -10,6 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/agentproc"
@@ -180,5 +182,48 @@ func writeCARoot(t *testing.T, dir string) {
 	}
 	if err := os.WriteFile(path, ca.RootPEM(), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestChartPrometheusRule: off by default; on, a PrometheusRule holding
+// files/prometheus-rules.yaml (docs/metrics.md's example alerts).
+func TestChartPrometheusRule(t *testing.T) {
+	objs, err := render(t, "mon", "shop", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "PrometheusRule" {
+			t.Fatal("a PrometheusRule by default")
+		}
+	}
+	objs, err = render(t, "mon", "shop", "prometheusRule:\n  enabled: true\n  labels:\n    release: prom\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rule map[string]any
+	for _, o := range objs {
+		if o.GetKind() == "PrometheusRule" {
+			rule = o.Object
+			if o.GetLabels()["release"] != "prom" || o.GetNamespace() != "shop" {
+				t.Errorf("labels %v namespace %s", o.GetLabels(), o.GetNamespace())
+			}
+		}
+	}
+	if rule == nil {
+		t.Fatal("no PrometheusRule with prometheusRule.enabled=true")
+	}
+	b, err := os.ReadFile(filepath.Join(chartDir, "files", "prometheus-rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]any
+	if err := yaml.Unmarshal(b, &want); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := json.Marshal(rule["spec"])
+	wantJSON, _ := json.Marshal(want)
+	if string(got) != string(wantJSON) {
+		t.Errorf("spec %s\nwant %s", got, wantJSON)
 	}
 }
