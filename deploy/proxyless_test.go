@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-
 	"sigs.k8s.io/yaml"
 
 	"github.com/meshagent/meshagent/internal/localca"
