@@ -153,6 +153,10 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 			// The checks run makes, by the same code: New starts nothing.
 			a, err := app.New(app.Config{Settings: cfg, Version: version})
 			if err != nil {
+				// A misspelt name is often why: say it before the error.
+				for _, wn := range cfg.Unknown() {
+					fmt.Fprintf(stderr, "warning: %s\n", unknownString(wn))
+				}
 				if errors.As(err, new(app.ConfigError)) {
 					return configError{err}
 				}
