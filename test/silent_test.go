@@ -53,6 +53,7 @@ func TestStartUpProblemsExitTwoWithOneLine(t *testing.T) {
 		{"socket under /proc", "MESHAGENT_SDS_SOCKET", []string{"MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_SDS_SOCKET=/proc/meshagent/socket"}},
 		{"socket path is a regular file", "MESHAGENT_SDS_SOCKET", []string{"MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_SDS_SOCKET=" + regular}},
 		{"socket path too long", "MESHAGENT_SDS_SOCKET", []string{"MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_SDS_SOCKET=" + filepath.Join(dir, strings.Repeat("d", 120), "socket")}},
+		{"xDS root missing", "XDS_ROOT_CA", []string{"MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_XDS_PROXY=true", "XDS_ROOT_CA=" + filepath.Join(dir, "nope.pem"), "MESHAGENT_SDS_SOCKET=" + filepath.Join(dir, "y", "socket")}},
 		{"xDS socket under /proc", "MESHAGENT_XDS_SOCKET", []string{"MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_XDS_PROXY=true", "XDS_ROOT_CA=SYSTEM", "MESHAGENT_SDS_SOCKET=" + filepath.Join(dir, "x", "socket"), "MESHAGENT_XDS_SOCKET=/proc/meshagent/XDS"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

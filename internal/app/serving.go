@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -173,6 +174,11 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 		roots = src.caRoots
 	} else if f, err := a.rootFeed("xds_root", c.XDSRoot); err == nil {
 		roots, rootFeed = f.Roots(), f
+	} else if settingSet(c, "XDS_ROOT_CA") {
+		if inner := errors.Unwrap(err); inner != nil {
+			err = inner // the feed's own wrapping repeats the path
+		}
+		return nil, nil, configError(fmt.Errorf("XDS_ROOT_CA=%s cannot be used: %w; set XDS_ROOT_CA to a PEM file of the control plane's root certificates, or SYSTEM", c.XDSRoot, err))
 	} else {
 		// Not fatal: the proxy then cannot verify the control plane and
 		// says so at every attempt.
