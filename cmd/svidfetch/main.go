@@ -35,6 +35,17 @@ func run(socket, out string, timeout time.Duration) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	// The agent may still be starting: wait for its socket.
+	for {
+		if _, err := os.Stat(abs); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no socket at %s after %s: is the agent running (make run)?", abs, timeout)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 	x509ctx, err := workloadapi.FetchX509Context(ctx, workloadapi.WithAddr("unix://"+abs))
 	if err != nil {
 		return fmt.Errorf("fetching from %s: %w", abs, err)
