@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -420,4 +422,70 @@ func TestCompliancePolicyOnTheCAConnection(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTerminalLogTimesCarryTheDate: on a terminal (a pty made by
+// script(1)), the human-readable log writes a certificate's not_after with
+// its date, so tomorrow's time does not read as today's past.
+func TestTerminalLogTimesCarryTheDate(t *testing.T) {
+	scriptBin, err := exec.LookPath("script")
+	if err != nil {
+		t.Skip("script(1), which gives the agent a terminal, is not installed")
+	}
+	bin, err := agentproc.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := agentproc.TempDir(t)
+	cmd := exec.Command(scriptBin, "-qefc", bin+" run", "/dev/null")
+	cmd.Dir = dir
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "TERM=dumb", "MESHAGENT_DEV=true", "STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1"}
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	stop := func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-done
+	}
+	// The first certificate is logged within moments; its line holds the
+	// day after tomorrow's date at most (24 h certificates).
+	deadline := time.After(15 * time.Second)
+	want := regexp.MustCompile(`"not_after": "\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z"`)
+	for !want.MatchString(out.String()) {
+		select {
+		case <-deadline:
+			stop()
+			t.Fatalf("no not_after with a date in the terminal's log:\n%s", out.String())
+		case <-done:
+			t.Fatalf("the agent exited:\n%s", out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if strings.HasPrefix(strings.TrimSpace(out.String()), "{") {
+		t.Errorf("JSON on a terminal:\n%s", out.String())
+	}
+	stop()
+}
+
+// lockedBuffer is a strings.Builder that a process's output goroutine
+// writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
