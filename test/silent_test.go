@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -469,23 +468,4 @@ func TestTerminalLogTimesCarryTheDate(t *testing.T) {
 		t.Errorf("JSON on a terminal:\n%s", out.String())
 	}
 	stop()
-}
-
-// lockedBuffer is a strings.Builder that a process's output goroutine
-// writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
