@@ -398,9 +398,12 @@ func TestChartEnvIsAgentConfig(t *testing.T) {
 				env = append(env, e.Name+"="+v)
 				set[e.Name] = v
 			}
+			// config checks what run checks: the files the chart mounts
+			// (the CA root) and an API server to talk to are there.
 			cmd := exec.Command(bin, "config")
 			cmd.Dir = t.TempDir()
-			cmd.Env = env
+			cmd.Env = append(env, "KUBECONFIG="+writeKubeconfig(t, cmd.Dir))
+			writeCARoot(t, cmd.Dir)
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("meshagent config refused the chart's environment: %v\n%s", err, out)

@@ -18,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/internal/tlspolicy"
 	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -154,9 +155,16 @@ func New(cfg Config) (_ *App, err error) {
 		return nil, configError(err)
 	}
 	a.source = SelectSource(context.Background(), a.s)
-	a.log.Info("starting meshagent", zap.String(keyVersion, cfg.Version), zap.String(keyMode, string(a.source.Source)), zap.String(keyReason, a.source.Reason))
+	a.log.Info("starting meshagent", zap.String(keyVersion, cfg.Version), zap.String(keyMode, string(a.source.Source)), zap.String(keyReason, a.source.Reason),
+		zap.String(keyCompliancePolicy, compliancePolicyName(a.s.CompliancePolicy)), zap.String(keyCryptoModule, tlspolicy.Module()))
+	if w := tlspolicy.Check(a.s.CompliancePolicy); w != "" {
+		a.log.Warn(w)
+	}
 	for _, w := range a.s.Warnings() {
 		a.log.Warn("setting has no effect", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
+	}
+	for _, w := range a.s.Unknown() {
+		a.log.Warn("unknown setting ignored", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
 	}
 	if err := a.checkNodeSource(); err != nil {
 		return nil, configError(err)
@@ -270,3 +278,11 @@ func (a *App) kubeClient() (*kubeclient.Client, error) {
 
 // nodeMode reports whether the agent serves every pod of its node.
 func (a *App) nodeMode() bool { return a.s.Mode == settings.ModeNode }
+
+// compliancePolicyName is COMPLIANCE_POLICY as logged: "none" when unset.
+func compliancePolicyName(p tlspolicy.Policy) string {
+	if p == tlspolicy.None {
+		return "none"
+	}
+	return string(p)
+}

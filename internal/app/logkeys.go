@@ -23,4 +23,7 @@ const (
 	keyNodeUIDs       = "node_uid_identities"
 	keyCgroupRoot     = "cgroup_root"
 	keyCgroupRootFrom = "cgroup_root_from"
+
+	keyCompliancePolicy = "compliance_policy"
+	keyCryptoModule     = "crypto_module"
 )

@@ -197,7 +197,7 @@ func (a *App) caSource() (certSource, error) {
 	}
 	rootFeed, err := a.rootFeed("ca_root", a.s.CARoot)
 	if err != nil {
-		return certSource{}, err
+		return certSource{}, a.caRootError(err)
 	}
 	roots, trustCs, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {
@@ -220,6 +220,24 @@ func (a *App) caSource() (certSource, error) {
 	cs = append(cs, component{name: "ca_root_watcher", run: rootFeed.Run})
 	cs = append(cs, trustCs...)
 	return certSource{manager: m, caRoots: roots, components: cs, podCA: client, podRoots: roots}, nil
+}
+
+// caRootError is the configuration error of a CA root that cannot be read
+// at start-up: missing, unreadable, a directory or no PEM certificate. It
+// names the setting the path came from and what to set.
+func (a *App) caRootError(err error) error {
+	if inner := errors.Unwrap(err); inner != nil {
+		err = inner // the feed's own wrapping repeats the path
+	}
+	from := ""
+	switch {
+	case settingSet(a.s, "CA_ROOT_CA"):
+	case a.s.ProvCert != "":
+		from = " (from PROV_CERT)"
+	default:
+		from = " (the default)"
+	}
+	return configError(fmt.Errorf("CA_ROOT_CA=%s%s cannot be used: %w; set CA_ROOT_CA to a PEM file of the CA's root certificates, or SYSTEM", a.s.CARoot, from, err))
 }
 
 // outputCertsInitial returns a still-valid certificate for id found in
@@ -245,7 +263,8 @@ func (a *App) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 func (a *App) fileSource(dir, source string) (certSource, error) {
 	rootFeed, err := a.rootFeed(source+"_root", filepath.Join(dir, files.RootCertFile))
 	if err != nil {
-		return certSource{}, err
+		// The files were there when the source was chosen.
+		return certSource{}, configError(fmt.Errorf("%s: %w; put a PEM bundle of the roots there", dir, err))
 	}
 	roots, trustCs, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {

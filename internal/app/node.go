@@ -150,7 +150,10 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	}
 	a.status.AddReadiness("pod_index", func() error {
 		if !idx.HasSynced() {
-			return errors.New("the node's pods are not listed yet")
+			if err := idx.ListError(); err != nil {
+				return fmt.Errorf("the node's pods are not listed yet: %w", err)
+			}
+			return errors.New("the node's pods are not listed yet (no answer from the API server so far)")
 		}
 		return nil
 	})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/tlspolicy"
 )
 
 // CA providers (CA_PROVIDER).
@@ -262,6 +263,12 @@ type Config struct {
 	scheme          pki.Scheme // of CA_PROVIDER, TRUST_DOMAIN and MESHAGENT_LINKERD_NAMESPACE
 	proxyStatusPort int        // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row
+	// CompliancePolicy restricts the TLS of the CA and xDS connections
+	// (COMPLIANCE_POLICY).
+	CompliancePolicy tlspolicy.Policy
+
+	// unknown are the names in the environment no setting knows (Unknown).
+	unknown []Warning
 }
 
 // StatusAddr is the status server's listen address.
@@ -278,10 +285,10 @@ func (c *Config) Scheme() pki.Scheme { return c.scheme }
 // is not set or cannot name an identity.
 func (c *Config) Identity() (pki.Identity, error) {
 	if c.PodNamespace == "" {
-		return pki.Identity{}, fmt.Errorf("POD_NAMESPACE is not set: it names the workload identity")
+		return pki.Identity{}, fmt.Errorf("POD_NAMESPACE is not set: it names the workload identity; set POD_NAMESPACE and SERVICE_ACCOUNT, or try the agent with --dev (MESHAGENT_DEV=true)")
 	}
 	if c.ServiceAccount == "" {
-		return pki.Identity{}, fmt.Errorf("SERVICE_ACCOUNT is not set: it names the workload identity")
+		return pki.Identity{}, fmt.Errorf("SERVICE_ACCOUNT is not set: it names the workload identity; set SERVICE_ACCOUNT")
 	}
 	id, err := c.scheme.Identity(c.PodNamespace, c.ServiceAccount)
 	if err != nil {

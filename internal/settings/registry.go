@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/tlspolicy"
 )
 
 // Registry declares every setting, once. To add one: add a field to Config
@@ -123,13 +124,21 @@ var Registry = []Setting{
 	},
 	{
 		Name: "OUTPUT_CERTS", Flag: "output-certs", Group: GroupIstio,
-		Doc:   "Directory to write cert-chain.pem, key.pem (0600) and root-cert.pem to on every rotation; empty writes nothing.",
+		DerivedDefault: ProxylessOutputCerts + " when a gRPC bootstrap is written (DISABLE_ENVOY=true or GRPC_XDS_BOOTSTRAP set), as Istio's proxyless template sets it; else none",
+		Doc: "Directory to write cert-chain.pem, key.pem (0600) and root-cert.pem to on every rotation; empty writes nothing. " +
+			"The gRPC bootstrap's certificate provider names these files, so a bootstrap always comes with them.",
 		Value: Path(func(c *Config) *string { return &c.OutputCerts }),
 	},
 	{
 		Name: "FILE_MOUNTED_CERTS", Default: "false", Group: GroupIstio,
 		Doc:   "Serve the certificates in MESHAGENT_FILE_MOUNTED_CERTS_DIR (./etc/certs) instead of asking a CA.",
 		Value: Bool(func(c *Config) *bool { return &c.FileMountedCerts }),
+		Unused: func(c *Config, _ bool) string {
+			if c.Dev && c.FileMountedCerts {
+				return "--dev (MESHAGENT_DEV) comes first: the in-process CA issues the certificate and " + c.FileMountedCertsDir + " is not served; drop one of the two"
+			}
+			return ""
+		},
 	},
 	{
 		Name: "SECRET_TTL", Default: "24h", Group: GroupIstio,
@@ -174,7 +183,8 @@ var Registry = []Setting{
 	},
 	{
 		Name: "DISABLE_ENVOY", Default: "false", Group: GroupIstio,
-		Doc:   "No Envoy runs beside the agent (proxyless gRPC or VM).",
+		Doc: "No Envoy runs beside the agent (proxyless gRPC or VM): the SDS socket and the SPIFFE Workload API on it are not served; " +
+			"the certificates are written to OUTPUT_CERTS and the gRPC bootstrap (GRPC_XDS_BOOTSTRAP) names them.",
 		Value: Bool(func(c *Config) *bool { return &c.DisableEnvoy }),
 	},
 	{
@@ -193,6 +203,13 @@ var Registry = []Setting{
 		Name: "WORKLOAD_IDENTITY_SOCKET_FILE", Default: "socket", Group: GroupIstio,
 		Doc:   "File name of the SDS socket in ./var/run/secrets/workload-spiffe-uds/.",
 		Value: FileName(func(c *Config) *string { return &c.WorkloadIdentitySocketFile }),
+	},
+	{
+		Name: "COMPLIANCE_POLICY", Group: GroupIstio,
+		Doc: "TLS policy of the connections the agent makes (the CA, the control plane), as pilot-agent applies it: " +
+			"fips-140-2: TLS 1.2 only, the ECDHE AES-GCM suites, P-256; fips-140-3: TLS 1.2 and 1.3, those suites, P-256 and P-384 (and a warning unless Go's FIPS 140-3 mode is on: GODEBUG=fips140=on, see make build-fips); " +
+			"pqc: TLS 1.3 only with the X25519MLKEM768 key exchange alone. Empty: Go's defaults. The policy and the crypto module in force are logged at start-up.",
+		Value: Enum(func(c *Config) *tlspolicy.Policy { return &c.CompliancePolicy }, tlspolicy.Policies...),
 	},
 
 	// meshagent's own settings.

@@ -2,6 +2,7 @@ package istioca
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -131,6 +132,9 @@ type Config struct {
 	// ImpersonatedIdentity in the request metadata (istiod's
 	// CA_TRUSTED_NODE_ACCOUNTS). Only callers authenticated by TokenReview.
 	TrustedNodeAccounts []ServiceAccount
+	// ServerTLS, when set, changes the server's TLS configuration
+	// (testca.Config.ServerTLS).
+	ServerTLS func(*tls.Config)
 }
 
 // Server is a running test CA. Its Endpoint serves it: Addr, ServerName,
@@ -184,7 +188,8 @@ func Start(t testing.TB, cfg Config) *Server {
 	s.Endpoint = testca.Serve(t, testca.Config{
 		Name: "istioca", CA: s.ca, ServerNames: s.cfg.ServerNames, Addr: s.cfg.Addr,
 		Plaintext: s.cfg.Plaintext, VerifyClientCerts: true, Now: s.cfg.Now,
-		Register: func(g *grpc.Server) { pb.RegisterIstioCertificateServiceServer(g, &handler{s: s}) },
+		Register:  func(g *grpc.Server) { pb.RegisterIstioCertificateServiceServer(g, &handler{s: s}) },
+		ServerTLS: s.cfg.ServerTLS,
 	})
 	return s
 }

@@ -551,3 +551,31 @@ func TestWriterDoesNotFollowLinks(t *testing.T) {
 		t.Errorf("the link's target was chmod-ed to %v", m)
 	}
 }
+
+// TestMountedVolumeMayBeShared: a directory writable by others is accepted
+// when it is a mount point (a volume: Kubernetes' emptyDir is 0777), refused
+// elsewhere.
+func TestMountedVolumeMayBeShared(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	dir := filepath.Join(t.TempDir(), "volume")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Lstat(dir)
+	if err := checkDir(dir, fi); err == nil {
+		t.Fatal("a world-writable directory that is no mount point was accepted")
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "mode=0777"); err != nil {
+		t.Skipf("mount: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	fi, _ = os.Lstat(dir)
+	if err := checkDir(dir, fi); err != nil {
+		t.Fatalf("a world-writable volume (mount point): %v", err)
+	}
+}
