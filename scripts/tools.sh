@@ -97,9 +97,11 @@ build spiffe-helper test/tools/spiffe-helper github.com/spiffe/spiffe-helper/cmd
 istio_dir=$(cd test/tools/istio && go list -m -f '{{.Dir}}' istio.io/istio)
 # The version they report is the one Istio's own development builds set: the module's
 # VERSION file plus "-dev" (istiod parses proxies' versions; a pseudo-version is not one).
+# Static, as Istio's release builds are: pilot-agent runs in the e2e cluster's istio-proxy
+# image, which has no C library.
 istio_ldflags="-X istio.io/istio/pkg/version.buildVersion=$(cat "$istio_dir/VERSION")-dev"
-build pilot-discovery test/tools/istio istio.io/istio/pilot/cmd/pilot-discovery -ldflags "$istio_ldflags"
-build pilot-agent test/tools/istio istio.io/istio/pilot/cmd/pilot-agent -ldflags "$istio_ldflags"
+CGO_ENABLED=0 build pilot-discovery test/tools/istio istio.io/istio/pilot/cmd/pilot-discovery -ldflags "$istio_ldflags"
+CGO_ENABLED=0 build pilot-agent test/tools/istio istio.io/istio/pilot/cmd/pilot-agent -ldflags "$istio_ldflags"
 if [ ! -d "$dir/istio-manifests" ]; then
 	rm -rf "$dir/.istio-manifests.tmp"
 	mkdir -p "$dir/.istio-manifests.tmp"
