@@ -90,7 +90,6 @@ func checkInjection(t *testing.T, agent *corev1.Pod) {
 	}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = core.Namespaces().Delete(context.Background(), injectNamespace, metav1.DeleteOptions{}) })
 	if _, err := core.ServiceAccounts(injectNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "frank"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -185,6 +184,15 @@ func checkInjection(t *testing.T, agent *corev1.Pod) {
 		t.Fatalf("the node agent holds no certificate for %s:\n%s", want, certs)
 	}
 	t.Logf("injected pod: pilot-agent found the node agent's socket, Envoy's stand-in got %s (serial %s, %d roots) from meshagent", last.SpiffeID, last.Serial, last.Roots)
+
+	// Gone while the CSI driver still runs, so its volume is unmounted.
+	if err := core.Namespaces().Delete(ctx, injectNamespace, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, "the injected pod", func() bool {
+		l, err := core.Pods(injectNamespace).List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0
+	})
 }
 
 func spiffeIDIn(ns, sa string) string { return "spiffe://cluster.local/ns/" + ns + "/sa/" + sa }
