@@ -31,10 +31,13 @@ var (
 	meshOnce sync.Once
 	mesh     *istiod.Istiod
 	meshErr  error
+	// meshRootA and meshSignerA are istiod's plug-in CA at start: the root
+	// TestProxylessMeshWithIstiod rotates away from.
+	meshRootA, meshSignerA *istiod.CA
 )
 
-// controlPlane returns the cluster's istiod, started on first use: the CA of every
-// agent of the end-to-end tests, trusting the node agents' service accounts of the
+// controlPlane returns the cluster's istiod, started on first use with a plug-in CA
+// (root A): the CA of every agent of the end-to-end tests, trusting the node agents' service accounts of the
 // node-mode and sidecar tests for impersonation. runMain stops it before the cluster.
 func controlPlane(t *testing.T) *istiod.Istiod {
 	t.Helper()
@@ -77,6 +80,13 @@ func startIstiod(ctx context.Context) (*istiod.Istiod, error) {
 	if err != nil {
 		return nil, err
 	}
+	if meshRootA, err = istiod.NewCA("e2e root A", nil); err != nil {
+		return nil, err
+	}
+	if meshSignerA, err = istiod.NewCA("e2e istiod A", meshRootA); err != nil {
+		return nil, err
+	}
+	plugin := istiod.Plugin(meshSignerA, meshRootA, meshRootA)
 	api := istiod.API{Client: kube.Client(), Config: kube.RESTConfig(), WriteKubeconfig: func(path string) error {
 		b, err := os.ReadFile(kube.Kubeconfig())
 		if err != nil {
@@ -94,6 +104,7 @@ func startIstiod(ctx context.Context) (*istiod.Istiod, error) {
 			sidecarNamespace + "/" + sidecarRelease + "-meshagent-node",
 		},
 		StartTimeout: 3 * time.Minute,
+		PluginCA:     &plugin,
 		Injector:     &istiod.Injector{Templates: map[string]string{"meshagent": template}, Hub: proxyHub, Tag: proxyTag},
 	})
 }

@@ -5,9 +5,13 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,9 +19,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/meshagent/meshagent/test/istiod"
 )
 
 const grpcNamespace = "e2e-grpc"
+
+// proxylessTTL is the proxyless agents' certificate lifetime (SECRET_TTL): they
+// renew at half of it, and gRPC re-reads the files every tenth of it.
+const proxylessTTL = 60 * time.Second
 
 // echoLine is one line of an xdsecho client's log (test/e2e/images/xdsecho).
 type echoLine struct {
@@ -27,6 +37,7 @@ type echoLine struct {
 	Code            string    `json:"code"`
 	Error           string    `json:"error"`
 	ServerID        string    `json:"server_id"`
+	ServerIssuer    string    `json:"server_issuer"`
 	ClientID        string    `json:"client_id"`
 	Calls           int       `json:"calls"`
 	Failures        int       `json:"failures"`
@@ -49,6 +60,10 @@ sidecar:
   xdsProxy: true
   podLabels:
     app: `+app+`
+# Short-lived certificates: the root rotation of the test sees them renewed.
+extraEnv:
+  - name: SECRET_TTL
+    value: `+proxylessTTL.String()+`
   containers:
     - name: app
       image: `+xdsechoImage+`
@@ -212,6 +227,128 @@ spec:
 	run(t, "kubectl", "delete", "-f", deny)
 	back := waitCall(t, "calls again once the policy is removed", removed, func(l echoLine) bool { return l.OK })
 	t.Logf("calls succeed again %.1fs after the policy was removed (server %s)", back.Time.Sub(removed).Seconds(), back.ServerID)
+
+	rotateRoots(t, back)
+}
+
+// rotateRoots moves istiod's plug-in CA from root A to root B, publishing old and
+// new together first and then the new alone, while the client calls every 100 ms.
+// At each step both agents' OUTPUT_CERTS hold what istiod publishes (the
+// namespace's istio-ca-root-cert, which the kubelet updates in their CA root
+// volume) and a certificate of the new signer; not one call fails.
+func rotateRoots(t *testing.T, before echoLine) {
+	t.Helper()
+	ca := controlPlane(t)
+	rootB, err := istiod.NewCA("e2e root B", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signerB, err := istiod.NewCA("e2e istiod B", rootB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	step := func(what string, roots []*istiod.CA, plugin istiod.PluginCA) {
+		t.Helper()
+		stepStart := time.Now()
+		if err := ca.SetPluginCA(plugin); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(4 * time.Minute)
+		for {
+			err := checkProxylessFiles(t, roots, signerB)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %v", what, err)
+			}
+			time.Sleep(time.Second)
+		}
+		t.Logf("%s: both agents' files hold what istiod publishes and a certificate of istiod B, %.1fs after the change", what, time.Since(stepStart).Seconds())
+		// gRPC re-reads the files every tenth of the lifetime: two such periods
+		// later no connection uses what came before.
+		time.Sleep(2 * proxylessTTL / 10)
+	}
+	step("roots A and B", []*istiod.CA{meshRootA, rootB}, istiod.Plugin(signerB, rootB, meshRootA, rootB))
+	step("root B", []*istiod.CA{rootB}, istiod.Plugin(signerB, rootB, rootB))
+
+	var last echoLine
+	calls := 0
+	for _, l := range echoLines(t, "client") {
+		if l.Time.After(start) {
+			last = l
+			calls++
+		}
+	}
+	if calls < 100 {
+		t.Fatalf("only %d calls during the rotation", calls)
+	}
+	if failed := last.FailuresAfterOK - before.FailuresAfterOK; failed != 0 {
+		t.Fatalf("%d of %d calls failed during the root rotation", failed, calls)
+	}
+	if !last.OK || last.ServerIssuer == before.ServerIssuer {
+		t.Fatalf("after the rotation the server's certificate is still issued by %s (last call %+v)", before.ServerIssuer, last)
+	}
+	t.Logf("root rotation: %d calls every 100 ms, none failed; the server's certificate moved from issuer key %s to %s", calls, before.ServerIssuer, last.ServerIssuer)
+}
+
+// checkProxylessFiles says why the proxyless pods' OUTPUT_CERTS (their istio-data
+// volume, read on the node) do not yet hold exactly roots and a chain issued by
+// signer; nil when they do.
+func checkProxylessFiles(t *testing.T, roots []*istiod.CA, signer *istiod.CA) error {
+	t.Helper()
+	for _, app := range []string{"echo", "client"} {
+		pods, err := kube.Client().CoreV1().Pods(grpcNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + app})
+		if err != nil || len(pods.Items) != 1 {
+			return fmt.Errorf("%s: %d pods (%v)", app, len(pods.Items), err)
+		}
+		dir := filepath.Join("/var/lib/kubelet/pods", string(pods.Items[0].UID), "volumes/kubernetes.io~empty-dir/istio-data")
+		b, err := os.ReadFile(filepath.Join(dir, "root-cert.pem"))
+		if err != nil {
+			return err
+		}
+		certs, err := parsePEMCerts(b)
+		if err != nil {
+			return fmt.Errorf("%s root-cert.pem: %w", app, err)
+		}
+		if len(certs) != len(roots) {
+			return fmt.Errorf("%s root-cert.pem: %d roots, istiod publishes %d", app, len(certs), len(roots))
+		}
+		for _, r := range roots {
+			if !slices.ContainsFunc(certs, r.Cert.Equal) {
+				return fmt.Errorf("%s root-cert.pem: no %s", app, r.Cert.Subject.CommonName)
+			}
+		}
+		chain, err := os.ReadFile(filepath.Join(dir, "cert-chain.pem"))
+		if err != nil {
+			return err
+		}
+		leaf, err := parsePEMCerts(chain)
+		if err != nil || len(leaf) == 0 {
+			return fmt.Errorf("%s cert-chain.pem: %v", app, err)
+		}
+		if leaf[0].CheckSignatureFrom(signer.Cert) != nil {
+			return fmt.Errorf("%s cert-chain.pem: not yet issued by %s", app, signer.Cert.Subject.CommonName)
+		}
+	}
+	return nil
+}
+
+func parsePEMCerts(b []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for {
+		var block *pem.Block
+		block, b = pem.Decode(b)
+		if block == nil {
+			return out, nil
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
 }
 
 func ptrTo[T any](v T) *T { return &v }

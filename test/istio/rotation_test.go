@@ -3,14 +3,8 @@ package istio
 import (
 	"bytes"
 	"context"
-	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -40,56 +34,14 @@ import (
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
-// caPair is a CA certificate and its key.
-type caPair struct {
-	cert    *x509.Certificate
-	certPEM []byte
-	key     crypto.Signer
-	keyPEM  []byte
-}
-
-func newCA(t *testing.T, cn string, parent *caPair) *caPair {
+// newCA is istiod.NewCA, failing t.
+func newCA(t *testing.T, cn string, parent *istiod.CA) *istiod.CA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := istiod.NewCA(cn, parent)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(time.Now().UnixNano()),
-		Subject:               pkix.Name{CommonName: cn, Organization: []string{"meshagent tests"}},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(48 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-	}
-	signer, signerKey := tmpl, crypto.Signer(key)
-	if parent != nil {
-		signer, signerKey = parent.cert, parent.key
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &caPair{cert: cert, key: key,
-		certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		keyPEM:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})}
-}
-
-// pluginCA is istiod's cacerts for signing CA inter (issued by root) with
-// roots published.
-func pluginCA(inter, root *caPair, roots ...*caPair) istiod.PluginCA {
-	var published []byte
-	for _, r := range roots {
-		published = append(published, r.certPEM...)
-	}
-	return istiod.PluginCA{CertPEM: inter.certPEM, KeyPEM: inter.keyPEM,
-		ChainPEM: append(append([]byte(nil), inter.certPEM...), root.certPEM...), RootsPEM: published}
+	return ca
 }
 
 // TestRootRotationWithIstiod: istiod's plug-in CA moves from root A to root
@@ -115,7 +67,7 @@ func TestRootRotationWithIstiod(t *testing.T) {
 	t.Cleanup(func() { env.Stop() })
 	rootA, rootB := newCA(t, "root A", nil), newCA(t, "root B", nil)
 	interA, interB := newCA(t, "istiod A", rootA), newCA(t, "istiod B", rootB)
-	ca, err := istiod.Start(context.Background(), istiod.APIOf(env), istiod.Options{PluginCA: ptr(pluginCA(interA, rootA, rootA))})
+	ca, err := istiod.Start(context.Background(), istiod.APIOf(env), istiod.Options{PluginCA: ptr(istiod.Plugin(interA, rootA, rootA))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +156,7 @@ func TestRootRotationWithIstiod(t *testing.T) {
 	}
 
 	calls := startCalls(t, hc)
-	step := func(what string, roots []*caPair, signer *caPair) {
+	step := func(what string, roots []*istiod.CA, signer *istiod.CA) {
 		t.Helper()
 		deadline := time.Now().Add(3 * time.Minute)
 		for _, w := range []*workload{server, client, sidecar} {
@@ -222,22 +174,22 @@ func TestRootRotationWithIstiod(t *testing.T) {
 		}
 		t.Logf("%s: every agent holds what istiod publishes (%d calls so far, %d failed)", what, calls.ok.Load(), calls.failed.Load())
 	}
-	step("root A", []*caPair{rootA}, interA)
+	step("root A", []*istiod.CA{rootA}, interA)
 
 	// Old and new together: istiod signs with B, publishes A and B.
-	if err := ca.SetPluginCA(pluginCA(interB, rootB, rootA, rootB)); err != nil {
+	if err := ca.SetPluginCA(istiod.Plugin(interB, rootB, rootA, rootB)); err != nil {
 		t.Fatal(err)
 	}
-	step("roots A and B", []*caPair{rootA, rootB}, interB)
+	step("roots A and B", []*istiod.CA{rootA, rootB}, interB)
 	// gRPC's file watchers re-read the files every tenth of the lifetime:
 	// two such periods later, no connection uses anything of A's chain.
 	time.Sleep(2 * (ttl / 10))
 
 	// Then the old root goes.
-	if err := ca.SetPluginCA(pluginCA(interB, rootB, rootB)); err != nil {
+	if err := ca.SetPluginCA(istiod.Plugin(interB, rootB, rootB)); err != nil {
 		t.Fatal(err)
 	}
-	step("root B", []*caPair{rootB}, interB)
+	step("root B", []*istiod.CA{rootB}, interB)
 	time.Sleep(2 * (ttl / 10))
 
 	ok, failed := calls.stop()
@@ -254,7 +206,7 @@ func TestRootRotationWithIstiod(t *testing.T) {
 // checkAgentRoots says why agent a of w does not yet hold roots in its
 // OUTPUT_CERTS root file and, when it serves a socket, in ROOTCA and its
 // Workload API bundle, or a leaf issued by signer; nil when it does.
-func checkAgentRoots(t *testing.T, w *workload, a *agent, socket bool, roots []*caPair, signer *caPair) error {
+func checkAgentRoots(t *testing.T, w *workload, a *agent, socket bool, roots []*istiod.CA, signer *istiod.CA) error {
 	file, err := os.ReadFile(filepath.Join(w.dir, "certs", files.RootCertFile))
 	if err != nil {
 		return err
@@ -279,22 +231,22 @@ func checkAgentRoots(t *testing.T, w *workload, a *agent, socket bool, roots []*
 		if err != nil {
 			return err
 		}
-		if err := leaf.CheckSignatureFrom(signer.cert); err != nil {
-			return errorf("default is not yet issued by %s", signer.cert.Subject.CommonName)
+		if err := leaf.CheckSignatureFrom(signer.Cert); err != nil {
+			return errorf("default is not yet issued by %s", signer.Cert.Subject.CommonName)
 		}
 	}
 	file, err = os.ReadFile(filepath.Join(w.dir, "certs", files.CertChainFile))
 	if err != nil {
 		return err
 	}
-	if leaf, err := firstCert(file); err != nil || leaf.CheckSignatureFrom(signer.cert) != nil {
-		return errorf("OUTPUT_CERTS %s is not yet issued by %s", files.CertChainFile, signer.cert.Subject.CommonName)
+	if leaf, err := firstCert(file); err != nil || leaf.CheckSignatureFrom(signer.Cert) != nil {
+		return errorf("OUTPUT_CERTS %s is not yet issued by %s", files.CertChainFile, signer.Cert.Subject.CommonName)
 	}
 	return nil
 }
 
 // sameCerts says how bundle differs from exactly the certificates of want.
-func sameCerts(bundle []byte, want []*caPair) error {
+func sameCerts(bundle []byte, want []*istiod.CA) error {
 	var got []*x509.Certificate
 	for rest := bundle; ; {
 		var block *pem.Block
@@ -314,10 +266,10 @@ func sameCerts(bundle []byte, want []*caPair) error {
 	for _, w := range want {
 		found := false
 		for _, g := range got {
-			found = found || g.Equal(w.cert)
+			found = found || g.Equal(w.Cert)
 		}
 		if !found {
-			return errorf("%s missing", w.cert.Subject.CommonName)
+			return errorf("%s missing", w.Cert.Subject.CommonName)
 		}
 	}
 	return nil
