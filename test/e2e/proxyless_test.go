@@ -54,16 +54,16 @@ func proxylessRelease(t *testing.T, rel, app string, args, env string) {
 caAddress: "`+istiodAddr+`"
 discoveryAddress: "`+istiodAddr+`"
 istiodSAN: `+caServerName+`
+# Short-lived certificates: the root rotation of the test sees them renewed.
+extraEnv:
+  - name: SECRET_TTL
+    value: `+proxylessTTL.String()+`
 sidecar:
   envoy:
     enabled: false
   xdsProxy: true
   podLabels:
     app: `+app+`
-# Short-lived certificates: the root rotation of the test sees them renewed.
-extraEnv:
-  - name: SECRET_TTL
-    value: `+proxylessTTL.String()+`
   containers:
     - name: app
       image: `+xdsechoImage+`
