@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -112,7 +113,7 @@ func (st *stream) subscribe(requested, names []string) error {
 		if slices.Contains(state.names, n) {
 			continue
 		}
-		refused, err := st.srv.join(st.ctx, watchKey{identity: st.identity, name: n}, st)
+		refused, err := st.srv.join(watchKey{identity: st.identity, name: n}, st)
 		if err != nil {
 			for _, j := range joined {
 				st.srv.leave(watchKey{identity: st.identity, name: j}, st)
@@ -227,8 +228,8 @@ type stream struct {
 	ctx      context.Context
 	grpc     secretv3.SecretDiscoveryService_StreamSecretsServer
 	log      streamLog
-	identity string // the caller's, which decides what a name means
-	caller   string // callerKey of the stream's context
+	identity pki.Identity // the caller's, which decides what a name means
+	caller   string       // callerKey of the stream's context
 
 	mu  sync.Mutex
 	st  streamState
@@ -376,7 +377,7 @@ func (s *Server) handleRequest(str *stream, req *discoveryv3.DiscoveryRequest) e
 	// A name that can never be served ends the stream now; the answer
 	// itself is sent by the push goroutine, whose stack the encoding and
 	// sending grow, not this one's, which the stream keeps while it waits.
-	if _, err := s.available(str.ctx, st, names, log); err != nil {
+	if _, err := s.available(str.identity, st, names, log); err != nil {
 		return err
 	}
 	st.respond = true
@@ -391,7 +392,7 @@ func (s *Server) push(str *stream) error {
 		return status.FromContextError(err).Err()
 	}
 	st := &str.st
-	secrets, err := s.available(str.ctx, st, st.names, str.log)
+	secrets, err := s.available(str.identity, st, st.names, str.log)
 	if err != nil {
 		return err
 	}
@@ -415,10 +416,10 @@ func (s *Server) push(str *stream) error {
 // name whose watch the source refused, even if Secret would serve it now
 // (the refusal's reason, when Secret still gives it, or the source's log
 // says which limit or file was at fault): a name is never served unwatched.
-func (s *Server) available(ctx context.Context, st *streamState, names []string, log streamLog) ([]*secretmanager.Secret, error) {
+func (s *Server) available(id pki.Identity, st *streamState, names []string, log streamLog) ([]*secretmanager.Secret, error) {
 	out := make([]*secretmanager.Secret, len(names))
 	for i, name := range names {
-		sec, err := s.cfg.Secrets.Current(ctx, name)
+		sec, err := s.cfg.Secrets.Current(id, name)
 		if permanent(err) {
 			return nil, status.Errorf(codes.InvalidArgument, "resource %.200q cannot be served: %v", name, err)
 		}

@@ -5,8 +5,9 @@
 // It owns: one entry per workload identity in use (pki.Identity: a SPIFFE ID,
 // or Linkerd's DNS identity), created on the first Secret, Watch or Prefetch
 // and dropped once nothing holds it for Config.IdleGrace (the own identity,
-// Config.Identity, is never dropped); what "default" means for a caller
-// (caller.Info.Identity when set, else the own identity); the rotation
+// Config.Identity, is never dropped); what "default" means for the identity
+// a caller was resolved to (that identity when set, else the own identity;
+// the resolving is the edge's: sds and workloadapi pass it in); the rotation
 // schedule of docs/operations.md (RenewAt, a pure function of the arrival time, the
 // expiry and a random draw, raised to RenewalFloor so no setting makes it
 // loop); the scheduler that bounds the CSRs in flight across identities

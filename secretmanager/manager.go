@@ -55,7 +55,7 @@ var (
 // Config describes a Manager. Zero values get the defaults noted.
 type Config struct {
 	// Identity is the agent's own workload identity: what "default" means
-	// for a caller that carries none (caller.Info.Identity zero). It is
+	// for a caller asked for with the zero Identity. It is
 	// kept fresh whether or not anyone asks, and never dropped. Zero with a
 	// CA means the manager serves only callers that carry an identity (node
 	// mode).

@@ -199,7 +199,7 @@ func (e *env) secret(name string) *Secret {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := e.m.Secret(ctx, name)
+	s, err := e.m.Secret(ctx, own, name)
 	if err != nil {
 		e.t.Fatalf("Secret(%q): %v", name, err)
 	}
@@ -304,7 +304,7 @@ func TestFirstCertificateAndRoots(t *testing.T) {
 	if !r.IsRoot() || !bytes.Equal(r.Roots, e.ca.ca.RootPEM()) {
 		t.Fatal("ROOTCA does not hold the CA root")
 	}
-	if cur, err := e.m.Current(context.Background(), WorkloadCertName); err != nil || cur != s {
+	if cur, err := e.m.Current(own, WorkloadCertName); err != nil || cur != s {
 		t.Fatalf("Current = %v, %v; want the certificate Secret returned", cur, err)
 	}
 	if err := e.m.Ready(); err != nil {
@@ -328,7 +328,7 @@ func TestFirstCertificateAndRoots(t *testing.T) {
 
 func TestRotationBeforeExpiry(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.TTL = 30 * time.Second })
-	ch, cancel := e.m.Watch(context.Background(), WorkloadCertName)
+	ch, cancel := e.m.Watch(own, WorkloadCertName)
 	defer cancel()
 	e.start()
 	first := e.secret(WorkloadCertName)
@@ -358,7 +358,7 @@ func TestRotationBeforeExpiry(t *testing.T) {
 
 func TestCAOutageKeepsCertificate(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.TTL = time.Minute })
-	ch, cancel := e.m.Watch(context.Background(), WorkloadCertName)
+	ch, cancel := e.m.Watch(own, WorkloadCertName)
 	defer cancel()
 	e.start()
 	first := e.secret(WorkloadCertName)
@@ -428,7 +428,7 @@ func TestBadAnswersRejected(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.mode, func(t *testing.T) {
 			e := newEnv(t, nil)
-			ch, cancel := e.m.Watch(context.Background(), WorkloadCertName)
+			ch, cancel := e.m.Watch(own, WorkloadCertName)
 			defer cancel()
 			e.start()
 			first := e.secret(WorkloadCertName)
@@ -471,16 +471,16 @@ func TestBadFirstAnswerKeepsNotReady(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	_, err = e.m.Secret(ctx, WorkloadCertName)
+	_, err = e.m.Secret(ctx, own, WorkloadCertName)
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrRejected) || !errors.Is(err, pki.ErrIdentityMismatch) {
 		t.Fatalf("Secret = %v, want a deadline error wrapping the last rejection", err)
 	}
 	// Current never waits, whatever its context: it says why there is none.
-	_, err = e.m.Current(context.Background(), WorkloadCertName)
+	_, err = e.m.Current(own, WorkloadCertName)
 	if !errors.Is(err, ErrNoCertificate) || !errors.Is(err, ErrRejected) {
 		t.Fatalf("Current = %v, want ErrNoCertificate wrapping the last rejection", err)
 	}
-	if r, err := e.m.Current(context.Background(), RootCertName); err != nil || !r.IsRoot() {
+	if r, err := e.m.Current(own, RootCertName); err != nil || !r.IsRoot() {
 		t.Fatalf("Current(ROOTCA) = %v, %v", r, err)
 	}
 }
@@ -501,7 +501,7 @@ func TestConcurrentCallersShareOneRequest(t *testing.T) {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			s, err := e.m.Secret(ctx, WorkloadCertName)
+			s, err := e.m.Secret(ctx, own, WorkloadCertName)
 			if err != nil {
 				t.Error(err)
 			}
@@ -534,9 +534,9 @@ func TestConcurrentCallersShareOneRequest(t *testing.T) {
 
 func TestRootChange(t *testing.T) {
 	e := newEnv(t, nil)
-	rootCh, cancelRoot := e.m.Watch(context.Background(), RootCertName)
+	rootCh, cancelRoot := e.m.Watch(own, RootCertName)
 	defer cancelRoot()
-	certCh, cancelCert := e.m.Watch(context.Background(), WorkloadCertName)
+	certCh, cancelCert := e.m.Watch(own, WorkloadCertName)
 	defer cancelCert()
 	e.start()
 	first := e.secret(WorkloadCertName)
@@ -576,7 +576,7 @@ func TestRootChange(t *testing.T) {
 // later root change keeps it.
 func TestRootCRLChange(t *testing.T) {
 	e := newEnv(t, nil)
-	rootCh, cancelRoot := e.m.Watch(context.Background(), RootCertName)
+	rootCh, cancelRoot := e.m.Watch(own, RootCertName)
 	defer cancelRoot()
 	e.start()
 	old := e.secret(RootCertName)
@@ -626,7 +626,7 @@ func TestInitialCertificate(t *testing.T) {
 			chain, key := issuePair(t, ca.ca, testID, now.Add(-10*time.Minute), now.Add(50*time.Minute))
 			c.Initial = &Secret{CertChain: chain, PrivateKey: key, Source: "output-certs"}
 		})
-		ch, cancel := e.m.Watch(context.Background(), WorkloadCertName)
+		ch, cancel := e.m.Watch(own, WorkloadCertName)
 		defer cancel()
 		e.start()
 		s := e.secret(WorkloadCertName)
@@ -690,7 +690,7 @@ func TestPublishWithoutCA(t *testing.T) {
 		c.Identity = pki.Identity{}
 		c.OnPublish = func(s *Secret) { pmu.Lock(); published = append(published, s); pmu.Unlock() }
 	})
-	ch, cancel := e.m.Watch(context.Background(), WorkloadCertName)
+	ch, cancel := e.m.Watch(own, WorkloadCertName)
 	defer cancel()
 	e.start()
 	now := e.clock.Now()
@@ -735,7 +735,7 @@ func TestPublishWithoutCA(t *testing.T) {
 	}
 	ctx, cancelCtx := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancelCtx()
-	if _, err := e.m.Secret(ctx, WorkloadCertName); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := e.m.Secret(ctx, own, WorkloadCertName); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Secret of an expired certificate = %v", err)
 	}
 	// Run announces what it holds when it starts, which may come before or
@@ -786,25 +786,25 @@ func TestNamesAndProviders(t *testing.T) {
 	p := &staticProvider{secrets: map[string]*Secret{fileRoot.Name: fileRoot}}
 	e := newEnv(t, func(c *Config) { c.Providers = map[string]Provider{FileRootPrefix: p} })
 	ctx := context.Background()
-	if s, err := e.m.Secret(ctx, fileRoot.Name); err != nil || s != fileRoot {
+	if s, err := e.m.Secret(ctx, own, fileRoot.Name); err != nil || s != fileRoot {
 		t.Fatalf("provider secret: %v", err)
 	}
-	if s, err := e.m.Current(ctx, fileRoot.Name); err != nil || s != fileRoot {
+	if s, err := e.m.Current(own, fileRoot.Name); err != nil || s != fileRoot {
 		t.Fatalf("provider's current secret: %v", err)
 	}
-	ch, cancel := e.m.Watch(context.Background(), fileRoot.Name)
+	ch, cancel := e.m.Watch(own, fileRoot.Name)
 	defer cancel()
 	p.h.notify()
 	waitSignal(t, ch, "provider watch")
 	for _, name := range []string{"", "Default", "rootca", "file-cert:/a~/b", "file-root:/missing", "default ", string([]byte{0xff, 0})} {
-		if _, err := e.m.Secret(ctx, name); !errors.Is(err, ErrUnknownResource) {
+		if _, err := e.m.Secret(ctx, own, name); !errors.Is(err, ErrUnknownResource) {
 			t.Errorf("Secret(%q) = %v, want ErrUnknownResource", name, err)
 		}
-		if _, err := e.m.Current(ctx, name); !errors.Is(err, ErrUnknownResource) {
+		if _, err := e.m.Current(own, name); !errors.Is(err, ErrUnknownResource) {
 			t.Errorf("Current(%q) = %v, want ErrUnknownResource", name, err)
 		}
 	}
-	if ch, cancel := e.m.Watch(context.Background(), "nope"); ch != nil {
+	if ch, cancel := e.m.Watch(own, "nope"); ch != nil {
 		t.Error("Watch of an unknown name returned a channel")
 	} else {
 		cancel()
@@ -886,7 +886,7 @@ func FuzzPublish(f *testing.F) {
 		if err != nil {
 			return
 		}
-		s, err := m.Secret(context.Background(), WorkloadCertName)
+		s, err := m.Secret(context.Background(), own, WorkloadCertName)
 		if err != nil {
 			t.Fatal(err)
 		}

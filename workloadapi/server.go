@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -34,16 +35,17 @@ const (
 	headerValue = "true"
 )
 
-// SecretSource is what the server needs from the secret manager. ctx is the
-// RPC's context and carries the caller (caller.FromContext): "default" is the
-// certificate of the caller's identity, "ROOTCA" the trust bundle.
+// SecretSource is what the server needs from the secret manager. id is the
+// caller's identity, as the socket server resolved it (caller.Info.Identity;
+// zero for the agent's own): "default" is its certificate, "ROOTCA" the
+// trust bundle.
 type SecretSource interface {
 	// Secret returns the current secret for name, waiting (bounded by ctx)
 	// while it is not available yet.
-	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
+	Secret(ctx context.Context, id pki.Identity, name string) (*secretmanager.Secret, error)
 	// Watch signals, on a channel with a one-slot buffer, each time the secret
 	// under name is replaced; the function ends the subscription.
-	Watch(ctx context.Context, name string) (<-chan struct{}, func())
+	Watch(id pki.Identity, name string) (<-chan struct{}, func())
 }
 
 // Config describes a Workload API server. Zero values get the defaults noted.
@@ -125,7 +127,7 @@ func (s *Server) FetchX509SVID(_ *workload.X509SVIDRequest, stream grpc.ServerSt
 		return err
 	}
 	defer release()
-	return s.ended(methodX509SVID, s.follow(ctx, methodX509SVID, []string{secretmanager.WorkloadCertName, secretmanager.RootCertName},
+	return s.ended(methodX509SVID, s.follow(ctx, identityOf(ctx), methodX509SVID, []string{secretmanager.WorkloadCertName, secretmanager.RootCertName},
 		func(secrets []*secretmanager.Secret) error {
 			resp, err := svidResponse(secrets[0], secrets[1])
 			if err != nil {
@@ -149,7 +151,8 @@ func (s *Server) FetchX509Bundles(_ *workload.X509BundlesRequest, stream grpc.Se
 	defer release()
 	// The trust domain is the caller's: that of its identity, which does
 	// not change while the stream lasts.
-	cert, err := s.read(ctx, secretmanager.WorkloadCertName)
+	id := identityOf(ctx)
+	cert, err := s.read(ctx, id, secretmanager.WorkloadCertName)
 	if err != nil {
 		return s.ended(methodX509Bundles, err)
 	}
@@ -157,7 +160,7 @@ func (s *Server) FetchX509Bundles(_ *workload.X509BundlesRequest, stream grpc.Se
 	if err != nil {
 		return s.ended(methodX509Bundles, err)
 	}
-	return s.ended(methodX509Bundles, s.follow(ctx, methodX509Bundles, []string{secretmanager.RootCertName},
+	return s.ended(methodX509Bundles, s.follow(ctx, id, methodX509Bundles, []string{secretmanager.RootCertName},
 		func(secrets []*secretmanager.Secret) error {
 			resp, err := bundlesResponse(td, secrets[0])
 			if err != nil {
@@ -227,6 +230,13 @@ func (s *Server) checkHeader(ctx context.Context, method string) error {
 	return status.Error(codes.InvalidArgument, "security header missing from request: the Workload API needs the gRPC metadata workload.spiffe.io: true")
 }
 
+// identityOf returns the caller identity ctx carries, as the socket server
+// resolved it (zero for the agent's own): the one place the server reads it.
+func identityOf(ctx context.Context) pki.Identity {
+	info, _ := caller.FromContext(ctx)
+	return info.Identity
+}
+
 func callerField(ctx context.Context) zap.Field {
 	info, ok := caller.FromContext(ctx)
 	if !ok {
@@ -264,11 +274,11 @@ func (s *Server) acquire(ctx context.Context, method string) (func(), error) {
 // It returns when ctx ends or a send fails. A first read that fails ends the
 // stream; a later one is logged and the client keeps what it holds until the
 // next change.
-func (s *Server) follow(ctx context.Context, method string, names []string, send func([]*secretmanager.Secret) error) error {
+func (s *Server) follow(ctx context.Context, ident pki.Identity, method string, names []string, send func([]*secretmanager.Secret) error) error {
 	// Watch before reading, so no change slips between the two.
 	var w0, w1 <-chan struct{} // one or two names, as the methods use
 	for i, name := range names {
-		ch, cancel := s.cfg.Secrets.Watch(ctx, name)
+		ch, cancel := s.cfg.Secrets.Watch(ident, name)
 		defer cancel()
 		if i == 0 {
 			w0 = ch
@@ -279,7 +289,7 @@ func (s *Server) follow(ctx context.Context, method string, names []string, send
 	id := s.streamIDs.Add(1)
 	var sent []uint64
 	for {
-		secrets, err := s.readAll(ctx, names)
+		secrets, err := s.readAll(ctx, ident, names)
 		switch {
 		case err != nil && sent == nil:
 			return err
@@ -325,10 +335,10 @@ func sameVersions(secrets []*secretmanager.Secret, sent []uint64) bool {
 	return true
 }
 
-func (s *Server) readAll(ctx context.Context, names []string) ([]*secretmanager.Secret, error) {
+func (s *Server) readAll(ctx context.Context, ident pki.Identity, names []string) ([]*secretmanager.Secret, error) {
 	out := make([]*secretmanager.Secret, len(names))
 	for i, name := range names {
-		sec, err := s.read(ctx, name)
+		sec, err := s.read(ctx, ident, name)
 		if err != nil {
 			return nil, err
 		}
@@ -346,8 +356,8 @@ func (s *Server) readAll(ctx context.Context, names []string) ([]*secretmanager.
 // SPIRE and go-spiffe's own test server answer so); any other failure is
 // Unavailable (the agent cannot answer now: retry); the end of ctx keeps
 // ctx's code.
-func (s *Server) read(ctx context.Context, name string) (*secretmanager.Secret, error) {
-	sec, err := s.cfg.Secrets.Secret(ctx, name)
+func (s *Server) read(ctx context.Context, ident pki.Identity, name string) (*secretmanager.Secret, error) {
+	sec, err := s.cfg.Secrets.Secret(ctx, ident, name)
 	if err == nil {
 		return sec, nil
 	}

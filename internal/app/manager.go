@@ -139,10 +139,7 @@ func (l managerLister) Certs() []status.CertInfo {
 	}
 	out := make([]status.CertInfo, len(in))
 	for i, c := range in {
-		out[i] = status.CertInfo{
-			ResourceName: c.ResourceName, Identity: c.Identity, Serial: c.Serial,
-			NotBefore: c.NotBefore, NotAfter: c.NotAfter, RenewAt: c.RenewAt, Source: c.Source,
-		}
+		out[i] = status.CertInfo{Cert: status.Cert(c)}
 		if c.ResourceName == secretmanager.WorkloadCertName {
 			out[i].Pods = len(pods[c.Identity])
 		}

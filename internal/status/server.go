@@ -25,8 +25,21 @@ const DefaultAddr = ":15020"
 // Check reports a problem, or nil when all is well. It must return quickly.
 type Check func() error
 
-// CertInfo describes one certificate the agent holds.
+// CertInfo describes one certificate the agent holds: the certificate's
+// facts, and in node mode how many pods use its identity.
 type CertInfo struct {
+	Cert
+	// Pods is how many pods use the identity, in node mode; 0 otherwise.
+	// Their names are not given: the list answers loopback callers only,
+	// yet a pod's name is none of another pod's business.
+	Pods int `json:"pods,omitempty"`
+}
+
+// Cert is what /debug/certs says of one certificate. Its fields are the
+// secret manager's CertInfo's, field for field, so that one converts into
+// the other with a type conversion, which stops compiling when either
+// gains a field the other lacks.
+type Cert struct {
 	// ResourceName is the SDS resource name ("default", "file-cert:...").
 	ResourceName string `json:"resource_name"`
 	// Identity is the SPIFFE ID or DNS name the certificate is for.
@@ -39,10 +52,6 @@ type CertInfo struct {
 	RenewAt time.Time `json:"renew_at,omitzero"`
 	// Source says where it came from: "ca", "dev-ca", "file", "output-certs".
 	Source string `json:"source"`
-	// Pods is how many pods use the identity, in node mode; 0 otherwise.
-	// Their names are not given: the list answers loopback callers only,
-	// yet a pod's name is none of another pod's business.
-	Pods int `json:"pods,omitempty"`
 }
 
 // CertLister lists held certificates.

@@ -12,15 +12,18 @@ import (
 
 // Secrets is the agent's secret source as Sync uses it (secretmanager.Manager).
 type Secrets interface {
-	Current(ctx context.Context, name string) (*secretmanager.Secret, error)
-	Watch(ctx context.Context, name string) (<-chan struct{}, func())
+	Current(id pki.Identity, name string) (*secretmanager.Secret, error)
+	Watch(id pki.Identity, name string) (<-chan struct{}, func())
 }
+
+// own asks Secrets for the agent's own identity.
+var own pki.Identity
 
 // SyncConfig configures a Sync.
 type SyncConfig struct {
-	// Secrets gives the workload certificate ("default", for the context
-	// Run is given: the agent's own identity) and the trust bundle
-	// ("ROOTCA"). Required.
+	// Secrets gives the workload certificate ("default", asked for with the
+	// zero Identity: the agent's own) and the trust bundle ("ROOTCA").
+	// Required.
 	Secrets Secrets
 	// Writer writes the files. Required.
 	Writer *Writer
@@ -69,9 +72,9 @@ func NewSync(cfg SyncConfig) (*Sync, error) {
 // write that replaced files; the next write waits for it (at most its
 // timeout).
 func (s *Sync) Run(ctx context.Context) error {
-	certs, stopCerts := s.secrets.Watch(ctx, secretmanager.WorkloadCertName)
+	certs, stopCerts := s.secrets.Watch(own, secretmanager.WorkloadCertName)
 	defer stopCerts()
-	roots, stopRoots := s.secrets.Watch(ctx, secretmanager.RootCertName)
+	roots, stopRoots := s.secrets.Watch(own, secretmanager.RootCertName)
 	defer stopRoots()
 	for {
 		s.write(ctx)
@@ -87,10 +90,10 @@ func (s *Sync) Run(ctx context.Context) error {
 // write writes what the source holds now, waiting for nothing.
 func (s *Sync) write(ctx context.Context) {
 	var f Files
-	if cert, err := s.secrets.Current(ctx, secretmanager.WorkloadCertName); err == nil {
+	if cert, err := s.secrets.Current(own, secretmanager.WorkloadCertName); err == nil {
 		f.CertChain, f.Key = cert.CertChain, cert.PrivateKey
 	}
-	if root, err := s.secrets.Current(ctx, secretmanager.RootCertName); err == nil {
+	if root, err := s.secrets.Current(own, secretmanager.RootCertName); err == nil {
 		f.Root = root.Roots
 		if s.td != "" {
 			f.BundleMap = s.bundleMap(root.Roots)
