@@ -34,14 +34,7 @@ func newWorkload(t *testing.T, node string) *workload {
 	t.Helper()
 	env := kube.Env(t)
 	ctx := context.Background()
-	ns := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
-	if len(ns) > 50 {
-		ns = ns[:50]
-	}
-	ns = strings.Trim(ns, "-")
-	if _, err := env.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	ns := env.TestNamespace(t)
 	const sa = "web"
 	if _, err := env.CreateServiceAccount(ctx, ns, sa); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/meshagent/meshagent/test/heavy"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,6 +118,7 @@ func (p *Proc) Done() <-chan struct{} { return p.done }
 // stops it when the test ends.
 func Start(t testing.TB, dir string, env ...string) *Proc {
 	t.Helper()
+	heavy.Skip(t, "starts the built agent")
 	return start(t, dir, nil, env)
 }
 
@@ -126,6 +128,7 @@ func Start(t testing.TB, dir string, env ...string) *Proc {
 // made readable by everyone.
 func StartAs(t testing.TB, cred *syscall.Credential, dir string, env ...string) *Proc {
 	t.Helper()
+	heavy.Skip(t, "starts the built agent")
 	return start(t, dir, cred, env)
 }
 
