@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -310,15 +309,24 @@ func TestNewDefaultsServerName(t *testing.T) {
 	}
 }
 
-// A client rebuilt against the same registry shares the metrics.
+// A client rebuilt against the same registry (a restart of the CA client)
+// is accepted and shares the metrics: both clients' requests land in one
+// counter.
 func TestNewTwiceSameRegistry(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	cfg := linkerd.Config{Token: credfetcher.File{Path: "/nonexistent"}, Transport: caclient.TransportConfig{Addr: "127.0.0.1:8080"}, Registerer: reg}
-	for range 2 {
-		c, err := linkerd.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.Close()
+	var cfg linkerd.Config
+	e := setup(t, linkerdca.Config{}, func(c *linkerd.Config) { cfg = *c })
+	second, err := linkerd.New(cfg)
+	if err != nil {
+		t.Fatalf("a second client on the same registry: %v", err)
+	}
+	defer second.Close()
+	if _, err := e.sign(t); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.Sign(context.Background(), e.csr, webID, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.outcomes("OK"); got != 2 {
+		t.Errorf("requests_total{outcome=OK} = %v after one request by each client, want 2", got)
 	}
 }

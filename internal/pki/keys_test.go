@@ -1,6 +1,7 @@
 package pki_test
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
@@ -79,12 +80,21 @@ func TestParseKeyPEMForms(t *testing.T) {
 		t.Fatal(err)
 	}
 	pkcs1 := x509.MarshalPKCS1PrivateKey(rsaKey.(*rsa.PrivateKey))
-	for name, data := range map[string][]byte{
-		"SEC 1":  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: sec1}),
-		"PKCS#1": pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: pkcs1}),
+	type privateKey interface{ Equal(crypto.PrivateKey) bool }
+	for name, tt := range map[string]struct {
+		data []byte
+		want privateKey
+	}{
+		"SEC 1":  {pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: sec1}), ec},
+		"PKCS#1": {pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: pkcs1}), rsaKey.(*rsa.PrivateKey)},
 	} {
-		if _, err := pki.ParseKeyPEM(data); err != nil {
+		got, err := pki.ParseKeyPEM(tt.data)
+		if err != nil {
 			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if !tt.want.Equal(got) {
+			t.Errorf("%s: parsed a %T that is not the key encoded", name, got)
 		}
 	}
 }
