@@ -607,10 +607,13 @@ func TestBackoffFollowsTheClock(t *testing.T) {
 	for i, wait := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 2 * time.Second} {
 		testwait.For(t, "a failed attempt", func() bool { return r.totalFailures() == float64(i+1) })
 		testwait.Timer(t, clk)
+		// One millisecond short of the backoff, its timer must still be
+		// set: had it fired, Step would have removed it (the next attempt
+		// sets a new one only after a dial, which this check does not wait
+		// for).
 		clk.Step(wait - time.Millisecond)
-		time.Sleep(20 * time.Millisecond)
-		if got := r.totalFailures(); got != float64(i+1) {
-			t.Fatalf("attempt %d happened before its backoff of %v", i+2, wait)
+		if !clk.HasWaiters() || r.totalFailures() != float64(i+1) {
+			t.Fatalf("attempt %d was not held back for its backoff of %v", i+2, wait)
 		}
 		clk.Step(time.Millisecond)
 	}
