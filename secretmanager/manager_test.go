@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -313,9 +314,10 @@ func TestFirstCertificateAndRoots(t *testing.T) {
 	if err := e.m.Live(); err != nil {
 		t.Fatalf("Live: %v", err)
 	}
-	if got := metricValue(t, e.reg, "meshagent_secretmanager_renewals_total", map[string]string{"result": "success"}); got != 1 {
-		t.Errorf("renewals{success} = %v, want 1", got)
-	}
+	// The signing goroutine counts the renewal after it publishes.
+	testwait.For(t, "renewals{success} = 1", func() bool {
+		return metricValue(t, e.reg, "meshagent_secretmanager_renewals_total", map[string]string{"result": "success"}) == 1
+	})
 	if got := metricValue(t, e.reg, "meshagent_secretmanager_cert_expiry_timestamp_seconds", map[string]string{"name": "default"}); got != float64(s.NotAfter.Unix()) {
 		t.Errorf("expiry gauge = %v, want %d", got, s.NotAfter.Unix())
 	}
@@ -400,6 +402,7 @@ func TestCAOutageKeepsCertificate(t *testing.T) {
 	e.ca.setMode(modeOK)
 	for range 60 {
 		e.step(time.Second)
+		e.waitTimer() // the manager has acted on the step: renewed, or set its next retry
 		select {
 		case <-ch:
 			second := e.secret(WorkloadCertName)
@@ -408,7 +411,7 @@ func TestCAOutageKeepsCertificate(t *testing.T) {
 			}
 			checkWorkloadSecret(t, second, e.ca.ca.Pool(), e.clock.Now())
 			return
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
 	}
 	t.Fatal("renewal did not resume after the CA came back")
@@ -469,7 +472,7 @@ func TestBadFirstAnswerKeepsNotReady(t *testing.T) {
 	if e.m.Live() != nil {
 		t.Fatal("not live while waiting for the first certificate")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now()) // already over: Secret must not wait
 	defer cancel()
 	_, err = e.m.Secret(ctx, own, WorkloadCertName)
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrRejected) || !errors.Is(err, pki.ErrIdentityMismatch) {
@@ -508,13 +511,7 @@ func TestConcurrentCallersShareOneRequest(t *testing.T) {
 			results <- s
 		})
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for e.m.waiting(testID) < callers {
-		if time.Now().After(deadline) {
-			t.Fatal("callers did not start waiting")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, "every caller waiting", func() bool { return e.m.waiting(testID) == callers })
 	release()
 	wg.Wait()
 	close(results)
@@ -733,13 +730,18 @@ func TestPublishWithoutCA(t *testing.T) {
 	if err := e.m.Ready(); !errors.Is(err, ErrExpired) {
 		t.Fatalf("Ready after expiry = %v", err)
 	}
-	ctx, cancelCtx := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	ctx, cancelCtx := context.WithDeadline(context.Background(), time.Now())
 	defer cancelCtx()
 	if _, err := e.m.Secret(ctx, own, WorkloadCertName); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Secret of an expired certificate = %v", err)
 	}
 	// Run announces what it holds when it starts, which may come before or
 	// after the Publish above; nothing else may be handed over.
+	testwait.For(t, "Run announcing the roots", func() bool {
+		pmu.Lock()
+		defer pmu.Unlock()
+		return slices.ContainsFunc(published, func(p *Secret) bool { return p.Name == RootCertName })
+	})
 	pmu.Lock()
 	defer pmu.Unlock()
 	var sawCert, sawRoots bool
