@@ -7,6 +7,8 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/sds"
+	"github.com/meshagent/meshagent/workloadapi"
 )
 
 // Default paths, relative to the working directory as in pilot-agent, that
@@ -70,18 +72,18 @@ func (r *resolution) derive(in Input) error {
 	// MESHAGENT_SDS_MAX_STREAMS: one node's pods share the bound in node
 	// mode, each within MESHAGENT_SDS_MAX_STREAMS_PER_POD.
 	if !r.isSet("MESHAGENT_SDS_MAX_STREAMS") {
-		c.SDSMaxStreams = 4096
+		c.SDSMaxStreams = sds.DefaultMaxStreams
 		if c.Mode == ModeNode {
-			c.SDSMaxStreams = 65536
+			c.SDSMaxStreams = NodeMaxStreams
 			r.notes["MESHAGENT_SDS_MAX_STREAMS"] = "node mode default"
 		}
 	}
 
 	// MESHAGENT_WORKLOAD_API_MAX_STREAMS: in line with SDS.
 	if !r.isSet("MESHAGENT_WORKLOAD_API_MAX_STREAMS") {
-		c.WorkloadAPIMaxStreams = 4096
+		c.WorkloadAPIMaxStreams = workloadapi.DefaultMaxStreams
 		if c.Mode == ModeNode {
-			c.WorkloadAPIMaxStreams = 65536
+			c.WorkloadAPIMaxStreams = NodeMaxStreams
 			r.notes["MESHAGENT_WORKLOAD_API_MAX_STREAMS"] = "node mode default"
 		}
 	}
