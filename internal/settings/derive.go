@@ -40,6 +40,24 @@ func (r *resolution) derive(in Input) error {
 		return r.invalid("TRUST_DOMAIN", c.TrustDomain, err.Error())
 	}
 
+	r.deriveServing()
+	r.deriveCA()
+	if err := r.derivePaths(in); err != nil {
+		return err
+	}
+
+	// INSTANCE_IP: the host's address, as pilot-agent falls back to.
+	if c.InstanceIP == "" {
+		c.InstanceIP = hostIP(in.InterfaceAddrs)
+		r.notes["INSTANCE_IP"] = "the host's address"
+	}
+	return nil
+}
+
+// deriveServing fills the defaults of what the agent serves: the status
+// port, dev mode's names, the xDS proxy and the stream bounds.
+func (r *resolution) deriveServing() {
+	c := r.c
 	// STATUS_PORT: PROXY_CONFIG statusPort, else 15020.
 	if !r.isSet("STATUS_PORT") {
 		c.StatusPort = DefaultStatusPort
@@ -87,7 +105,12 @@ func (r *resolution) derive(in Input) error {
 			r.notes["MESHAGENT_WORKLOAD_API_MAX_STREAMS"] = "node mode default"
 		}
 	}
+}
 
+// deriveCA fills the defaults that follow the CA and its identity scheme:
+// the CA's address, the renewal ratio, the token audience and the key type.
+func (r *resolution) deriveCA() {
+	c := r.c
 	// CA_ADDR: the discovery address; Linkerd's identity service for Linkerd.
 	if !r.isSet("CA_ADDR") {
 		if c.CAProvider == ProviderLinkerd {
@@ -138,7 +161,12 @@ func (r *resolution) derive(in Input) error {
 			c.LinkerdIdentityServiceName = s.CAServerName()
 		}
 	}
+}
 
+// derivePaths fills the default paths: the sockets, the token and the
+// roots, in pilot-agent's order.
+func (r *resolution) derivePaths(in Input) error {
+	c := r.c
 	// Paths.
 	if c.SDSSocket == "" {
 		c.SDSSocket = sdsSocketDir + "/" + c.WorkloadIdentitySocketFile
@@ -181,12 +209,6 @@ func (r *resolution) derive(in Input) error {
 		if c.XDSRoot == "" && c.XDSProxy {
 			return r.invalid("PILOT_CERT_PROVIDER", c.PilotCertProvider, "no default xDS root: set XDS_ROOT_CA or CA_ROOT_CA (a path, or SYSTEM)")
 		}
-	}
-
-	// INSTANCE_IP: the host's address, as pilot-agent falls back to.
-	if c.InstanceIP == "" {
-		c.InstanceIP = hostIP(in.InterfaceAddrs)
-		r.notes["INSTANCE_IP"] = "the host's address"
 	}
 	return nil
 }
