@@ -81,8 +81,8 @@ func TestIssuesForPodsOfItsNodeOnly(t *testing.T) {
 
 	// The trust bundle: the CA's root, for the signer.
 	eventually(t, "the ClusterTrustBundle", func() bool {
-		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(testSigner), metav1.GetOptions{})
-		return err == nil && b.Spec.SignerName == testSigner && b.Spec.TrustBundle == string(c.ca.RootPEM())
+		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(c.signer), metav1.GetOptions{})
+		return err == nil && b.Spec.SignerName == c.signer && b.Spec.TrustBundle == string(c.ca.RootPEM())
 	})
 }
 
@@ -269,7 +269,7 @@ func TestTrustBundleFollowsRoots(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the ClusterTrustBundle with both roots", func() bool {
-		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(testSigner), metav1.GetOptions{})
+		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(c.signer), metav1.GetOptions{})
 		return err == nil && b.Spec.TrustBundle == string(both)
 	})
 }
