@@ -161,79 +161,9 @@ type Manager struct {
 
 // New checks cfg, fills in defaults and returns a Manager. It starts nothing.
 func New(cfg Config) (*Manager, error) {
-	if cfg.Roots == nil {
-		return nil, errors.New("secret manager: no trust roots")
-	}
-	if !cfg.Identity.IsZero() {
-		if err := cfg.Identity.Validate(); err != nil {
-			return nil, fmt.Errorf("secret manager: workload identity: %w", err)
-		}
-	}
-	if cfg.TTL == 0 {
-		cfg.TTL = DefaultTTL
-	}
-	if cfg.TTL < time.Second {
-		return nil, fmt.Errorf("secret manager: TTL %s is shorter than a second", cfg.TTL)
-	}
-	if cfg.GraceRatio == 0 {
-		cfg.GraceRatio = DefaultGraceRatio
-	}
-	switch {
-	case cfg.GraceJitter == 0:
-		cfg.GraceJitter = DefaultGraceJitter
-	case cfg.GraceJitter < 0:
-		cfg.GraceJitter = 0
-	}
-	if !(cfg.GraceRatio > 0 && cfg.GraceRatio <= 1) {
-		return nil, fmt.Errorf("secret manager: grace ratio %v is outside (0, 1]", cfg.GraceRatio)
-	}
-	if !(cfg.GraceJitter <= 1) {
-		return nil, fmt.Errorf("secret manager: grace jitter %v is outside [0, 1]", cfg.GraceJitter)
-	}
-	if cfg.MinRenewDelay < 0 || cfg.MaxRenewDelay < 0 || (cfg.MaxRenewDelay > 0 && cfg.MaxRenewDelay < cfg.MinRenewDelay) {
-		return nil, fmt.Errorf("secret manager: renewal delay clamp [%s, %s] is not a range", cfg.MinRenewDelay, cfg.MaxRenewDelay)
-	}
-	if cfg.BackoffBase <= 0 {
-		cfg.BackoffBase = DefaultBackoffBase
-	}
-	if cfg.BackoffCap <= 0 {
-		cfg.BackoffCap = DefaultBackoffCap
-	}
-	cfg.BackoffCap = max(cfg.BackoffCap, cfg.BackoffBase)
-	switch {
-	case cfg.SignTimeout == 0:
-		cfg.SignTimeout = DefaultSignTimeout
-	case cfg.SignTimeout < 0:
-		cfg.SignTimeout = 0
-	}
-	if cfg.MaxConcurrentCSRs <= 0 {
-		cfg.MaxConcurrentCSRs = DefaultMaxConcurrentCSRs
-	}
-	if cfg.IdleGrace <= 0 {
-		cfg.IdleGrace = DefaultIdleGrace
-	}
-	for prefix, p := range cfg.Providers {
-		if prefix == "" || p == nil {
-			return nil, fmt.Errorf("secret manager: provider for prefix %q: empty prefix or nil provider", prefix)
-		}
-		if prefix == WorkloadCertName || prefix == RootCertName {
-			return nil, fmt.Errorf("secret manager: provider prefix %q shadows a built-in resource", prefix)
-		}
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
-	if cfg.Rand == nil {
-		cfg.Rand = rand.Float64
-	}
-	if cfg.Source == "" {
-		cfg.Source = "ca"
-		if cfg.CA == nil {
-			cfg.Source = "file"
-		}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = zap.NewNop()
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	met, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -275,6 +205,86 @@ func New(cfg Config) (*Manager, error) {
 		m.loadInitial(cfg.Initial)
 	}
 	return m, nil
+}
+
+// withDefaults checks cfg and returns it with its zero values replaced by
+// the defaults.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.Roots == nil {
+		return cfg, errors.New("secret manager: no trust roots")
+	}
+	if !cfg.Identity.IsZero() {
+		if err := cfg.Identity.Validate(); err != nil {
+			return cfg, fmt.Errorf("secret manager: workload identity: %w", err)
+		}
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.TTL < time.Second {
+		return cfg, fmt.Errorf("secret manager: TTL %s is shorter than a second", cfg.TTL)
+	}
+	if cfg.GraceRatio == 0 {
+		cfg.GraceRatio = DefaultGraceRatio
+	}
+	switch {
+	case cfg.GraceJitter == 0:
+		cfg.GraceJitter = DefaultGraceJitter
+	case cfg.GraceJitter < 0:
+		cfg.GraceJitter = 0
+	}
+	if !(cfg.GraceRatio > 0 && cfg.GraceRatio <= 1) {
+		return cfg, fmt.Errorf("secret manager: grace ratio %v is outside (0, 1]", cfg.GraceRatio)
+	}
+	if !(cfg.GraceJitter <= 1) {
+		return cfg, fmt.Errorf("secret manager: grace jitter %v is outside [0, 1]", cfg.GraceJitter)
+	}
+	if cfg.MinRenewDelay < 0 || cfg.MaxRenewDelay < 0 || (cfg.MaxRenewDelay > 0 && cfg.MaxRenewDelay < cfg.MinRenewDelay) {
+		return cfg, fmt.Errorf("secret manager: renewal delay clamp [%s, %s] is not a range", cfg.MinRenewDelay, cfg.MaxRenewDelay)
+	}
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = DefaultBackoffBase
+	}
+	if cfg.BackoffCap <= 0 {
+		cfg.BackoffCap = DefaultBackoffCap
+	}
+	cfg.BackoffCap = max(cfg.BackoffCap, cfg.BackoffBase)
+	switch {
+	case cfg.SignTimeout == 0:
+		cfg.SignTimeout = DefaultSignTimeout
+	case cfg.SignTimeout < 0:
+		cfg.SignTimeout = 0
+	}
+	if cfg.MaxConcurrentCSRs <= 0 {
+		cfg.MaxConcurrentCSRs = DefaultMaxConcurrentCSRs
+	}
+	if cfg.IdleGrace <= 0 {
+		cfg.IdleGrace = DefaultIdleGrace
+	}
+	for prefix, p := range cfg.Providers {
+		if prefix == "" || p == nil {
+			return cfg, fmt.Errorf("secret manager: provider for prefix %q: empty prefix or nil provider", prefix)
+		}
+		if prefix == WorkloadCertName || prefix == RootCertName {
+			return cfg, fmt.Errorf("secret manager: provider prefix %q shadows a built-in resource", prefix)
+		}
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Float64
+	}
+	if cfg.Source == "" {
+		cfg.Source = "ca"
+		if cfg.CA == nil {
+			cfg.Source = "file"
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	return cfg, nil
 }
 
 func (m *Manager) loadInitial(in *Secret) {
