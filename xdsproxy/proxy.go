@@ -197,6 +197,34 @@ func (p *Proxy) Run(ctx context.Context) error {
 		}()
 	}
 	p.conn = conn
+	srv := p.newServer()
+
+	p.log.Info("xds proxy listening", zap.String(keySocket, path), zap.String(keyUpstream, p.upstream.Addr))
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+	}
+	srv.Stop() // closes the listener and every stream; waits for the handlers
+	stopWaiting()
+	<-waited
+	_ = conn.Close()
+	if serveErr == nil {
+		serveErr = <-served
+	}
+	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return fmt.Errorf("serving xds proxy socket %s: %w", path, serveErr)
+	}
+	p.log.Info("xds proxy stopped", zap.String(keySocket, path))
+	return nil
+}
+
+// newServer is the proxy's gRPC server: the ADS service's two streams,
+// each relayed raw (sotw and delta), and the limits of a local client.
+func (p *Proxy) newServer() *grpc.Server {
 	srv := grpc.NewServer(
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.MaxRecvMsgSize(p.cfg.MaxMessageSize),
@@ -227,28 +255,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		},
 		Metadata: discovery.AggregatedDiscoveryService_ServiceDesc.Metadata,
 	}, p)
-
-	p.log.Info("xds proxy listening", zap.String(keySocket, path), zap.String(keyUpstream, p.upstream.Addr))
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-served:
-	}
-	srv.Stop() // closes the listener and every stream; waits for the handlers
-	stopWaiting()
-	<-waited
-	_ = conn.Close()
-	if serveErr == nil {
-		serveErr = <-served
-	}
-	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
-		return fmt.Errorf("serving xds proxy socket %s: %w", path, serveErr)
-	}
-	p.log.Info("xds proxy stopped", zap.String(keySocket, path))
-	return nil
+	return srv
 }
 
 // listen makes the socket's directory, clears a stale socket and listens.
