@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
@@ -54,6 +56,11 @@ type protocol struct {
 	method     string
 	desc       *grpc.StreamDesc
 	newTracker func() tracker
+	// The proxy's own subscriptions (own.go): the request that subscribes,
+	// the type URL of a response, and applying a response.
+	ownSubscription func(*ownSub) proto.Message
+	responseType    func(mem.BufferSlice) (string, error)
+	applyOwn        func(*ownSub, []byte) (ownAnswer, error)
 }
 
 var (
@@ -62,12 +69,20 @@ var (
 		method:     discovery.AggregatedDiscoveryService_StreamAggregatedResources_FullMethodName,
 		desc:       &discovery.AggregatedDiscoveryService_ServiceDesc.Streams[0],
 		newTracker: func() tracker { return newSotwTracker() },
+
+		ownSubscription: sotwOwnSubscription,
+		responseType:    sotwResponseType,
+		applyOwn:        sotwApplyOwn,
 	}
 	deltaProtocol = protocol{
 		name:       protoDelta,
 		method:     discovery.AggregatedDiscoveryService_DeltaAggregatedResources_FullMethodName,
 		desc:       &discovery.AggregatedDiscoveryService_ServiceDesc.Streams[1],
 		newTracker: func() tracker { return newDeltaTracker() },
+
+		ownSubscription: deltaOwnSubscription,
+		responseType:    deltaResponseType,
+		applyOwn:        deltaApplyOwn,
 	}
 )
 
