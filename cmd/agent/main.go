@@ -111,6 +111,13 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return configError{err} })
 
+	root.AddCommand(newRunCommand(env, stderr, h), newConfigCommand(env, stdout), newVersionCommand(stdout), newDocsCommand(stdout), newCSICommand(stderr))
+	root.AddCommand(newSocketDirCommand())
+	return root
+}
+
+// newRunCommand is `meshagent run`.
+func newRunCommand(env []string, stderr io.Writer, h hooks) *cobra.Command {
 	runCmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the agent",
@@ -131,6 +138,11 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	addSettingFlags(runCmd.Flags())
 	runCmd.Flags().Bool("node", false, "serve every pod of the node: the same as --mode node (env MESHAGENT_MODE)")
 
+	return runCmd
+}
+
+// newConfigCommand is `meshagent config`.
+func newConfigCommand(env []string, stdout io.Writer) *cobra.Command {
 	var output string
 	configCmd := &cobra.Command{
 		Use:   "config",
@@ -152,7 +164,12 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	addSettingFlags(configCmd.Flags())
 	configCmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 
-	versionCmd := &cobra.Command{
+	return configCmd
+}
+
+// newVersionCommand is `meshagent version`.
+func newVersionCommand(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
@@ -160,7 +177,11 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 			fmt.Fprintln(stdout, versionString())
 		},
 	}
+}
 
+// newDocsCommand is the hidden `meshagent docs` that writes
+// docs/configuration.md.
+func newDocsCommand(stdout io.Writer) *cobra.Command {
 	var docsOut string
 	docsCmd := &cobra.Command{
 		Use:    "docs",
@@ -185,9 +206,7 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	}
 	docsCmd.Flags().StringVarP(&docsOut, "output", "o", "-", "file to write, - for stdout")
 
-	root.AddCommand(runCmd, configCmd, versionCmd, docsCmd, newCSICommand(stderr))
-	root.AddCommand(newSocketDirCommand())
-	return root
+	return docsCmd
 }
 
 // addSettingFlags declares a flag for every setting that has one.
