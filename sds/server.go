@@ -156,7 +156,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.Named("sds"), metrics: m,
-		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers}}, nil
+		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers,
+			Service: "SDS", MaxSetting: "MESHAGENT_SDS_MAX_STREAMS"}}, nil
 }
 
 // Register adds the SDS service to gs.

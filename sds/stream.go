@@ -20,7 +20,6 @@ import (
 
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
-	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -495,18 +494,11 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 // socket server resolved (node mode), MaxStreamsPerCaller, or refuses it
 // with ResourceExhausted naming the limit; release gives the place back.
 func (s *Server) admit(ctx context.Context) (release func(), err error) {
-	info, _ := caller.FromContext(ctx)
-	key := info.Key()
-	release, err = s.streams.Acquire(key)
-	switch {
-	case errors.Is(err, streamlimit.ErrTotal):
-		s.metrics.refused.WithLabelValues(refusedStreams).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many SDS streams: at most %d are served at once (MESHAGENT_SDS_MAX_STREAMS)", s.cfg.MaxStreams)
-		s.log.Warn("SDS stream refused: too many streams", zap.String(keyCaller, key), zap.Int(keyMaxStreams, s.cfg.MaxStreams), zap.Error(err))
-	case errors.Is(err, streamlimit.ErrPerCaller):
-		s.metrics.refused.WithLabelValues(refusedStreamsPerCaller).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many streams from this caller: at most %d SDS and Workload API streams are served at once (MESHAGENT_SDS_MAX_STREAMS_PER_POD)", s.cfg.MaxStreamsPerCaller)
-		s.log.Warn("SDS stream refused: too many streams from this caller", zap.String(keyCaller, key), zap.Int(keyMaxStreamsPerCaller, s.cfg.MaxStreamsPerCaller), zap.Error(err))
+	release, r, err := s.streams.Admit(ctx)
+	if err != nil {
+		info, _ := caller.FromContext(ctx)
+		s.metrics.refused.WithLabelValues(r.Reason).Inc()
+		s.log.Warn("SDS stream refused: "+r.Cause.Error(), zap.String(keyCaller, info.Key()), zap.Int(r.Reason, r.Limit), zap.Error(err))
 	}
 	return release, err
 }

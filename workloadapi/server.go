@@ -106,7 +106,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.Named("workloadapi"), metrics: m,
-		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers}}, nil
+		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers,
+			Service: "Workload API", MaxSetting: "MESHAGENT_WORKLOAD_API_MAX_STREAMS"}}, nil
 }
 
 // Register adds the SpiffeWorkloadAPI service to gs.
@@ -248,17 +249,9 @@ func callerField(ctx context.Context) zap.Field {
 // acquire takes a stream's place within the limits, or refuses the stream
 // with ResourceExhausted naming the limit. The function gives it back.
 func (s *Server) acquire(ctx context.Context, method string) (func(), error) {
-	info, _ := caller.FromContext(ctx)
-	release, err := s.streams.Acquire(info.Key())
-	switch {
-	case errors.Is(err, streamlimit.ErrTotal):
-		s.metrics.refused.WithLabelValues(refusedMaxStreams).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many Workload API streams: at most %d are served at once (MESHAGENT_WORKLOAD_API_MAX_STREAMS)", s.cfg.MaxStreams)
-	case errors.Is(err, streamlimit.ErrPerCaller):
-		s.metrics.refused.WithLabelValues(refusedMaxPerCaller).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many streams from this caller: at most %d SDS and Workload API streams are served at once (MESHAGENT_SDS_MAX_STREAMS_PER_POD)", s.cfg.MaxStreamsPerCaller)
-	}
+	release, r, err := s.streams.Admit(ctx)
 	if err != nil {
+		s.metrics.refused.WithLabelValues(r.Reason).Inc()
 		s.log.Warn("workload API stream refused", zap.String(keyMethod, method), callerField(ctx), zap.Error(err))
 		return nil, err
 	}
