@@ -18,7 +18,6 @@ import (
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
-	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -78,11 +77,9 @@ type App struct {
 	source SourceDecision
 
 	components []component
-	// preconnect, when set, starts the CA connection: the first thing Run does.
+	// preconnect, when set, starts the CA connection: the first thing Run
+	// does (certSource.preconnect).
 	preconnect func()
-	// proxyConfig takes the mesh's roots from istiod's ProxyConfig
-	// (PROXY_CONFIG_XDS_AGENT); the xDS proxy feeds it. Nil when off.
-	proxyConfig *trust.ProxyConfigSource
 	// undo releases what New made, if New fails.
 	undo []func()
 
@@ -96,8 +93,10 @@ type App struct {
 	firstCertOnce sync.Once
 	// node is node mode's wiring; nil in a sidecar.
 	node *nodeWiring
-	// socket is the local socket's server, once built (podLeft).
-	socket atomic.Pointer[udsserver.Server]
+	// socket is the local socket's server (podLeft). Set while New builds
+	// it, after the pod index whose PodLeft reads it: the index calls
+	// PodLeft only once Run runs it, after New returned.
+	socket *udsserver.Server
 
 	ran atomic.Bool
 }
@@ -183,6 +182,7 @@ func New(cfg Config) (_ *App, err error) {
 		return nil, err
 	}
 	a.components = append(a.components, src.components...)
+	a.preconnect = src.preconnect
 	serving, err := a.servingComponents(src)
 	if err != nil {
 		return nil, err

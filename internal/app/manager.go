@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/podcert"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -35,6 +36,12 @@ type certSource struct {
 	// nil without a CA.
 	podCA    podcert.CA
 	podRoots podcert.RootSource
+	// preconnect, when set, starts the CA connection: the first thing Run
+	// does.
+	preconnect func()
+	// proxyConfig takes the mesh's roots from istiod's ProxyConfig
+	// (PROXY_CONFIG_XDS_AGENT); the xDS proxy feeds it. Nil when off.
+	proxyConfig *trust.ProxyConfigSource
 }
 
 // errSourceUnavailable: a source without a way to make it (a source added
@@ -184,16 +191,18 @@ func (a *App) caSource() (certSource, error) {
 	if err != nil {
 		return certSource{}, err
 	}
-	roots, trustCs, err := a.trustRoots(rootFeed.Roots())
+	ts, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {
 		return certSource{}, err
 	}
+	roots := ts.roots
 	client, err := a.caClient(roots)
 	if err != nil {
 		return certSource{}, err
 	}
+	var preconnect func()
 	if p, ok := client.(caclient.Preconnecter); ok {
-		a.preconnect = p.Preconnect
+		preconnect = p.Preconnect
 	}
 	mc := a.managerConfig(id, roots, "ca")
 	mc.CA = client
@@ -203,8 +212,9 @@ func (a *App) caSource() (certSource, error) {
 		return certSource{}, err
 	}
 	cs = append(cs, component{name: "ca_root_watcher", run: rootFeed.Run})
-	cs = append(cs, trustCs...)
-	return certSource{manager: m, caRoots: roots, components: cs, podCA: client, podRoots: roots}, nil
+	cs = append(cs, ts.components...)
+	return certSource{manager: m, caRoots: roots, components: cs, podCA: client, podRoots: roots,
+		preconnect: preconnect, proxyConfig: ts.proxyConfig}, nil
 }
 
 // outputCertsInitial returns a still-valid certificate for id found in
@@ -232,15 +242,15 @@ func (a *App) fileSource(dir, source string) (certSource, error) {
 	if err != nil {
 		return certSource{}, err
 	}
-	roots, trustCs, err := a.trustRoots(rootFeed.Roots())
+	ts, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {
 		return certSource{}, err
 	}
-	m, cs, err := a.newManager(a.managerConfig(pki.Identity{}, roots, source), nil)
+	m, cs, err := a.newManager(a.managerConfig(pki.Identity{}, ts.roots, source), nil)
 	if err != nil {
 		return certSource{}, err
 	}
-	cs = append(cs, trustCs...)
+	cs = append(cs, ts.components...)
 	pairFeed, err := certfile.NewPairFeed(certfile.PairFeedConfig{
 		CertPath: filepath.Join(dir, files.CertChainFile), KeyPath: filepath.Join(dir, files.KeyFile),
 		Label: source, Into: m, Source: a.fileConfig(),
@@ -251,7 +261,7 @@ func (a *App) fileSource(dir, source string) (certSource, error) {
 	cs = append(cs,
 		component{name: source + "_root_watcher", run: rootFeed.Run},
 		component{name: source + "_watcher", run: pairFeed.Run})
-	return certSource{manager: m, components: cs}, nil
+	return certSource{manager: m, components: cs, proxyConfig: ts.proxyConfig}, nil
 }
 
 func (a *App) fileConfig() certfile.SourceConfig {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
@@ -26,9 +25,10 @@ type nodeWiring struct {
 	a *App
 	// uids are node processes' identities (MESHAGENT_NODE_UID_IDENTITIES).
 	uids map[uint32]pki.Identity
-	// idx is the pod index, set by callers: the CA client is built before
-	// it, and its token source lists no pods until then.
-	idx atomic.Pointer[podindex.Index]
+	// idx is the pod index, set by callers while New builds the socket.
+	// The CA client is built before it; its token source calls PodsOf only
+	// when a token is asked for, once Run runs, after New returned.
+	idx *podindex.Index
 	// podTokens: with Linkerd, the tokens of each service account with pods
 	// on the node (linkerdTokens).
 	podTokens *credfetcher.PodTokens
@@ -124,7 +124,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	if err != nil {
 		return nil, nil, err
 	}
-	n.idx.Store(idx)
+	n.idx = idx
 	r, err := podresolver.New(podresolver.Config{
 		Pods:       idx,
 		CgroupRoot: cgroupRoot,
@@ -161,7 +161,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 // PodsOf lists a service account's pods on the node from the pod index;
 // before the index is built it lists none.
 func (n *nodeWiring) PodsOf(namespace, serviceAccount string) []credfetcher.PodRef {
-	idx := n.idx.Load()
+	idx := n.idx
 	if idx == nil {
 		return nil
 	}

@@ -35,7 +35,7 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 	if a.node == nil {
 		return nil, configError(errors.New("MESHAGENT_POD_CERTIFICATE_SIGNER needs node mode with a CA (the dev CA or CA_PROVIDER)"))
 	}
-	idx := a.node.idx.Load()
+	idx := a.node.idx
 	if idx == nil || src.podCA == nil || src.podRoots == nil {
 		return nil, configError(errors.New("MESHAGENT_POD_CERTIFICATE_SIGNER needs node mode with a CA (the dev CA or CA_PROVIDER)"))
 	}

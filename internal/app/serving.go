@@ -91,7 +91,7 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.socket.Store(socket)
+	a.socket = socket
 	return append(cs, component{name: "sds", run: socket.Run}), nil
 }
 
@@ -186,7 +186,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 			ClientCertificate: clientCert,
 		},
 		ConnectAfter:  connectAfter,
-		Subscriptions: a.xdsSubscriptions(),
+		Subscriptions: a.xdsSubscriptions(src.proxyConfig),
 		Clock:         a.clock,
 		Logger:        a.base,
 		Registerer:    a.reg,
@@ -199,14 +199,14 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 
 // xdsSubscriptions are the xDS proxy's own subscriptions: istiod's
 // ProxyConfig for its roots with PROXY_CONFIG_XDS_AGENT.
-func (a *App) xdsSubscriptions() []xdsproxy.Subscription {
-	if a.proxyConfig == nil {
+func (a *App) xdsSubscriptions(proxyConfig *trust.ProxyConfigSource) []xdsproxy.Subscription {
+	if proxyConfig == nil {
 		if a.s.ProxyConfigXDSAgent {
 			a.log.Warn("PROXY_CONFIG_XDS_AGENT: this certificate source has no trust bundle; the ProxyConfig is not asked for")
 		}
 		return nil
 	}
-	return []xdsproxy.Subscription{{TypeURL: trust.ProxyConfigTypeURL, Apply: a.proxyConfig.Apply}}
+	return []xdsproxy.Subscription{{TypeURL: trust.ProxyConfigTypeURL, Apply: proxyConfig.Apply}}
 }
 
 // writeBootstrap writes the gRPC xDS bootstrap once (docs/vm.md).

@@ -20,7 +20,7 @@ func (a *App) withSocketLimits(cfg udsserver.Config) udsserver.Config {
 // podLeft is the pod index's PodLeft in node mode: the pod's connections
 // to the local socket end, saying why.
 func (a *App) podLeft(p podindex.Pod, why string) {
-	if s := a.socket.Load(); s != nil {
+	if s := a.socket; s != nil {
 		s.CallerLeft(p.UID, "pod "+p.String()+" "+why)
 	}
 }
