@@ -153,7 +153,8 @@ func New(cfg Config) (_ *App, err error) {
 		return nil, configError(err)
 	}
 	a.source = SelectSource(context.Background(), a.s)
-	a.log.Info("starting meshagent", zap.String(keyVersion, cfg.Version), zap.String(keyMode, string(a.source.Source)), zap.String(keyReason, a.source.Reason))
+	a.log.Info("starting meshagent", zap.String(keyVersion, cfg.Version), zap.String(keyMode, a.s.Mode),
+		zap.String(keySource, string(a.source.Source)), zap.String(keyReason, a.source.Reason))
 	for _, w := range a.s.Warnings() {
 		a.log.Warn("setting has no effect", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
 	}
@@ -169,9 +170,9 @@ func New(cfg Config) (_ *App, err error) {
 	}
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "meshagent_agent_info",
-		Help: "Always 1; labels carry the version and the certificate source mode.",
-	}, []string{"version", "mode"})
-	info.WithLabelValues(cfg.Version, string(a.source.Source)).Set(1)
+		Help: "Always 1; labels carry the version, where certificates come from (source) and the mode (sidecar or node).",
+	}, []string{"version", "source", "mode"})
+	info.WithLabelValues(cfg.Version, string(a.source.Source), a.s.Mode).Set(1)
 	if err := a.reg.Register(info); err != nil {
 		return nil, err
 	}

@@ -3,7 +3,8 @@ package app
 // Log field keys.
 const (
 	keyVersion   = "version"
-	keyMode      = "mode"
+	keyMode      = "mode"   // sidecar or node (MESHAGENT_MODE)
+	keySource    = "source" // where certificates come from
 	keyReason    = "reason"
 	keySigner    = "signer"
 	keyBundle    = "bundle"

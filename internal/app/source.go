@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -40,15 +41,47 @@ var credentialFiles = []string{files.CertChainFile, files.KeyFile, files.RootCer
 // sdsProbeTimeout is how long an existing SDS socket has to answer.
 const sdsProbeTimeout = time.Second
 
-// SourceDecision is the certificate source chosen at start-up and why.
+// SourceDecision is the certificate source chosen at start-up and why. Its
+// JSON names the source "source", and "mode" too, the name it had before
+// (deprecated: "mode" is MESHAGENT_MODE's word, sidecar or node; the alias
+// goes in the next release).
 type SourceDecision struct {
-	Source Source `json:"mode"`
+	Source Source `json:"source"`
 	Reason string `json:"reason"`
 	// Provider is CA_PROVIDER with SourceCA.
 	Provider string `json:"provider,omitempty"`
 	// StaleSocket is set when a socket at the SDS path answered nothing: Run
 	// removes it before serving; `meshagent config` only reports it.
 	StaleSocket bool `json:"stale_socket,omitempty"`
+}
+
+// sourceDecisionJSON is SourceDecision's JSON, with the deprecated alias.
+type sourceDecisionJSON struct {
+	Source Source `json:"source"`
+	// Mode is Source under its former name (deprecated).
+	Mode        Source `json:"mode,omitempty"`
+	Reason      string `json:"reason"`
+	Provider    string `json:"provider,omitempty"`
+	StaleSocket bool   `json:"stale_socket,omitempty"`
+}
+
+// MarshalJSON writes the source under "source" and, deprecated, "mode".
+func (d SourceDecision) MarshalJSON() ([]byte, error) {
+	return json.Marshal(sourceDecisionJSON{Source: d.Source, Mode: d.Source, Reason: d.Reason, Provider: d.Provider, StaleSocket: d.StaleSocket})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, and JSON that names the
+// source "mode" only.
+func (d *SourceDecision) UnmarshalJSON(b []byte) error {
+	var j sourceDecisionJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	if j.Source == "" {
+		j.Source = j.Mode
+	}
+	*d = SourceDecision{Source: j.Source, Reason: j.Reason, Provider: j.Provider, StaleSocket: j.StaleSocket}
+	return nil
 }
 
 // missingFiles returns the credential files not present in dir.
