@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // BundleLabel is set on the ClusterTrustBundle the signer writes, for
@@ -31,8 +32,8 @@ func (s *Signer) publishBundle(ctx context.Context) {
 			wait = s.backoff.Delay(failures, s.cfg.Rand())
 			failures++
 			s.metrics.bundle.WithLabelValues(resultError).Inc()
-			s.log.Warn("cannot publish the trust bundle", zap.String(keyBundle, BundleName(s.cfg.SignerName)),
-				zap.Duration(keyRetryIn, wait), zap.Error(err))
+			s.log.Warn("cannot publish the trust bundle", zap.String(logkeys.Bundle, BundleName(s.cfg.SignerName)),
+				zap.Duration(logkeys.RetryIn, wait), zap.Error(err))
 		} else {
 			failures = 0
 		}
@@ -76,6 +77,6 @@ func (s *Signer) ensureBundle(ctx context.Context) error {
 		}
 	}
 	s.metrics.bundle.WithLabelValues(resultSuccess).Inc()
-	s.log.Info("trust bundle published", zap.String(keyBundle, name), zap.Int(keyRoots, len(roots.Certs())))
+	s.log.Info("trust bundle published", zap.String(logkeys.Bundle, name), zap.Int(logkeys.Roots, len(roots.Certs())))
 	return nil
 }

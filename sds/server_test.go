@@ -35,6 +35,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
@@ -369,7 +370,7 @@ func TestACKNACKAndStaleNonce(t *testing.T) {
 		t.Errorf("nacks = %v, want 1", got)
 	}
 	nackLogs := f.logs.FilterMessage("client rejected secrets").All()
-	if len(nackLogs) != 1 || nackLogs[0].ContextMap()[keyErrorDetail] != "bad certificate" {
+	if len(nackLogs) != 1 || nackLogs[0].ContextMap()[logkeys.ErrorDetail] != "bad certificate" {
 		t.Errorf("NACK logs %v", nackLogs)
 	}
 

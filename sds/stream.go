@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -214,7 +215,7 @@ func (l streamLog) check(lvl zapcore.Level, msg string) *zapcore.CheckedEntry {
 }
 
 func (l streamLog) write(ce *zapcore.CheckedEntry, fields ...zap.Field) {
-	ce.Write(append(fields, zap.Uint64(keyStream, l.id))...)
+	ce.Write(append(fields, zap.Uint64(logkeys.Stream, l.id))...)
 }
 
 // stream is one StreamSecrets stream. The gRPC handler goroutine reads
@@ -265,7 +266,7 @@ func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsS
 	if err != nil {
 		s.countError(err)
 		if c := status.Code(err); c != codes.Canceled {
-			st.log.Warn("SDS stream ended with an error", zap.String(keyCode, c.String()), zap.Error(err))
+			st.log.Warn("SDS stream ended with an error", zap.String(logkeys.Code, c.String()), zap.Error(err))
 		}
 	}
 	return err
@@ -346,23 +347,23 @@ func (s *Server) handleRequest(str *stream, req *discoveryv3.DiscoveryRequest) e
 	if req.GetErrorDetail() != nil && (act == actNACK || act == actRespond) {
 		s.metrics.nacks.Inc()
 		log.Warn("client rejected secrets",
-			zap.Strings(keyNames, req.GetResourceNames()),
-			zap.String(keyNonce, req.GetResponseNonce()),
-			zap.String(keyErrorDetail, req.GetErrorDetail().GetMessage()))
+			zap.Strings(logkeys.Names, req.GetResourceNames()),
+			zap.String(logkeys.Nonce, req.GetResponseNonce()),
+			zap.String(logkeys.ErrorDetail, req.GetErrorDetail().GetMessage()))
 	}
 	switch act {
 	case actBadType:
 		return checkType(req.GetTypeUrl())
 	case actStale:
 		s.metrics.stale.Inc()
-		log.Debug("stale SDS request ignored", zap.String(keyNonce, req.GetResponseNonce()))
+		log.Debug("stale SDS request ignored", zap.String(logkeys.Nonce, req.GetResponseNonce()))
 		return nil
 	case actNACK:
 		return nil
 	case actACK:
 		s.metrics.acks.Inc()
 		if ce := log.check(zap.DebugLevel, "secrets acknowledged"); ce != nil {
-			log.write(ce, zap.String(keyVersion, req.GetVersionInfo()), zap.String(keyNonce, req.GetResponseNonce()))
+			log.write(ce, zap.String(logkeys.Version, req.GetVersionInfo()), zap.String(logkeys.Nonce, req.GetResponseNonce()))
 		}
 		return nil
 	}
@@ -438,7 +439,7 @@ func (s *Server) available(id pki.Identity, st *streamState, names []string, log
 			st.missing[name] = true
 			s.metrics.unavailable.Inc()
 			log.Info("resource not available yet; the others are served and it is pushed once it is",
-				zap.String(keyName, name), zap.Error(err))
+				zap.String(logkeys.Name, name), zap.Error(err))
 		}
 	}
 	return out, nil
@@ -484,8 +485,8 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 		if counter == s.metrics.pushRequest {
 			reason = pushRequest
 		}
-		log.write(ce, zap.Strings(keyNames, names), zap.String(keyVersion, version),
-			zap.String(keyNonce, nonce), zap.String(keyReason, reason))
+		log.write(ce, zap.Strings(logkeys.Names, names), zap.String(logkeys.Version, version),
+			zap.String(logkeys.Nonce, nonce), zap.String(logkeys.Reason, reason))
 	}
 	return nil
 }
@@ -498,7 +499,7 @@ func (s *Server) admit(ctx context.Context) (release func(), err error) {
 	if err != nil {
 		info, _ := caller.FromContext(ctx)
 		s.metrics.refused.WithLabelValues(r.Reason).Inc()
-		s.log.Warn("SDS stream refused: "+r.Cause.Error(), zap.String(keyCaller, info.Key()), zap.Int(r.Reason, r.Limit), zap.Error(err))
+		s.log.Warn("SDS stream refused: "+r.Cause.Error(), zap.String(logkeys.Caller, info.Key()), zap.Int(r.Reason, r.Limit), zap.Error(err))
 	}
 	return release, err
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -80,7 +81,7 @@ func (s *Server) holdFileNameLocked(st *stream, name string) error {
 	if held[name] == 0 && len(held) >= s.cfg.MaxFileNamesPerCaller {
 		s.metrics.refused.WithLabelValues(refusedFileNames).Inc()
 		st.log.Warn("file resource refused: the caller holds its share already",
-			zap.String(keyName, name), zap.String(keyCaller, st.caller), zap.Int(keyMaxFiles, s.cfg.MaxFileNamesPerCaller))
+			zap.String(logkeys.Name, name), zap.String(logkeys.Caller, st.caller), zap.Int(logkeys.MaxFileNamesPerCaller, s.cfg.MaxFileNamesPerCaller))
 		return status.Errorf(codes.ResourceExhausted,
 			"resource %.200q refused: a caller holds at most %d file resources at once (MaxFileNamesPerCaller)",
 			name, s.cfg.MaxFileNamesPerCaller)

@@ -21,6 +21,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -382,13 +383,13 @@ func TestCacheFailingIdentityDoesNotDelayOthers(t *testing.T) {
 			return len(logs) == attempt
 		})
 		entry := logs[attempt-1].ContextMap()
-		if entry[keyIdentity] != bad.String() {
-			t.Fatalf("failure logged for %v", entry[keyIdentity])
+		if entry[logkeys.Identity] != bad.String() {
+			t.Fatalf("failure logged for %v", entry[logkeys.Identity])
 		}
 		if n := c.signer.requests(bad); n != attempt {
 			t.Fatalf("%d CSRs after %d scheduled attempts", n, attempt)
 		}
-		d := entry[keyRetryIn].(time.Duration)
+		d := entry[logkeys.RetryIn].(time.Duration)
 		delays = append(delays, d)
 		c.step(d - time.Millisecond)
 		c.waitFor("the backoff timer", c.clock.HasWaiters)
@@ -544,7 +545,7 @@ func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 		if n := ca.Requests(); n != attempt {
 			t.Fatalf("the CA received %d CSRs after %d attempts, want one per attempt", n, attempt)
 		}
-		d := entries[attempt-1].ContextMap()[keyRetryIn].(time.Duration)
+		d := entries[attempt-1].ContextMap()[logkeys.RetryIn].(time.Duration)
 		if d <= last {
 			t.Fatalf("attempt %d waits %s after %s: the backoff does not grow", attempt, d, last)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/internal/backoff"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -290,7 +291,7 @@ func (cfg Config) withDefaults() (Config, error) {
 func (m *Manager) loadInitial(in *Secret) {
 	h, err := m.checkPair(in.CertChain, in.PrivateKey, m.cfg.CA != nil)
 	if err != nil {
-		m.log.Warn("initial certificate ignored", zap.String(keySource, in.Source), zap.String(keyReason, pki.Reason(err)), zap.Error(err))
+		m.log.Warn("initial certificate ignored", zap.String(logkeys.Source, in.Source), zap.String(logkeys.Reason, pki.Reason(err)), zap.Error(err))
 		return
 	}
 	if in.Source != "" {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
 )
@@ -385,7 +386,7 @@ func TestCAOutageKeepsCertificate(t *testing.T) {
 	}
 	var delays []time.Duration
 	for _, entry := range e.logs.FilterMessage("certificate request failed").All() {
-		delays = append(delays, entry.ContextMap()[keyRetryIn].(time.Duration))
+		delays = append(delays, entry.ContextMap()[logkeys.RetryIn].(time.Duration))
 	}
 	if len(delays) != failures {
 		t.Fatalf("%d failure logs for %d failures", len(delays), failures)
@@ -445,7 +446,7 @@ func TestBadAnswersRejected(t *testing.T) {
 				t.Fatal("a bad answer replaced the certificate")
 			}
 			logs := e.logs.FilterMessage("CA answer rejected").All()
-			if len(logs) != 1 || logs[0].ContextMap()[keyReason] != tt.reason {
+			if len(logs) != 1 || logs[0].ContextMap()[logkeys.Reason] != tt.reason {
 				t.Fatalf("rejection logs %v, want one with reason %s", logs, tt.reason)
 			}
 			if got := metricValue(t, e.reg, "meshagent_ca_answers_rejected_total", map[string]string{"reason": tt.reason}); got != 1 {

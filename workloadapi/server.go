@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/streamlimit"
@@ -227,7 +228,7 @@ func (s *Server) checkHeader(ctx context.Context, method string) error {
 		return nil
 	}
 	s.metrics.refused.WithLabelValues(refusedHeader).Inc()
-	s.log.Warn("workload API call refused: security header missing", zap.String(keyMethod, method), callerField(ctx))
+	s.log.Warn("workload API call refused: security header missing", zap.String(logkeys.Method, method), callerField(ctx))
 	return status.Error(codes.InvalidArgument, "security header missing from request: the Workload API needs the gRPC metadata workload.spiffe.io: true")
 }
 
@@ -243,7 +244,7 @@ func callerField(ctx context.Context) zap.Field {
 	if !ok {
 		return zap.Skip()
 	}
-	return zap.Stringer(keyCaller, info.Cred)
+	return zap.Stringer(logkeys.Cred, info.Cred)
 }
 
 // acquire takes a stream's place within the limits, or refuses the stream
@@ -252,7 +253,7 @@ func (s *Server) acquire(ctx context.Context, method string) (func(), error) {
 	release, r, err := s.streams.Admit(ctx)
 	if err != nil {
 		s.metrics.refused.WithLabelValues(r.Reason).Inc()
-		s.log.Warn("workload API stream refused", zap.String(keyMethod, method), callerField(ctx), zap.Error(err))
+		s.log.Warn("workload API stream refused", zap.String(logkeys.Method, method), callerField(ctx), zap.Error(err))
 		return nil, err
 	}
 	s.metrics.streams.WithLabelValues(method).Inc()
@@ -290,7 +291,7 @@ func (s *Server) follow(ctx context.Context, ident pki.Identity, method string, 
 			if ctx.Err() != nil {
 				return status.FromContextError(ctx.Err()).Err()
 			}
-			s.log.Warn("workload API update not sent", zap.Uint64(keyStream, id), zap.String(keyMethod, method), zap.Error(err))
+			s.log.Warn("workload API update not sent", zap.Uint64(logkeys.Stream, id), zap.String(logkeys.Method, method), zap.Error(err))
 		case !sameVersions(secrets, sent):
 			if err := send(secrets); err != nil {
 				return err
@@ -304,8 +305,8 @@ func (s *Server) follow(ctx context.Context, ident pki.Identity, method string, 
 				sent = append(sent, sec.Version)
 			}
 			s.metrics.pushes.WithLabelValues(method, reason).Inc()
-			s.log.Debug("workload API response sent", zap.Uint64(keyStream, id), zap.String(keyMethod, method),
-				zap.String(keyReason, reason), callerField(ctx))
+			s.log.Debug("workload API response sent", zap.Uint64(logkeys.Stream, id), zap.String(logkeys.Method, method),
+				zap.String(logkeys.Reason, reason), callerField(ctx))
 		}
 		select {
 		case <-ctx.Done():
@@ -374,6 +375,6 @@ func (s *Server) ended(method string, err error) error {
 		return err
 	}
 	s.metrics.errors.WithLabelValues(method, code.String()).Inc()
-	s.log.Warn("workload API stream ended with an error", zap.String(keyMethod, method), zap.String(keyCode, code.String()), zap.Error(err))
+	s.log.Warn("workload API stream ended with an error", zap.String(logkeys.Method, method), zap.String(logkeys.Code, code.String()), zap.Error(err))
 	return err
 }

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // Subscription is a resource type the proxy asks the control plane for on
@@ -100,7 +102,7 @@ func (s *session) ownResponse(f *frame, snd *sender) (handled bool, err error) {
 	if a.applyErr != nil {
 		s.p.metrics.ownResponses.WithLabelValues(o.sub.TypeURL, "nack").Inc()
 		s.log.Warn("NACKed the control plane's response to the proxy's own subscription",
-			zap.String(keyTypeURL, o.sub.TypeURL), zap.String(keyVersion, a.version), zap.Error(a.applyErr))
+			zap.String(logkeys.TypeURL, o.sub.TypeURL), zap.String(logkeys.Version, a.version), zap.Error(a.applyErr))
 	} else {
 		s.p.metrics.ownResponses.WithLabelValues(o.sub.TypeURL, "ack").Inc()
 		o.version, o.res = a.version, a.res

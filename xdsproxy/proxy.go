@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 	"github.com/meshagent/meshagent/internal/uds/udslisten"
 )
@@ -119,7 +120,7 @@ func New(cfg Config) (*Proxy, error) {
 	up := cfg.Upstream
 	if up.Plaintext && up.Token != nil && !caclient.IsLoopback(up.Addr) {
 		log.Warn("plaintext discovery address is not loopback: the bearer token will not be sent",
-			zap.String(keyUpstream, up.Addr))
+			zap.String(logkeys.Upstream, up.Addr))
 		up.Token = nil
 	}
 	up.DialOptions = append([]grpc.DialOption{
@@ -214,7 +215,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.conn = conn
 	srv := p.newServer()
 
-	p.log.Info("xds proxy listening", zap.String(keySocket, path), zap.String(keyUpstream, p.upstream.Addr))
+	p.log.Info("xds proxy listening", zap.String(logkeys.Socket, path), zap.String(logkeys.Upstream, p.upstream.Addr))
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 
@@ -233,7 +234,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
 		return fmt.Errorf("serving xds proxy socket %s: %w", path, serveErr)
 	}
-	p.log.Info("xds proxy stopped", zap.String(keySocket, path))
+	p.log.Info("xds proxy stopped", zap.String(logkeys.Socket, path))
 	return nil
 }
 

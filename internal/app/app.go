@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
@@ -153,10 +154,10 @@ func New(cfg Config) (_ *App, err error) {
 		return nil, configError(err)
 	}
 	a.source = SelectSource(context.Background(), a.s)
-	a.log.Info("starting meshagent", zap.String(keyVersion, cfg.Version), zap.String(keyMode, a.s.Mode),
-		zap.String(keySource, string(a.source.Source)), zap.String(keyReason, a.source.Reason))
+	a.log.Info("starting meshagent", zap.String(logkeys.Version, cfg.Version), zap.String(logkeys.Mode, a.s.Mode),
+		zap.String(logkeys.Source, string(a.source.Source)), zap.String(logkeys.Reason, a.source.Reason))
 	for _, w := range a.s.Warnings() {
-		a.log.Warn("setting has no effect", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
+		a.log.Warn("setting has no effect", zap.String(logkeys.Setting, w.Name), zap.String(logkeys.Value, w.Value), zap.String(logkeys.Reason, w.Why))
 	}
 	if err := a.checkNodeSource(); err != nil {
 		return nil, configError(err)
@@ -235,10 +236,10 @@ func runComponents(ctx context.Context, log *zap.Logger, cs []component) error {
 			stopping := ctx.Err() != nil
 			switch {
 			case err == nil && c.finite && !stopping:
-				log.Debug("component finished", zap.String(keyComponent, c.name))
+				log.Debug("component finished", zap.String(logkeys.Component, c.name))
 				return nil
 			case err == nil || (stopping && errors.Is(err, context.Canceled)):
-				log.Debug("component stopped", zap.String(keyComponent, c.name))
+				log.Debug("component stopped", zap.String(logkeys.Component, c.name))
 				cancel()
 				return nil
 			}

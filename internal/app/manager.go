@@ -15,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files/fileprovider"
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/internal/trust"
@@ -166,7 +167,7 @@ func (a *App) devSource() (certSource, error) {
 		return certSource{}, fmt.Errorf("creating the dev CA: %w", err)
 	}
 	a.log.Warn("dev mode: certificates come from an in-memory CA with a fresh root; not for production",
-		zap.String(keyIdentity, id.String()), zap.String(keyRoot, ca.Root().SerialNumber.Text(16)))
+		zap.String(logkeys.Identity, id.String()), zap.String(logkeys.RootSerial, ca.Root().SerialNumber.Text(16)))
 	client, err := devca.New(devca.Config{CA: ca})
 	if err != nil {
 		return certSource{}, err
@@ -225,7 +226,7 @@ func (a *App) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 	}
 	p, err := outputcerts.Load(a.s.OutputCerts, id, a.clock.Now())
 	if err != nil {
-		a.log.Info("no reusable certificate in OUTPUT_CERTS", zap.String(keyPath, a.s.OutputCerts), zap.Error(err))
+		a.log.Info("no reusable certificate in OUTPUT_CERTS", zap.String(logkeys.Path, a.s.OutputCerts), zap.Error(err))
 		return nil
 	}
 	return &secretmanager.Secret{

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/node/podresolver"
 	"github.com/meshagent/meshagent/internal/pki"
@@ -104,7 +105,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 					return
 				}
 				if err := m.Prefetch(id); err != nil {
-					log.Warn("certificate not fetched ahead", zap.Stringer(keyIdentity, id), zap.Error(err))
+					log.Warn("certificate not fetched ahead", zap.Stringer(logkeys.Identity, id), zap.Error(err))
 					return
 				}
 				prefetched[id] = true
@@ -153,8 +154,8 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 		}
 		return nil
 	})
-	a.log.Info("node mode: serving the pods of this node", zap.String(keyNode, c.NodeName), zap.Int(keyNodeUIDs, len(n.uids)),
-		zap.Stringer(keyCgroupRoot, cgroupRoot), zap.String(keyCgroupRootFrom, cgroupRootFrom))
+	a.log.Info("node mode: serving the pods of this node", zap.String(logkeys.Node, c.NodeName), zap.Int(logkeys.NodeUIDIdentities, len(n.uids)),
+		zap.Stringer(logkeys.CgroupRoot, cgroupRoot), zap.String(logkeys.CgroupRootFrom, cgroupRootFrom))
 	return r, []component{{name: "pod_index", run: idx.Run}}, nil
 }
 
@@ -197,7 +198,7 @@ func (n *nodeWiring) linkerdTokens() (func(pki.Identity) (credfetcher.Fetcher, e
 	}
 	n.podTokens = pt
 	a.log.Info("node mode: each identity's CSR carries a token of its own service account, bound to one of its pods on this node",
-		zap.String(keyAudience, c.CredentialIdentityProvider), zap.Duration(keyLifetime, c.TokenLifetime))
+		zap.String(logkeys.Audience, c.CredentialIdentityProvider), zap.Duration(logkeys.Lifetime, c.TokenLifetime))
 	scheme := c.Scheme()
 	return func(id pki.Identity) (credfetcher.Fetcher, error) {
 		ns, sa, ok := scheme.Account(id)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/podcert"
@@ -67,7 +68,7 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 	}
 	if c.CAProvider == settings.ProviderLinkerd {
 		pc.CA, pc.Refuse = nil, linkerdRefusal
-		a.log.Warn("pod certificates: every request is denied", zap.String(keyReason, linkerdRefusal))
+		a.log.Warn("pod certificates: every request is denied", zap.String(logkeys.Reason, linkerdRefusal))
 	}
 	s, err := podcert.New(pc)
 	if err != nil {
@@ -79,8 +80,8 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 		}
 		return nil
 	})
-	a.log.Info("node mode: signing pod certificates", zap.String(keySigner, c.PodCertificateSigner),
-		zap.String(keyBundle, podcert.BundleName(c.PodCertificateSigner)))
+	a.log.Info("node mode: signing pod certificates", zap.String(logkeys.Signer, c.PodCertificateSigner),
+		zap.String(logkeys.Bundle, podcert.BundleName(c.PodCertificateSigner)))
 	return []component{{name: "pod_certificates", run: s.Run}}, nil
 }
 

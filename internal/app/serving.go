@@ -13,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/files/grpcbootstrap"
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/trust"
@@ -158,7 +159,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 	} else {
 		// Not fatal: the proxy then cannot verify the control plane and
 		// says so at every attempt.
-		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(keyPath, c.XDSRoot), zap.Error(err))
+		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(logkeys.Path, c.XDSRoot), zap.Error(err))
 		roots = caclient.StaticRoots{Pool: pki.CertPool(nil)}
 	}
 	tokens, err := a.tokenFetcher()
@@ -228,7 +229,7 @@ func (a *App) writeBootstrap(context.Context) error {
 	if err != nil {
 		return fmt.Errorf("writing the gRPC bootstrap: %w", err)
 	}
-	a.log.Info("wrote the gRPC xDS bootstrap", zap.String(keyPath, c.GRPCXDSBootstrap))
+	a.log.Info("wrote the gRPC xDS bootstrap", zap.String(logkeys.Path, c.GRPCXDSBootstrap))
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meshagent/meshagent/internal/files"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
@@ -155,10 +156,10 @@ func SelectSource(ctx context.Context, cfg *settings.Config) SourceDecision {
 func removeStaleSocket(ctx context.Context, log *zap.Logger, path string) {
 	removed, err := sockprobe.RemoveStale(ctx, path, sdsProbeTimeout, sockprobe.GRPC)
 	if err != nil {
-		log.Warn("cannot remove stale SDS socket", zap.String(keyPath, path), zap.Error(err))
+		log.Warn("cannot remove stale SDS socket", zap.String(logkeys.Path, path), zap.Error(err))
 		return
 	}
 	if removed {
-		log.Info("removed stale SDS socket", zap.String(keyPath, path))
+		log.Info("removed stale SDS socket", zap.String(logkeys.Path, path))
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // DefaultAddr listens on every interface at pilot-agent's status port.
@@ -154,7 +156,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("status server: %w", err)
 	}
-	s.log.Info("status server listening", zap.String(keyAddr, ln.Addr().String()))
+	s.log.Info("status server listening", zap.String(logkeys.Addr, ln.Addr().String()))
 	if s.cfg.OnListen != nil {
 		s.cfg.OnListen(ln.Addr())
 	}
@@ -255,7 +257,7 @@ func (s *Server) serveQuit(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusMethodNotAllowed, "use POST\n")
 		return
 	}
-	s.log.Info("quit requested over HTTP", zap.String(keyRemote, r.RemoteAddr))
+	s.log.Info("quit requested over HTTP", zap.String(logkeys.RemoteAddr, r.RemoteAddr))
 	writeText(w, http.StatusOK, "OK\n")
 	s.Quit()
 }
@@ -264,7 +266,7 @@ func (s *Server) serveQuit(w http.ResponseWriter, r *http.Request) {
 func (s *Server) loopbackOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !isLoopback(r.RemoteAddr) {
-			s.log.Warn("refused non-loopback caller", zap.String(keyRemote, r.RemoteAddr), zap.String(keyPath, r.URL.Path))
+			s.log.Warn("refused non-loopback caller", zap.String(logkeys.RemoteAddr, r.RemoteAddr), zap.String(logkeys.Path, r.URL.Path))
 			writeText(w, http.StatusForbidden, "forbidden: loopback callers only\n")
 			return
 		}

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -62,7 +63,7 @@ func NewSync(cfg SyncConfig) (*Sync, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Sync{secrets: cfg.Secrets, w: cfg.Writer, hook: cfg.Hook, td: cfg.TrustDomain, log: cfg.Logger.Named("outputcerts").With(zap.String(keyDir, cfg.Writer.Dir()))}, nil
+	return &Sync{secrets: cfg.Secrets, w: cfg.Writer, hook: cfg.Hook, td: cfg.TrustDomain, log: cfg.Logger.Named("outputcerts").With(zap.String(logkeys.Dir, cfg.Writer.Dir()))}, nil
 }
 
 // Run writes the files now and after every change until ctx ends, then

@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/atomicfile"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -131,7 +132,7 @@ func New(cfg Config) (*Writer, error) {
 		certMode: cfg.CertMode,
 		gid:      gid,
 		bundle:   cfg.BundleFile,
-		log:      cfg.Logger.Named("outputcerts").With(zap.String(keyDir, dir)),
+		log:      cfg.Logger.Named("outputcerts").With(zap.String(logkeys.Dir, dir)),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_outputcerts_writes_total",
 			Help: "Files replaced in the OUTPUT_CERTS directory, by file.",
@@ -162,11 +163,11 @@ func (w *Writer) Write(f Files) ([]string, error) {
 	written, err := w.write(f)
 	if err != nil {
 		w.fails.Inc()
-		w.log.Error("writing output certificates failed", zap.Strings(keyFiles, written), zap.Error(err))
+		w.log.Error("writing output certificates failed", zap.Strings(logkeys.Files, written), zap.Error(err))
 		return written, err
 	}
 	if len(written) > 0 {
-		w.log.Info("output certificates written", zap.Strings(keyFiles, written))
+		w.log.Info("output certificates written", zap.Strings(logkeys.Files, written))
 	}
 	return written, nil
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/node/peerpidfd"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
@@ -263,7 +264,7 @@ func (p peerCreds) ServerHandshake(nc net.Conn) (net.Conn, credentials.AuthInfo,
 // parkEnded closes a connection that ended while parked.
 func (s *Server) parkEnded(lc *localConn, err error) {
 	_ = lc.Close()
-	s.log.Debug("local client connection ended before its first request", zap.Int32(keyPID, lc.c.cred.PID), zap.Error(err))
+	s.log.Debug("local client connection ended before its first request", zap.Int32(logkeys.PID, lc.c.cred.PID), zap.Error(err))
 }
 
 // identify identifies the caller of nc and counts the connection against
@@ -285,7 +286,7 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn) {
 	c.cred, c.credOK = cred, true
 	if fd, err := peerpidfd.FromConn(uc); err != nil {
 		c.pidfdErr = err
-		s.log.Warn("local client connected; its process could not be pinned", zap.Int32(keyPID, cred.PID), zap.Error(err))
+		s.log.Warn("local client connected; its process could not be pinned", zap.Int32(logkeys.PID, cred.PID), zap.Error(err))
 	} else {
 		c.pidfd = fd
 	}
@@ -306,7 +307,7 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn) {
 		case !caller.IsTemporary(err):
 			c.refusal = status.Errorf(codes.PermissionDenied, "caller not identified: %v", err)
 			s.metrics.refused.WithLabelValues(refusedUnresolved).Inc()
-			s.log.Warn("local client refused: caller not resolved", zap.Stringer(keyCred, cred), zap.Error(err))
+			s.log.Warn("local client refused: caller not resolved", zap.Stringer(logkeys.Cred, cred), zap.Error(err))
 			c.closePIDFD()
 			time.AfterFunc(refusedGrace, c.closeConn)
 			return lc, info, nil
@@ -317,15 +318,15 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn) {
 	if err := s.callers.join(c, key, s.cfg.MaxConnsPerCaller); err != nil {
 		c.refusal = err
 		s.metrics.refused.WithLabelValues(refusedConnections).Inc()
-		s.log.Warn("local client refused: too many connections", zap.Stringer(keyCred, cred), zap.String(keyCaller, key),
-			zap.Int(keyMaxConns, s.cfg.MaxConnsPerCaller))
+		s.log.Warn("local client refused: too many connections", zap.Stringer(logkeys.Cred, cred), zap.String(logkeys.Caller, key),
+			zap.Int(logkeys.MaxConnections, s.cfg.MaxConnsPerCaller))
 		c.closePIDFD()
 		time.AfterFunc(refusedGrace, c.closeConn)
 		return lc, info, nil
 	}
 	s.metrics.conns.Inc()
-	s.log.Info("local client connected", zap.Uint32(keyUID, cred.UID), zap.Uint32(keyGID, cred.GID), zap.Int32(keyPID, cred.PID),
-		zap.String(keyCaller, key))
+	s.log.Info("local client connected", zap.Uint32(logkeys.UID, cred.UID), zap.Uint32(logkeys.GID, cred.GID), zap.Int32(logkeys.PID, cred.PID),
+		zap.String(logkeys.Caller, key))
 	return lc, info, lc
 }
 
