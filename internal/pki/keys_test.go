@@ -14,6 +14,7 @@ import (
 )
 
 func TestGenerateKeyTypes(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		kt    pki.KeyType
 		curve elliptic.Curve
@@ -70,6 +71,7 @@ func TestGenerateKeyTypes(t *testing.T) {
 }
 
 func TestParseKeyPEMForms(t *testing.T) {
+	t.Parallel()
 	ec := newKey(t).(*ecdsa.PrivateKey)
 	sec1, err := x509.MarshalECPrivateKey(ec)
 	if err != nil {
@@ -100,6 +102,7 @@ func TestParseKeyPEMForms(t *testing.T) {
 }
 
 func TestParseKeyPEMRejects(t *testing.T) {
+	t.Parallel()
 	good, err := pki.EncodeKeyPEM(newKey(t))
 	if err != nil {
 		t.Fatal(err)
@@ -128,6 +131,7 @@ func TestParseKeyPEMRejects(t *testing.T) {
 }
 
 func TestPublicKeysEqual(t *testing.T) {
+	t.Parallel()
 	a, b := newKey(t), newKey(t)
 	if !pki.PublicKeysEqual(a.Public(), a.Public()) || pki.PublicKeysEqual(a.Public(), b.Public()) {
 		t.Error("wrong equality")
