@@ -59,16 +59,11 @@ func TestNodeAgentSignsPodCertificates(t *testing.T) {
 	admin := env.Client()
 	ctx := context.Background()
 	for _, n := range []string{nodeA, nodeB} {
-		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
 	}
-	sys, ns := "meshagent-system", "apps"
-	for _, n := range []string{sys, ns} {
-		if _, err := env.CreateNamespace(ctx, n); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sys, ns := env.TestNamespace(t), env.TestNamespace(t)
 	if _, err := env.CreateServiceAccount(ctx, sys, agentSA); err != nil {
 		t.Fatal(err)
 	}
