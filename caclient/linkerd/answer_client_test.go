@@ -15,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/linkerdca"
 )
 
@@ -137,15 +138,16 @@ func TestCallerCancels(t *testing.T) {
 	e := setup(t, linkerdca.Config{}, nil)
 	e.s.SetDelay(time.Hour)
 	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
 	go func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for len(e.s.Requests()) == 0 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
-		cancel()
+		_, err := e.c.Sign(ctx, e.csr, webID, 0)
+		errc <- err
 	}()
-	_, err := e.c.Sign(ctx, e.csr, webID, 0)
-	if status.Code(err) != codes.Canceled {
+	// Cancelled once the service holds the request, so the cancellation
+	// ends a call in flight.
+	testwait.For(t, "the request at the identity service", func() bool { return len(e.s.Requests()) > 0 })
+	cancel()
+	if err := <-errc; status.Code(err) != codes.Canceled {
 		t.Fatalf("Sign: %v, want Canceled", err)
 	}
 }
