@@ -7,6 +7,9 @@ LDFLAGS   := -X main.version=$(VERSION)
 STATUS_PORT ?= 15020
 RUN_DIR   := .run
 FUZZTIME  ?= 5s
+# The frozen Go Cryptographic Module `make build-fips` builds against (go/lib/fips140: v1.0.0 is the
+# CMVP-validated one; "latest" is the module in this Go's source tree, not validated).
+GOFIPS140 ?= v1.0.0
 FUZZ_PKGS ?= ./...
 
 # The image `make image` builds: the chart's default (deploy/helm/meshagent: image.repository
@@ -16,11 +19,22 @@ IMAGE     ?= meshagent/meshagent:$(CHART_VERSION)
 IMAGE_TAR := bin/meshagent-image.tar
 IMAGE_PUSH ?=
 
-.PHONY: build run test tools vet fmt-check bench soak docs fuzz proto clean image e2e
+.PHONY: build build-fips image-fips run test tools vet fmt-check bench soak docs fuzz proto clean image e2e
 
 ## build: compile the agent into bin/meshagent (static; flags as in test/agentproc.BuildCommand)
 build:
 	CGO_ENABLED=0 $(GO) build -tags grpcnotrace -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/agent
+
+## build-fips: bin/meshagent-fips, built against Go's frozen FIPS 140-3 module (GOFIPS140=v1.0.0, the
+## validated version this Go ships): FIPS 140-3 mode is on by default; run it with COMPLIANCE_POLICY=fips-140-3
+## (docs/operations.md). GODEBUG=fips140=only also refuses every algorithm outside the module.
+build-fips:
+	CGO_ENABLED=0 GOFIPS140=$(GOFIPS140) $(GO) build -tags grpcnotrace -ldflags "$(LDFLAGS)" -o $(BIN)-fips ./cmd/agent
+
+## image-fips: bin/meshagent-fips-image.tar, the image of bin/meshagent-fips, tagged IMAGE with -fips appended
+image-fips: build-fips
+	cd tools/image && GOWORK=off $(GO) build -o ../../bin/image-tool .
+	bin/image-tool -binary $(BIN)-fips -tag $(IMAGE)-fips $(if $(IMAGE_PUSH),-push,-o bin/meshagent-fips-image.tar)
 
 ## image: bin/meshagent-image.tar, an image of the static agent (non-root, the binary as entry point,
 ## nothing else) built without a container daemon by tools/image; IMAGE_PUSH=1 pushes IMAGE instead
@@ -60,6 +74,11 @@ fmt-check:
 bench: build tools
 	$(GO) run ./cmd/meshbench -agent $(abspath $(BIN))
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./xdsproxy ./sds ./secretmanager
+
+## bench-compare: make bench's figures of BASE (a git ref, built in a temporary worktree) and of the working tree, side by side in alternating rounds, with each figure's ratio (ROUNDS=3, ONLY=groups); not for CI
+bench-compare:
+	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<git ref>"; exit 2; }
+	bash scripts/bench-compare.sh $(BASE)
 
 ## soak: fault-injection soak of bin/meshagent (default 3 minutes, at most 5, then 1 minute of hostile pods); prints SOAK figures; SOAK_FLAGS="-duration 1m -pods-duration 30s" shortens it
 soak: build

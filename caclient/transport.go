@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/tlspolicy"
 )
 
 // ErrUnverifiedPeer is returned instead of sending a token to a peer whose
@@ -60,6 +61,9 @@ type TransportConfig struct {
 	Metadata map[string]string
 	// DialOptions are appended to the options Dial builds.
 	DialOptions []grpc.DialOption
+	// Policy restricts the TLS versions, suites and key exchanges
+	// (COMPLIANCE_POLICY). Empty leaves Go's defaults.
+	Policy tlspolicy.Policy
 }
 
 // ServerNameFor returns cfg.ServerName, or the host part of cfg.Addr.
@@ -89,6 +93,7 @@ func (cfg TransportConfig) TLSConfig() *tls.Config {
 			return verifyPeer(cs, roots, name)
 		},
 	}
+	tlspolicy.Apply(tc, cfg.Policy)
 	if cfg.ClientCertificate != nil {
 		get := cfg.ClientCertificate
 		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {

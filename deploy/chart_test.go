@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -31,6 +32,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
@@ -210,7 +212,8 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 	}, {
 		name:   "node-linkerd-and-sidecar",
 		values: "caProvider: Linkerd\nnode:\n  enabled: true\n",
-		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount"},
+		kinds: []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount",
+			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"},
 		check: func(t *testing.T, objs objects) {
 			checkNodePod(t, objs, "identity.l5d.io")
 		},
@@ -400,9 +403,12 @@ func TestChartEnvIsAgentConfig(t *testing.T) {
 				env = append(env, e.Name+"="+v)
 				set[e.Name] = v
 			}
+			// config checks what run checks: the files the chart mounts
+			// (the CA root) and an API server to talk to are there.
 			cmd := exec.Command(bin, "config")
 			cmd.Dir = t.TempDir()
-			cmd.Env = env
+			cmd.Env = append(env, "KUBECONFIG="+writeKubeconfig(t, cmd.Dir))
+			writeCARoot(t, cmd.Dir)
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("meshagent config refused the chart's environment: %v\n%s", err, out)
@@ -585,6 +591,21 @@ func checkCSI(t *testing.T, objs objects, pod corev1.PodSpec) {
 	if sc := container(t, pod, "meshagent").SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
 		t.Error("the agent container is privileged")
 	}
+	// The privileged container gets no API token: the pod mounts none by itself,
+	// and only the agent container mounts the projected API credentials.
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Error("the node pod automounts an API token into every container, the privileged CSI one included")
+	}
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == "/var/run/secrets/kubernetes.io/serviceaccount" || m.Name == "kube-api-access" {
+			t.Errorf("the csi container mounts API credentials (%s at %s)", m.Name, m.MountPath)
+		}
+	}
+	checkMount(t, pod, container(t, pod, "meshagent"), "/var/run/secrets/kubernetes.io/serviceaccount", func(v corev1.Volume) bool {
+		p := v.Projected
+		return p != nil && len(p.Sources) == 3 && p.Sources[0].ServiceAccountToken != nil && p.Sources[0].ServiceAccountToken.Audience == "" &&
+			p.Sources[1].ConfigMap != nil && p.Sources[1].ConfigMap.Name == "kube-root-ca.crt"
+	})
 	if len(c.Args) == 0 || c.Args[0] != "csi" {
 		t.Errorf("csi container args %v, want the csi subcommand", c.Args)
 	}
@@ -879,6 +900,10 @@ func deleteClusterScoped(objs objects) {
 			client.ClusterRoles().Delete(context.Background(), o.GetName(), metav1.DeleteOptions{})
 		case "ClusterRoleBinding":
 			client.ClusterRoleBindings().Delete(context.Background(), o.GetName(), metav1.DeleteOptions{})
+		case "ValidatingAdmissionPolicy":
+			kube.Client().AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(context.Background(), o.GetName(), metav1.DeleteOptions{})
+		case "ValidatingAdmissionPolicyBinding":
+			kube.Client().AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(context.Background(), o.GetName(), metav1.DeleteOptions{})
 		}
 	}
 }
@@ -959,4 +984,312 @@ func helm(t *testing.T, args ...string) ([]byte, error) {
 		"HELM_DATA_HOME="+filepath.Join(home, "data"),
 	)
 	return cmd.CombinedOutput()
+}
+
+// nodeAgentAllowed is every permission a node agent may ever be given, whatever the
+// values: a grant outside it fails TestNodeAgentPermissions. names is what the
+// rule's resourceNames must be ("" = any, "$sa" = the agent's own service account,
+// "$signer" = the Pod Certificates signer).
+var nodeAgentAllowed = []struct{ group, resource, verb, names string }{
+	{"", "pods", "list", ""},
+	{"", "pods", "watch", ""},
+	// Linkerd has no impersonation: a token of each workload's service account
+	// (docs/node-mode.md; the ValidatingAdmissionPolicy narrows it).
+	{"", "serviceaccounts/token", "create", "$linkerd"},
+	{"", "serviceaccounts/token", "create", "$sa"},
+	{"certificates.k8s.io", "signers", "sign", "$signer"},
+	{"certificates.k8s.io", "podcertificaterequests", "list", ""},
+	{"certificates.k8s.io", "podcertificaterequests", "watch", ""},
+	{"certificates.k8s.io", "podcertificaterequests/status", "update", ""},
+}
+
+// TestNodeAgentPermissions renders the chart for every node-mode choice and checks
+// every rule of every role bound to the node agent against nodeAgentAllowed; then,
+// with Pod Certificates on, creates the RBAC for real and asks the API server: the
+// node agent may sign and nothing of trust (no attest, no ClusterTrustBundle
+// write), and the trust publisher may attest and write the signer's bundle alone.
+func TestNodeAgentPermissions(t *testing.T) {
+	const signer = "meshagent.io/workload-identity"
+	const bundle = "meshagent.io:workload-identity:mesh-roots"
+	for name, values := range map[string]string{
+		"node":              "sidecar:\n  enabled: false\nnode:\n  enabled: true\n",
+		"node-tokenrequest": "credentialFetcherType: TokenRequest\nsidecar:\n  enabled: false\nnode:\n  enabled: true\n",
+		"node-linkerd":      "caProvider: Linkerd\nsidecar:\n  enabled: false\nnode:\n  enabled: true\n",
+		"node-podcert":      "sidecar:\n  enabled: false\nnode:\n  enabled: true\n  podCertificateSigner: " + signer + "\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			ns := newNamespace(t, name)
+			objs, err := render(t, name, ns, values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sa := objs.serviceAccount(t, "node")
+			linkerd := strings.Contains(values, "Linkerd")
+			rules := rulesBoundTo(t, objs, ns, sa)
+			if len(rules) == 0 {
+				t.Fatal("no rule bound to the node agent")
+			}
+			for _, r := range rules {
+				for _, g := range r.APIGroups {
+					for _, res := range r.Resources {
+						for _, v := range r.Verbs {
+							if !nodeAgentMay(g, res, v, r.ResourceNames, sa, signer, linkerd) {
+								t.Errorf("the node agent is granted %s %s/%s names %v: not in the allow-list", v, g, res, r.ResourceNames)
+							}
+						}
+					}
+				}
+				if len(r.NonResourceURLs) != 0 {
+					t.Errorf("the node agent is granted non-resource URLs %v", r.NonResourceURLs)
+				}
+			}
+			t.Logf("node agent rules (%s):\n%s", name, formatRules(rules))
+			if name != "node-podcert" {
+				return
+			}
+
+			var dep appsv1.Deployment
+			objs.find(t, "Deployment", &dep)
+			pub := dep.Spec.Template.Spec.ServiceAccountName
+			c := container(t, dep.Spec.Template.Spec, "trust-publisher")
+			if !slices.Equal(c.Args, []string{"trust-publisher", "--signer=" + signer, "--roots=/var/run/secrets/istio/root-cert.pem", "--log-level=info"}) {
+				t.Errorf("trust publisher args %v", c.Args)
+			}
+			if pub == sa || dep.Spec.Replicas == nil || *dep.Spec.Replicas != 1 {
+				t.Errorf("trust publisher runs as %q with %v replicas, want its own service account and one replica", pub, dep.Spec.Replicas)
+			}
+			ctx := context.Background()
+			if err := apply(ctx, ns, objs, true); err != nil {
+				t.Fatalf("API server refused the chart:\n%v", err)
+			}
+			var rbac objects
+			for _, o := range objs {
+				if o.GetAPIVersion() == "rbac.authorization.k8s.io/v1" || o.GetKind() == "ServiceAccount" {
+					rbac = append(rbac, o)
+				}
+			}
+			if err := apply(ctx, ns, rbac, false); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { deleteClusterScoped(rbac) })
+			const certs = "certificates.k8s.io"
+			checks := []struct {
+				sa                   string
+				verb, resource, name string
+				allowed              bool
+			}{
+				{sa, "sign", "signers", signer, true},
+				{pub, "attest", "signers", signer, true},
+				{pub, "update", "clustertrustbundles", bundle, true},
+				{pub, "create", "clustertrustbundles", "", true},
+				{sa, "attest", "signers", signer, false},
+				{sa, "create", "clustertrustbundles", "", false},
+				{sa, "update", "clustertrustbundles", bundle, false},
+				{sa, "delete", "clustertrustbundles", bundle, false},
+				{pub, "update", "clustertrustbundles", "other", false},
+				{pub, "sign", "signers", signer, false},
+				{pub, "attest", "signers", "example.com/other", false},
+				{pub, "list", "pods", "", false},
+			}
+			// Grants first (the authorizer's caches catch up), then refusals.
+			for _, wantAllowed := range []bool{true, false} {
+				for _, ck := range checks {
+					if ck.allowed != wantAllowed {
+						continue
+					}
+					group := certs
+					if ck.resource == "pods" {
+						group = ""
+					}
+					if got := allowedIn(t, ns, ck.sa, group, ck.verb, ck.resource, ck.name, ck.allowed); got != ck.allowed {
+						t.Errorf("%s may %s %s %q: %v, want %v", ck.sa, ck.verb, ck.resource, ck.name, got, ck.allowed)
+					}
+				}
+			}
+		})
+	}
+}
+
+func nodeAgentMay(group, resource, verb string, names []string, sa, signer string, linkerd bool) bool {
+	for _, a := range nodeAgentAllowed {
+		if a.group != group || a.resource != resource || a.verb != verb {
+			continue
+		}
+		switch a.names {
+		case "":
+			if len(names) == 0 {
+				return true
+			}
+		case "$sa":
+			if slices.Equal(names, []string{sa}) {
+				return true
+			}
+		case "$signer":
+			if slices.Equal(names, []string{signer}) {
+				return true
+			}
+		case "$linkerd":
+			if linkerd {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// rulesBoundTo returns the rules of every rendered Role and ClusterRole that a
+// rendered binding grants to service account sa of ns.
+func rulesBoundTo(t *testing.T, objs objects, ns, sa string) []rbacv1.PolicyRule {
+	t.Helper()
+	roles := map[string][]rbacv1.PolicyRule{}
+	for _, o := range objs {
+		if k := o.GetKind(); k == "Role" || k == "ClusterRole" {
+			var r rbacv1.ClusterRole
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &r); err != nil {
+				t.Fatal(err)
+			}
+			roles[k+"/"+o.GetName()] = r.Rules
+		}
+	}
+	var out []rbacv1.PolicyRule
+	for _, o := range objs {
+		if k := o.GetKind(); k != "RoleBinding" && k != "ClusterRoleBinding" {
+			continue
+		}
+		var b rbacv1.RoleBinding
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &b); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == "ServiceAccount" && s.Name == sa && s.Namespace == ns
+		}) {
+			continue
+		}
+		rules, ok := roles[b.RoleRef.Kind+"/"+b.RoleRef.Name]
+		if !ok {
+			t.Errorf("binding %s refers to %s %s, which the chart does not render", b.Name, b.RoleRef.Kind, b.RoleRef.Name)
+		}
+		out = append(out, rules...)
+	}
+	return out
+}
+
+func formatRules(rules []rbacv1.PolicyRule) string {
+	var b strings.Builder
+	for _, r := range rules {
+		fmt.Fprintf(&b, "  groups=%v resources=%v names=%v verbs=%v\n", r.APIGroups, r.Resources, r.ResourceNames, r.Verbs)
+	}
+	return b.String()
+}
+
+// allowedIn is allowed for a resource of an API group, cluster-scoped.
+func allowedIn(t *testing.T, ns, sa, group, verb, resource, name string, waitFor bool) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), rbacPropagation)
+	defer cancel()
+	for {
+		r, err := kube.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:               "system:serviceaccount:" + ns + ":" + sa,
+				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Group: group, Verb: verb, Resource: resource, Name: name},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SubjectAccessReview: %v", err)
+		}
+		if r.Status.Allowed || !waitFor {
+			return r.Status.Allowed
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// TestLinkerdTokenRequestPolicy: with Linkerd the node agent may create tokens of any
+// service account; the chart's ValidatingAdmissionPolicy, applied for real, lets it
+// have only Linkerd-audience tokens bound to a pod.
+func TestLinkerdTokenRequestPolicy(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "l5d-policy")
+	objs, err := render(t, "l5d", ns, "caProvider: Linkerd\nsidecar:\n  enabled: false\nnode:\n  enabled: true\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var real objects
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "ClusterRole", "ClusterRoleBinding", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			real = append(real, o)
+		}
+	}
+	if len(real) != 5 {
+		t.Fatalf("rendered %d of the RBAC and policy objects, want 5 (the policy and its binding included)", len(real))
+	}
+	if err := apply(ctx, ns, real, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteClusterScoped(real) })
+	sa := objs.serviceAccount(t, "node")
+	if _, err := kube.CreateServiceAccount(ctx, ns, "app"); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := kube.CreatePod(ctx, ns, "app-0", "app", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentToken, err := kube.Token(ctx, ns, sa, nil, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := kubernetes.NewForConfig(kube.ConfigForToken(agentToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+	ask := func(audiences []string, ref *authenticationv1.BoundObjectReference) error {
+		_, err := agent.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "app", &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{Audiences: audiences, BoundObjectRef: ref},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	// The policy reaches admission a moment after it is created: wait for the
+	// first refusal, then check the rest.
+	deadline := time.Now().Add(rbacPropagation)
+	for {
+		err := ask([]string{"istio-ca"}, bound)
+		if err != nil && strings.Contains(err.Error(), "identity.l5d.io") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a token for audience istio-ca: %v, want the policy's refusal", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := ask([]string{"identity.l5d.io"}, bound); err != nil {
+		t.Errorf("a Linkerd token bound to a pod: %v, want it issued", err)
+	}
+	for name, tc := range map[string]struct {
+		audiences []string
+		ref       *authenticationv1.BoundObjectReference
+		want      string
+	}{
+		"unbound":           {[]string{"identity.l5d.io"}, nil, "bound to a pod"},
+		"API audience":      {nil, bound, "identity.l5d.io"},
+		"two audiences":     {[]string{"identity.l5d.io", "istio-ca"}, bound, "identity.l5d.io"},
+		"bound to a secret": {[]string{"identity.l5d.io"}, &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: "s", UID: "1"}, "bound to a pod"},
+	} {
+		if err := ask(tc.audiences, tc.ref); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want a refusal naming %q", name, err, tc.want)
+		}
+	}
+	// The policy binds the node agent only: the admin is not held to it.
+	if _, err := kube.Client().CoreV1().ServiceAccounts(ns).CreateToken(ctx, "app", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Errorf("the admin's token request: %v", err)
+	}
 }

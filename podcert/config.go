@@ -42,9 +42,6 @@ type API interface {
 	PodCertificateRequestListWatch(fieldSelector string) cache.ListerWatcher
 	// UpdatePodCertificateRequestStatus writes a request's status.
 	UpdatePodCertificateRequestStatus(ctx context.Context, req *kubeclient.PodCertificateRequest) (*kubeclient.PodCertificateRequest, error)
-	GetClusterTrustBundle(ctx context.Context, name string) (*kubeclient.ClusterTrustBundle, error)
-	CreateClusterTrustBundle(ctx context.Context, b *kubeclient.ClusterTrustBundle) (*kubeclient.ClusterTrustBundle, error)
-	UpdateClusterTrustBundle(ctx context.Context, b *kubeclient.ClusterTrustBundle) (*kubeclient.ClusterTrustBundle, error)
 }
 
 // CA signs a CSR for an identity (caclient.Client's Sign): the node agent's
@@ -57,6 +54,9 @@ type CA interface {
 // Pods finds the pods of the agent's node by UID (podindex.Index).
 type Pods interface {
 	Get(uid string) (podindex.Pod, bool)
+	// HasSynced reports whether the node's pods have been listed once:
+	// before, a pod missing from the index proves nothing.
+	HasSynced() bool
 }
 
 // RootSource is the mesh's current trust bundle and its changes
@@ -83,14 +83,14 @@ type Config struct {
 	// to it are listed (a field selector), and only for pods the agent's pod
 	// index holds. Required.
 	NodeName string
-	// API reads and writes the requests and the trust bundle. Required.
+	// API lists the node's requests and writes their status. Required.
 	API API
 	// Pods holds the node's pods; a request is signed only for a pod of the
 	// node with the request's UID, name, namespace and service account.
 	// Required.
 	Pods Pods
-	// Roots is the mesh's trust bundle: every answer must chain to it, and
-	// it is published as a ClusterTrustBundle. Required.
+	// Roots is the mesh's trust bundle: every answer must chain to it.
+	// Required.
 	Roots RootSource
 	// CA signs. Required unless Refuse is set.
 	CA CA
@@ -132,12 +132,12 @@ type Config struct {
 	// SignTimeout bounds one CA request. Default 1m.
 	SignTimeout time.Duration
 	// PodWait is how long a request for a pod the index does not hold is
-	// retried before it is denied (the pod informer may lag the kubelet).
+	// retried before it is denied (the pod informer may lag the kubelet),
+	// counted from the request's creation or from the first full list of
+	// the node's pods, whichever is later: a request that waited while the
+	// agent was down is never denied for a pod list still on its way.
 	// Default 1m.
 	PodWait time.Duration
-	// BundleResync is how often the ClusterTrustBundle is checked even
-	// when the roots did not change. Default 10m.
-	BundleResync time.Duration
 	// Clock times backoff, retries and validity. Default the real clock.
 	Clock clock.WithTicker
 	// Rand returns uniform numbers in [0, 1) for the jitters. Default
@@ -200,9 +200,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.PodWait <= 0 {
 		c.PodWait = DefaultPodWait
-	}
-	if c.BundleResync <= 0 {
-		c.BundleResync = DefaultBundleResync
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}

@@ -21,8 +21,10 @@
 // backdating learnt from its answers and subtracted from the validity
 // asked); the status written through the status subresource (Issued with
 // the chain, notBefore, notAfter and beginRefreshAt; Denied or Failed with
-// a reason); and the ClusterTrustBundle named BundleName(signer) holding
-// the mesh's roots, rewritten when they change.
+// a reason). Apart from the Signer, the Publisher keeps the
+// ClusterTrustBundle named BundleName(signer) equal to the mesh's roots; it
+// runs once per cluster (`meshagent trust-publisher`), never in a node
+// agent, whose RBAC for the signer is sign alone.
 //
 // It does not own: the CA protocol and impersonation (the CA given, e.g.
 // the node agent's caclient/istio client, which names the pod's identity
@@ -30,8 +32,8 @@
 // roots' source, or the API client (internal/kubeclient.Certificates). The
 // kubelet owns the key, the files and the refresh.
 //
-// Concurrency: Run starts the informer, the bundle publisher and
-// MaxConcurrentCSRs workers fed by one delaying work queue keyed by
+// Concurrency: Run starts the informer and, once both the requests and the
+// node's pods have been listed, MaxConcurrentCSRs workers fed by one delaying work queue keyed by
 // request; the queue never hands one request to two workers. Signer.mu
 // guards the per-request attempt counts, the per-identity backoff and the
 // learnt backdating; it is never held across a CA or API request. New

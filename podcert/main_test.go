@@ -16,8 +16,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
@@ -70,6 +73,34 @@ type cluster struct {
 	ca     *istioca.Server
 	// agentToken is the agent's own token, bound to its pod on nodeA.
 	agentToken string
+	// podGate, when set, holds the pod index's list and watch until it is
+	// closed: the node's pods arrive after its requests.
+	podGate <-chan struct{}
+}
+
+// gatedPods holds a pod source's list and watch until gate is closed.
+type gatedPods struct {
+	src  podindex.PodSource
+	gate <-chan struct{}
+}
+
+func (g gatedPods) PodListWatch(fieldSelector string) cache.ListerWatcher {
+	return gatedListWatch{g.src.PodListWatch(fieldSelector), g.gate}
+}
+
+type gatedListWatch struct {
+	lw   cache.ListerWatcher
+	gate <-chan struct{}
+}
+
+func (g gatedListWatch) List(o metav1.ListOptions) (runtime.Object, error) {
+	<-g.gate
+	return g.lw.List(o)
+}
+
+func (g gatedListWatch) Watch(o metav1.ListOptions) (watch.Interface, error) {
+	<-g.gate
+	return g.lw.Watch(o)
 }
 
 func newCluster(t *testing.T, caCfg istioca.Config) *cluster {
@@ -156,7 +187,11 @@ func (c *cluster) startSigner(edit func(*Config)) (*Signer, *secretmanager.Roots
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	idx, err := podindex.New(podindex.Config{Pods: admin, NodeName: nodeA, Scheme: scheme})
+	var pods podindex.PodSource = admin
+	if c.podGate != nil {
+		pods = gatedPods{admin, c.podGate}
+	}
+	idx, err := podindex.New(podindex.Config{Pods: pods, NodeName: nodeA, Scheme: scheme})
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -23,7 +23,6 @@ type metrics struct {
 	rejected   *prometheus.CounterVec
 	latency    prometheus.Histogram
 	inFlight   prometheus.Gauge
-	bundle     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -48,10 +47,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "meshagent_podcert_csrs_in_flight",
 			Help: "Certificate requests to the CA in flight for PodCertificateRequests (bounded by MESHAGENT_CA_MAX_CONCURRENT_CSRS).",
 		}),
-		bundle: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "meshagent_podcert_trust_bundle_writes_total",
-			Help: "Writes of the signer's ClusterTrustBundle, by result (success, error).",
-		}, []string{"result"}),
 	}
 	if err := errors.Join(
 		promreg.Assign(reg, &m.requests),
@@ -59,7 +54,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		promreg.Assign(reg, &m.rejected),
 		promreg.Assign(reg, &m.latency),
 		promreg.Assign(reg, &m.inFlight),
-		promreg.Assign(reg, &m.bundle),
 	); err != nil {
 		return nil, fmt.Errorf("registering pod certificate metrics: %w", err)
 	}

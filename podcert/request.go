@@ -111,6 +111,21 @@ func (s *Signer) process(ctx context.Context, key string) (time.Duration, bool) 
 	return 0, false
 }
 
+// podWaitFrom is when PodWait starts for req: its creation, or the pod
+// index's first full list if that came later.
+func (s *Signer) podWaitFrom(req *kubeclient.PodCertificateRequest) time.Time {
+	s.mu.Lock()
+	synced := s.podsSynced
+	s.mu.Unlock()
+	if synced.IsZero() {
+		synced = s.cfg.Clock.Now() // not synced yet: the wait has not begun
+	}
+	if created := req.CreationTimestamp.Time; created.After(synced) {
+		return created
+	}
+	return synced
+}
+
 // checkSpec checks what a request asks for, before any pod or CA is
 // consulted, and returns its stub CSR; a verdict with a condition denies it.
 func checkSpec(signer string, spec *kubeclient.PodCertificateRequestSpec) (*x509.CertificateRequest, verdict) {
@@ -150,7 +165,7 @@ func (s *Signer) decide(ctx context.Context, key string, req *kubeclient.PodCert
 	}
 	pod, ok := s.cfg.Pods.Get(string(req.Spec.PodUID))
 	if !ok {
-		if s.cfg.Clock.Since(req.CreationTimestamp.Time) < s.cfg.PodWait {
+		if !s.cfg.Pods.HasSynced() || s.cfg.Clock.Since(s.podWaitFrom(req)) < s.cfg.PodWait {
 			return retryAfter(podRetry)
 		}
 		return deny(ReasonPodNotOnNode, "pod %s/%s (uid %s) is not on node %s", req.Namespace, req.Spec.PodName, req.Spec.PodUID, s.cfg.NodeName)

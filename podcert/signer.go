@@ -16,9 +16,9 @@ import (
 	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
-// Signer signs the PodCertificateRequests of one node for one signer name,
-// and publishes the mesh's roots as that signer's ClusterTrustBundle.
-// Create it with New; Run does the work.
+// Signer signs the PodCertificateRequests of one node for one signer name.
+// It publishes nothing: the signer's ClusterTrustBundle is the Publisher's,
+// which runs once per cluster. Create it with New; Run does the work.
 type Signer struct {
 	cfg      Config
 	log      *zap.Logger
@@ -33,6 +33,9 @@ type Signer struct {
 	waits map[string]identityWait
 	// backdate is how far the CA was last seen to move NotBefore back.
 	backdate time.Duration
+	// podsSynced is when Run saw the pod index's first full list: PodWait
+	// counts from then at the earliest.
+	podsSynced time.Time
 }
 
 // identityWait is an identity's backoff: failures in a row, and the time
@@ -80,12 +83,12 @@ func stripManagedFields(obj any) (any, error) {
 	return obj, nil
 }
 
-// HasSynced reports whether the node's requests have been listed once.
-func (s *Signer) HasSynced() bool { return s.informer.HasSynced() }
+// HasSynced reports whether the node's requests and pods have been listed
+// once: Run starts signing only then.
+func (s *Signer) HasSynced() bool { return s.informer.HasSynced() && s.cfg.Pods.HasSynced() }
 
 // Run watches the node's requests and signs those for the signer, with
-// MaxConcurrentCSRs workers, and keeps the ClusterTrustBundle up to date,
-// until ctx ends (then it returns nil once every worker has stopped).
+// MaxConcurrentCSRs workers, until ctx ends (then it returns nil once every worker has stopped).
 func (s *Signer) Run(ctx context.Context) error {
 	queue := workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{
 		Name:  "podcert",
@@ -106,10 +109,14 @@ func (s *Signer) Run(ctx context.Context) error {
 	defer wg.Wait()
 	defer queue.ShutDown()
 	wg.Go(func() { s.informer.RunWithContext(ctx) })
-	wg.Go(func() { s.publishBundle(ctx) })
-	if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
+	// No worker before both lists are in: a request listed before its pod
+	// would otherwise be judged against an index still filling.
+	if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced, s.cfg.Pods.HasSynced) {
 		return nil // ctx ended
 	}
+	s.mu.Lock()
+	s.podsSynced = s.cfg.Clock.Now()
+	s.mu.Unlock()
 	s.log.Info("signing pod certificate requests", zap.String(logkeys.Node, s.cfg.NodeName), zap.Int(logkeys.Workers, s.cfg.MaxConcurrentCSRs))
 	for range s.cfg.MaxConcurrentCSRs {
 		wg.Go(func() { s.work(ctx, queue) })

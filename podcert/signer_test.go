@@ -20,8 +20,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/caclient/istio"
+	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
 )
 
@@ -36,7 +38,7 @@ func ecKey(t *testing.T) *ecdsa.PrivateKey {
 
 // A request for a pod of the agent's node is issued for the pod's SPIFFE
 // ID and the request's key, asked of the CA on the pod's behalf; a request
-// of another node's kubelet is never touched; the roots are published.
+// of another node's kubelet is never touched; nothing is published.
 func TestIssuesForPodsOfItsNodeOnly(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
 	c.startSigner(nil)
@@ -79,11 +81,10 @@ func TestIssuesForPodsOfItsNodeOnly(t *testing.T) {
 		t.Errorf("another node's request was answered: %+v", other.Status)
 	}
 
-	// The trust bundle: the CA's root, for the signer.
-	eventually(t, "the ClusterTrustBundle", func() bool {
-		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(c.signer), metav1.GetOptions{})
-		return err == nil && b.Spec.SignerName == c.signer && b.Spec.TrustBundle == string(c.ca.RootPEM())
-	})
+	// The signer publishes no trust: that is the Publisher's.
+	if _, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(c.signer), metav1.GetOptions{}); err == nil {
+		t.Error("the signer published a ClusterTrustBundle")
+	}
 }
 
 // The requests of these tests are made as a kubelet's are, and checked as
@@ -204,6 +205,14 @@ func TestCAFailures(t *testing.T) {
 	if n := c.ca.Requests(); n != 6+2 {
 		t.Errorf("the CA got %d requests, want %d (MaxAttempts 2)", n, 6+2)
 	}
+
+	// A leaf that is itself a CA would let the pod mint any identity: never
+	// written to the request.
+	c.ca.SetMode(istioca.ModeLeafIsCA)
+	got, cond = c.answer(c.request(c.pod("leafisca", "web", nodeA), ecKey(t), 0, nil))
+	if cond.Type != "Failed" || got.Status.CertificateChain != "" || !containsAll(cond.Message, "is a CA") {
+		t.Errorf("condition %+v, chain %q: want Failed, no chain, after every answer was a CA", cond, got.Status.CertificateChain)
+	}
 }
 
 // 100 requests of 20 service accounts are all issued, never more than the
@@ -256,10 +265,37 @@ func TestRefuseDenies(t *testing.T) {
 	}
 }
 
-// A root change rewrites the ClusterTrustBundle.
-func TestTrustBundleFollowsRoots(t *testing.T) {
+// The publisher writes the signer's ClusterTrustBundle and rewrites it on
+// a root change; one that another writer changed is put back at the next
+// resync.
+func TestPublisherFollowsRoots(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
-	_, roots := c.startSigner(nil)
+	pubSigner := "meshagent.io/publisher-" + c.ns // the other tests' signers have no bundle
+	roots, err := secretmanager.NewRoots(c.ca.RootPEM(), "test-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, err := kubeclient.NewCertificates(c.env.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPublisher(PublisherConfig{SignerName: pubSigner, API: api, Roots: roots, BundleResync: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	bundle := func() string {
+		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(pubSigner), metav1.GetOptions{})
+		if err != nil || b.Spec.SignerName != pubSigner {
+			return ""
+		}
+		return b.Spec.TrustBundle
+	}
+	eventually(t, "the ClusterTrustBundle with the CA's root", func() bool { return bundle() == string(c.ca.RootPEM()) })
+
 	next, err := localca.New(localca.Config{Name: "next root"})
 	if err != nil {
 		t.Fatal(err)
@@ -268,10 +304,56 @@ func TestTrustBundleFollowsRoots(t *testing.T) {
 	if err := roots.Set(both, "rotation"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the ClusterTrustBundle with both roots", func() bool {
-		b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(c.signer), metav1.GetOptions{})
-		return err == nil && b.Spec.TrustBundle == string(both)
-	})
+	eventually(t, "the ClusterTrustBundle with both roots", func() bool { return bundle() == string(both) })
+
+	b, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(pubSigner), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Spec.TrustBundle = string(next.RootPEM())
+	if _, err := c.admin.CertificatesV1().ClusterTrustBundles().Update(context.Background(), b, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the ClusterTrustBundle put back", func() bool { return bundle() == string(both) })
+}
+
+// After an outage the node's requests may be listed before its pods (the pod
+// list is the larger): a pending request older than PodWait is then not
+// denied for a pod the index has not listed yet. Workers start once both
+// lists are in, and PodWait counts from the pod list.
+func TestPodListAfterRequestList(t *testing.T) {
+	c := newCluster(t, istioca.Config{})
+	key := ecKey(t)
+	req := c.request(c.pod("listed-late", "web", nodeA), key, 0, nil)
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	c.podGate = gate
+	// PodWait 1ns: every pending request is older than PodWait, as after an
+	// agent restart that took longer than PodWait.
+	s, _ := c.startSigner(func(cfg *Config) { cfg.PodWait = time.Nanosecond })
+	t.Cleanup(open) // after the signer's cleanup is registered: runs first
+	eventually(t, "the request list", s.informer.HasSynced)
+	if s.HasSynced() {
+		t.Fatal("the signer says it synced before the pod index listed the node's pods")
+	}
+	// Hold the pod list for a second, or until the request is answered
+	// (what a signer that does not wait for the pods does at once).
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		got, err := c.admin.CertificatesV1().PodCertificateRequests(req.Namespace).Get(context.Background(), req.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Status.Conditions) > 0 {
+			break
+		}
+	}
+	open()
+	got, cond := c.answer(req)
+	if cond.Type != "Issued" {
+		t.Fatalf("condition %+v, want Issued: the pod was on the node, its list came late", cond)
+	}
+	c.checkIssued(got, key, c.spiffeID("web"))
 }
 
 func eventually(t *testing.T, what string, cond func() bool) {

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds the programs the tests run besides the agent: etcd and kube-apiserver (the
-# tests' own Kubernetes API server, test/kubeenv), helm (renders and lints the chart)
-# and spiffe-helper (a Workload API client nobody here wrote). `scripts/tools.sh -node`
+# tests' own Kubernetes API server, test/kubeenv), helm (renders and lints the chart),
+# spiffe-helper (a Workload API client nobody here wrote), and Istio's pilot-discovery
+# (istiod) and pilot-agent with the CRDs and injection templates of the same module
+# (test/istiod, docs/istio.md). `scripts/tools.sh -node`
 # also builds kubelet, kube-controller-manager, kube-scheduler and kubectl for the
 # end-to-end tests' single-node cluster (test/e2e, `make e2e`). Each is built from its Go
 # module at the version pinned in test/tools (kube-apiserver and etcd, which must agree),
-# test/tools/helm and test/tools/spiffe-helper, never from anything else.
+# test/tools/helm, test/tools/spiffe-helper and test/tools/istio, never from anything else.
 #
 # Binaries go to $MESHAGENT_TOOLS_DIR, by default
 # $HOME/.cache/meshagent/tools/<key>, where <key> is a hash of those modules' go.mod and
@@ -28,6 +30,8 @@ key_files=(
 	test/tools/helm/go.sum
 	test/tools/spiffe-helper/go.mod
 	test/tools/spiffe-helper/go.sum
+	test/tools/istio/go.mod
+	test/tools/istio/go.sum
 )
 
 die() { echo "tools.sh: $*" >&2; exit 1; }
@@ -86,6 +90,26 @@ build kube-apiserver test/tools ./kube-apiserver \
 build helm test/tools/helm helm.sh/helm/v3/cmd/helm \
 	-ldflags "-X helm.sh/helm/v3/internal/version.version=$helm_version"
 build spiffe-helper test/tools/spiffe-helper github.com/spiffe/spiffe-helper/cmd/spiffe-helper
+
+# istiod and pilot-agent from one pinned istio.io/istio module, and from the same module the
+# CRDs (applied by test/istiod) and the istio-discovery chart (rendered by the tests for the
+# injector's ConfigMap, with Istio's own injection templates).
+istio_dir=$(cd test/tools/istio && go list -m -f '{{.Dir}}' istio.io/istio)
+# The version they report is the one Istio's own development builds set: the module's
+# VERSION file plus "-dev" (istiod parses proxies' versions; a pseudo-version is not one).
+# Static, as Istio's release builds are: pilot-agent runs in the e2e cluster's istio-proxy
+# image, which has no C library.
+istio_ldflags="-X istio.io/istio/pkg/version.buildVersion=$(cat "$istio_dir/VERSION")-dev"
+CGO_ENABLED=0 build pilot-discovery test/tools/istio istio.io/istio/pilot/cmd/pilot-discovery -ldflags "$istio_ldflags"
+CGO_ENABLED=0 build pilot-agent test/tools/istio istio.io/istio/pilot/cmd/pilot-agent -ldflags "$istio_ldflags"
+if [ ! -d "$dir/istio-manifests" ]; then
+	rm -rf "$dir/.istio-manifests.tmp"
+	mkdir -p "$dir/.istio-manifests.tmp"
+	cp "$istio_dir/manifests/charts/base/files/crd-all.gen.yaml" "$dir/.istio-manifests.tmp/crds.yaml"
+	cp -r "$istio_dir/manifests/charts/istio-control/istio-discovery" "$dir/.istio-manifests.tmp/istio-discovery"
+	chmod -R u+w "$dir/.istio-manifests.tmp"
+	mv "$dir/.istio-manifests.tmp" "$dir/istio-manifests"
+fi
 
 if $node; then
 	for name in kubelet kube-controller-manager kube-scheduler kubectl; do

@@ -230,6 +230,8 @@ func TestCoreBadAnswersRejected(t *testing.T) {
 		{istioca.ModeForeignChain, "untrusted_chain"},
 		{istioca.ModeExpired, "not_valid_now"},
 		{istioca.ModeWrongKey, "key_mismatch"},
+		{istioca.ModeLeafIsCA, "leaf_is_ca"},
+		{istioca.ModeNoDigitalSignature, "key_usage"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mode.String(), func(t *testing.T) {

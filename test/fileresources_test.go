@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/internal/files/filewatch"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -385,4 +386,74 @@ func TestFileResourcesThatAreNotRegularFiles(t *testing.T) {
 	if got, _, _ := r.Cert(secretmanager.WorkloadCertName); !bytes.Equal(got, chain) {
 		t.Fatal("default no longer served")
 	}
+}
+
+// The socket's callers choose the paths of file-cert: and file-root:. With
+// the default MESHAGENT_FILE_RESOURCE_DIRS, the built agent (root, so it can
+// read any file) serves files under Istio's directories and refuses a key
+// elsewhere, as named, through ".." or through a symbolic link out of an
+// allowed directory; with MESHAGENT_SDS_ALLOWED_UIDS set, the operator trusts
+// the callers and any path is served.
+func TestFileResourcesOnlyUnderAllowedDirs(t *testing.T) {
+	ca := flCA(t)
+	dir := agentproc.TempDir(t)
+	chain := frMountedCerts(t, dir)
+	secret := filepath.Join(dir, "secret")
+	otherChain, otherKey := flIssue(t, ca, pki.SPIFFEIdentity("cluster.local", "root", "only"), time.Hour)
+	flWrite(t, filepath.Join(secret, "cert.pem"), otherChain)
+	flWrite(t, filepath.Join(secret, "key.pem"), otherKey)
+	if err := os.Chmod(filepath.Join(secret, "key.pem"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(secret, "key.pem"), filepath.Join(dir, "etc/certs/leak.pem")); err != nil {
+		t.Fatal(err)
+	}
+	inside := secretmanager.FileCertPrefix + "./etc/certs/cert-chain.pem~./etc/certs/key.pem"
+	outside := secretmanager.FileCertPrefix + filepath.Join(secret, "cert.pem") + "~" + filepath.Join(secret, "key.pem")
+	viaLink := secretmanager.FileCertPrefix + filepath.Join(secret, "cert.pem") + "~" + filepath.Join(dir, "etc/certs/leak.pem")
+	dotdot := secretmanager.FileRootPrefix + "./etc/certs/../secret/cert.pem"
+
+	env := func(extra ...string) []string {
+		var out []string
+		for _, e := range flEnv(extra...) {
+			if !strings.HasPrefix(e, "MESHAGENT_FILE_RESOURCE_DIRS=") {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	fetch := func(t *testing.T, sock, name string) error {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := sdsclient.Dial(ctx, sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, err = c.Fetch(ctx, name)
+		return err
+	}
+
+	t.Run("default directories", func(t *testing.T) {
+		p := agentproc.Start(t, dir, env("FILE_MOUNTED_CERTS=true")...)
+		s := flStream(t, p.Socket(), secretmanager.WorkloadCertName)
+		flWaitCert(t, s, 15*time.Second, chain, secretmanager.WorkloadCertName)
+		if err := fetch(t, p.Socket(), inside); err != nil {
+			t.Errorf("a file-cert: under ./etc/certs: %v", err)
+		}
+		for _, name := range []string{outside, viaLink, dotdot} {
+			if err := fetch(t, p.Socket(), name); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "outside the directories") {
+				t.Errorf("%s: %v, want InvalidArgument naming the allowed directories", name, err)
+			}
+		}
+	})
+	t.Run("trusted uids", func(t *testing.T) {
+		p := agentproc.Start(t, dir, env("FILE_MOUNTED_CERTS=true", fmt.Sprintf("MESHAGENT_SDS_ALLOWED_UIDS=%d", os.Geteuid()))...)
+		s := flStream(t, p.Socket(), secretmanager.WorkloadCertName)
+		flWaitCert(t, s, 15*time.Second, chain, secretmanager.WorkloadCertName)
+		if err := fetch(t, p.Socket(), outside); err != nil {
+			t.Errorf("with MESHAGENT_SDS_ALLOWED_UIDS: %v, want the file served", err)
+		}
+	})
 }

@@ -28,6 +28,9 @@ func flEnv(extra ...string) []string {
 		"MESHAGENT_XDS_PROXY=false",
 		"FILE_DEBOUNCE_DURATION=" + flDebounce.String(),
 		"MESHAGENT_LOG_LEVEL=debug",
+		// These tests name files anywhere in their directories; what the
+		// default directories allow is TestFileResourcesOnlyUnderAllowedDirs'.
+		"MESHAGENT_FILE_RESOURCE_DIRS=/",
 	}, extra...)
 }
 

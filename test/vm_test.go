@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -220,5 +221,45 @@ func TestVMRenewsOverMTLS(t *testing.T) {
 	}
 	if toks := ca.Tokens(); len(toks) != 0 {
 		t.Errorf("CA saw bearer tokens %q; the VM flow has none", toks)
+	}
+}
+
+// OUTPUT_CERTS is the agent's to keep, from outside input: the temporary key
+// files a write cut short left are removed when the agent starts writing, and
+// a reload pid file that names the agent itself is refused (logged) on every
+// rotation, without the agent signalling, and so ending, itself.
+func TestOutputCertsStaleTempsAndSelfPIDFile(t *testing.T) {
+	ca := istioca.Start(t, istioca.Config{Tokens: map[string]istioca.ServiceAccount{vmToken: vmSA}})
+	dir := agentproc.TempDir(t)
+	vmWriteToken(t, dir)
+	rootPath := filepath.Join(dir, "root-cert.pem")
+	flWrite(t, rootPath, ca.RootPEM())
+	out := filepath.Join(dir, "out")
+	if err := os.Mkdir(out, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(out, ".key.pem.tmp-123456")
+	flWrite(t, stale, []byte("-----BEGIN PRIVATE KEY-----\nstale\n-----END PRIVATE KEY-----\n"))
+	pidFile := filepath.Join(dir, "app.pid")
+	p := agentproc.Start(t, dir, vmEnv(ca, dir, "CA_ROOT_CA="+rootPath, "SECRET_TTL=4s", "OUTPUT_CERTS="+out,
+		"MESHAGENT_OUTPUT_CERTS_RELOAD_PID_FILE="+pidFile)...)
+	waitFor(t, "the first OUTPUT_CERTS write", func() bool {
+		_, err := outputcerts.Load(out, ca.Identity(vmSA), time.Now())
+		return err == nil
+	})
+	if _, err := os.Lstat(stale); !os.IsNotExist(err) {
+		t.Errorf("the stale temporary key file is still there: %v", err)
+	}
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(p.Pid())+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a rotation's reload hook refusing the agent's own pid", func() bool {
+		if p.ExitCode() >= 0 {
+			t.Fatalf("the agent exited with %d: it signalled itself\n%s", p.ExitCode(), p.Logs())
+		}
+		return strings.Contains(p.Logs(), "names the agent itself")
+	})
+	if code := p.ExitCode(); code >= 0 {
+		t.Fatalf("the agent exited with %d", code)
 	}
 }

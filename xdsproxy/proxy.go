@@ -278,8 +278,8 @@ func (p *Proxy) newServer() *grpc.Server {
 func (p *Proxy) listen(path string) (*udslisten.Listener, error) {
 	lis, err := udslisten.Listen(udslisten.Config{
 		Path: path, DirMode: socketDirMode, SocketMode: socketFileMode, Logger: p.log,
-		// Only the pod's own containers reach the directory: a slow check
-		// saves the idle agent its wake-ups.
+		// Only the pod's own containers reach the directory: after a rebind
+		// (or without inotify) look again slowly.
 		CheckInterval: 5 * time.Second,
 		OnRebind:      func(reason string) { p.metrics.socketRebound.WithLabelValues(reason).Inc() },
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -28,13 +29,15 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	ignoreHangup(ctx, log)
 
 	a, err := app.New(app.Config{Settings: cfg, Logger: base, OnStatusListen: h.statusListening, Version: version})
 	if err != nil {
-		log.Error("agent cannot start", zap.Error(err))
 		if errors.As(err, new(app.ConfigError)) {
+			// One line, written by execute: the setting and the fix.
 			return configError{err}
 		}
+		log.Error("agent cannot start", zap.Error(err))
 		return failureLogged{err}
 	}
 	if err := a.Run(ctx); err != nil {
@@ -43,4 +46,23 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 	}
 	log.Info("agent stopped")
 	return nil
+}
+
+// ignoreHangup keeps SIGHUP from stopping the agent until ctx ends
+// (docs/operations.md): there is nothing to reload on it, since every
+// file the agent reads is followed as it changes. Each SIGHUP is logged.
+func ignoreHangup(ctx context.Context, log *zap.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-hup:
+				log.Info("SIGHUP ignored: the files the agent reads are followed as they change, with nothing to reload")
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 }

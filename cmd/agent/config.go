@@ -32,6 +32,9 @@ func printConfig(w io.Writer, cfg *settings.Config, source app.SourceDecision, f
 		for _, wn := range cfg.Warnings() {
 			warnings = append(warnings, wn.String())
 		}
+		for _, wn := range cfg.Unknown() {
+			warnings = append(warnings, unknownString(wn))
+		}
 		return enc.Encode(configReport{Settings: cfg.Table(), Source: source, Mode: source, Warnings: warnings})
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -49,6 +52,18 @@ func printConfig(w io.Writer, cfg *settings.Config, source app.SourceDecision, f
 	for _, wn := range cfg.Warnings() {
 		fmt.Fprintf(w, "\nwarning: %s", wn)
 	}
+	for _, wn := range cfg.Unknown() {
+		fmt.Fprintf(w, "\nwarning: %s", unknownString(wn))
+	}
 	_, err := fmt.Fprintf(w, "\nsource: %s (%s)\n", source.Source, source.Reason)
 	return err
+}
+
+// unknownString is an unknown name's warning: "MESHAGENT_DEVV ignored: no
+// such setting; did you mean MESHAGENT_DEV?".
+func unknownString(w settings.Warning) string {
+	if w.Name == w.Value {
+		return w.Name + " ignored: " + w.Why
+	}
+	return w.Name + " " + w.Value + " ignored: " + w.Why
 }

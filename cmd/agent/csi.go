@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"os/signal"
 	"path/filepath"
@@ -22,6 +23,9 @@ func newCSICommand(stderr io.Writer) *cobra.Command {
 		Short: "Run the CSI driver " + csi.DriverName + " that mounts the node agent's socket directory read-only into pods",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if nodeID == "" {
+				return configError{errors.New("--node-id is required: the name of this node (the chart passes spec.nodeName)")}
+			}
 			log, err := logging.New(logging.Config{Level: logLevel, Output: stderr})
 			if err != nil {
 				return configError{err}

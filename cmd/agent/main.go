@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -109,10 +110,12 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 		SilenceErrors: true,
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
+	root.Version = versionString()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return configError{err} })
 
-	root.AddCommand(newRunCommand(env, stderr, h), newConfigCommand(env, stdout), newVersionCommand(stdout), newDocsCommand(stdout), newCSICommand(stderr))
-	root.AddCommand(newSocketDirCommand())
+	root.AddCommand(newRunCommand(env, stderr, h), newConfigCommand(env, stdout, stderr), newVersionCommand(stdout), newDocsCommand(stdout), newCSICommand(stderr))
+	root.AddCommand(newSocketDirCommand(), newTrustPublisherCommand(env, stderr))
 	return root
 }
 
@@ -121,12 +124,10 @@ func newRunCommand(env []string, stderr io.Writer, h hooks) *cobra.Command {
 	runCmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the agent",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if node, _ := cmd.Flags().GetBool("node"); node {
-				if err := cmd.Flags().Set("mode", settings.ModeNode); err != nil {
-					return configError{err}
-				}
+			if err := nodeFlag(cmd); err != nil {
+				return err
 			}
 			cfg, err := resolve(cmd.Flags(), env)
 			if err != nil {
@@ -142,26 +143,42 @@ func newRunCommand(env []string, stderr io.Writer, h hooks) *cobra.Command {
 }
 
 // newConfigCommand is `meshagent config`.
-func newConfigCommand(env []string, stdout io.Writer) *cobra.Command {
+func newConfigCommand(env []string, stdout, stderr io.Writer) *cobra.Command {
 	var output string
 	configCmd := &cobra.Command{
 		Use:   "config",
 		Short: "Print the resolved configuration and the certificate source that would be chosen",
 		Long: "Print every setting with its value and where the value came from (default, env or flag),\n" +
 			"and the certificate source `meshagent run` would choose, without starting anything.",
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "text" && output != "json" {
 				return configError{fmt.Errorf("invalid --output=%q: accepted: text, json", output)}
+			}
+			if err := nodeFlag(cmd); err != nil {
+				return err
 			}
 			cfg, err := resolve(cmd.Flags(), env)
 			if err != nil {
 				return err
 			}
-			return printConfig(stdout, cfg, app.SelectSource(cmd.Context(), cfg), output)
+			// The checks run makes, by the same code: New starts nothing.
+			a, err := app.New(app.Config{Settings: cfg, Version: version})
+			if err != nil {
+				// A misspelt name is often why: say it before the error.
+				for _, wn := range cfg.Unknown() {
+					fmt.Fprintf(stderr, "warning: %s\n", unknownString(wn))
+				}
+				if errors.As(err, new(app.ConfigError)) {
+					return configError{err}
+				}
+				return runFailure{err}
+			}
+			return printConfig(stdout, cfg, a.Source(), output)
 		},
 	}
 	addSettingFlags(configCmd.Flags())
+	configCmd.Flags().Bool("node", false, "as run --node: the same as --mode node (env MESHAGENT_MODE)")
 	configCmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 
 	return configCmd
@@ -209,6 +226,16 @@ func newDocsCommand(stdout io.Writer) *cobra.Command {
 	return docsCmd
 }
 
+// nodeFlag turns --node into --mode node.
+func nodeFlag(cmd *cobra.Command) error {
+	if node, _ := cmd.Flags().GetBool("node"); node {
+		if err := cmd.Flags().Set("mode", settings.ModeNode); err != nil {
+			return configError{err}
+		}
+	}
+	return nil
+}
+
 // addSettingFlags declares a flag for every setting that has one.
 func addSettingFlags(fs *pflag.FlagSet) {
 	for i := range settings.Registry {
@@ -216,12 +243,46 @@ func addSettingFlags(fs *pflag.FlagSet) {
 		if s.Flag == "" {
 			continue
 		}
-		usage := s.Doc + " (env " + s.Name + ")"
-		fs.String(s.Flag, "", usage)
+		// pflag takes backquoted text in a usage as the value's name: the
+		// docs' backquotes become plain quotes here.
+		usage := strings.ReplaceAll(s.Doc, "`", "'") + " (env " + s.Name + ")"
+		if s.DerivedDefault != "" && s.Default == "" {
+			usage += " (default: " + s.DerivedDefault + ")"
+		}
+		fs.Var(&flagValue{typ: flagType(s), value: s.Default}, s.Flag, usage)
 		if s.Value.Type == "bool" {
 			fs.Lookup(s.Flag).NoOptDefVal = "true"
 		}
 	}
+}
+
+// flagValue is a setting's flag: the text given, parsed by the settings
+// registry with the environment; its type names the value in --help.
+type flagValue struct{ typ, value string }
+
+func (v *flagValue) String() string     { return v.value }
+func (v *flagValue) Set(s string) error { v.value = s; return nil }
+func (v *flagValue) Type() string       { return v.typ }
+
+// flagType is the value name --help shows: the registry's type, one word.
+func flagType(s *settings.Setting) string {
+	switch t := s.Value.Type; t {
+	case "bool":
+		return "bool" // pflag shows no value name for it
+	case "enum":
+		return "value"
+	default:
+		return strings.ReplaceAll(t, " ", "-")
+	}
+}
+
+// noArgs is cobra.NoArgs with the usage error a user can act on.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	return configError{fmt.Errorf("%s takes no arguments, got %q: settings are flags (--name=value) or environment variables; see %s --help",
+		cmd.CommandPath(), args, cmd.CommandPath())}
 }
 
 // resolve reads the flags that were given and the environment into a Config.

@@ -74,7 +74,7 @@ func TestConfigPrintsEverySettingWithItsSource(t *testing.T) {
 
 func TestConfigJSON(t *testing.T) {
 	t.Chdir(t.TempDir())
-	code, out, errOut := runCmd(t, []string{"CA_PROVIDER=Linkerd", "POD_NAMESPACE=shop"}, "config", "-o", "json", "--log-level=debug")
+	code, out, errOut := runCmd(t, []string{"CA_PROVIDER=Linkerd", "POD_NAMESPACE=shop", "SERVICE_ACCOUNT=web", "CA_ROOT_CA=SYSTEM"}, "config", "-o", "json", "--log-level=debug")
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -288,7 +288,7 @@ func TestRunCAModeNeedsTheCARoot(t *testing.T) {
 	t.Chdir(t.TempDir())
 	var stderr bytes.Buffer
 	code := run(context.Background(), []string{"run"}, []string{"POD_NAMESPACE=a", "SERVICE_ACCOUNT=b", "STATUS_PORT=0"}, io.Discard, &stderr)
-	if code != exitFailure || !strings.Contains(stderr.String(), "ca_root ./var/run/secrets/istio/root-cert.pem") {
+	if code != exitConfig || !strings.Contains(stderr.String(), "CA_ROOT_CA=./var/run/secrets/istio/root-cert.pem (the default) cannot be used") {
 		t.Errorf("exit %d; log:\n%s", code, stderr.String())
 	}
 }
@@ -349,7 +349,7 @@ func TestRunWritesTheSidecarNodeID(t *testing.T) {
 	t.Chdir(t.TempDir())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env := []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "DISABLE_ENVOY=true",
+	env := []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "DISABLE_ENVOY=true", "OUTPUT_CERTS=out",
 		"INSTANCE_IP=10.9.8.7", "POD_NAME=web-0", "POD_NAMESPACE=shop", "SERVICE_ACCOUNT=web", "TRUST_DOMAIN=example.org"}
 	base, wait, log := startAgent(t, ctx, env, "--dev")
 	if code, body := waitReady(t, base); code != 200 {

@@ -207,7 +207,7 @@ func TestNodeModeFileResourcesAllowed(t *testing.T) {
 	base, wait, log := startAgent(t, runCtx, []string{
 		"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", "MESHAGENT_DEV=true",
 		"MESHAGENT_MODE=node", "NODE_NAME=node-files", "KUBECONFIG=" + kubeconfig,
-		"MESHAGENT_NODE_FILE_RESOURCES=true",
+		"MESHAGENT_NODE_FILE_RESOURCES=true", "MESHAGENT_FILE_RESOURCE_DIRS=" + dir,
 	})
 	if code, body := waitReady(t, base); code != 200 {
 		t.Fatalf("ready: %d %q; log:\n%s", code, body, log)

@@ -64,6 +64,13 @@ func prepareAgentDir(dir string, cfg agentConfig) error {
 		{tokenPath, []byte(cfg.Token), 0o600},
 		{caRootPath, cfg.RootPEM, 0o644},
 	}
+	// The pod's emptyDir volumes that hold the sockets exist before the
+	// agent starts (workload-socket, istio-envoy).
+	for _, sock := range []string{sdsPath, xdsPath} {
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(sock)), 0o750); err != nil {
+			return fmt.Errorf("preparing agent directory: %w", err)
+		}
+	}
 	for _, f := range files {
 		p := filepath.Join(dir, f.path)
 		if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {

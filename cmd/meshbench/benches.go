@@ -117,6 +117,7 @@ func (b *bench) coldStarts(ctx context.Context, name, cpuName, keyType string) (
 // steadyResult holds the figures measured on one long-running agent.
 type steadyResult struct {
 	idleRSSMB      float64
+	idleAnonMB     float64
 	perStreamKB    float64
 	cpuMsPerMinute []float64
 }
@@ -157,6 +158,11 @@ func (b *bench) steady(ctx context.Context, cpuWindows int) (steadyResult, *agen
 		return fail(err)
 	}
 	res.idleRSSMB = float64(idle) / 1024
+	anon, err := procStatusKB(a.Pid(), "RssAnon")
+	if err != nil {
+		return fail(err)
+	}
+	res.idleAnonMB = float64(anon) / 1024
 	b.log("idle RSS %d kB (%s)", idle, rssBreakdown(a.Pid()))
 	b.snapshotProfiles(ctx, a, fmt.Sprintf("agent-%03d-idle", b.runs))
 

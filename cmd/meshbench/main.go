@@ -211,6 +211,7 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 
 	if opts.only["steady"] {
 		idle := Figure{Name: "idle_rss_mb", Unit: "MB"}
+		anon := Figure{Name: "idle_rss_anon_mb", Unit: "MB"}
 		perStream := Figure{Name: "sds_streams_rss_kb_per_stream", Unit: "KB"}
 		cpu := Figure{Name: "cpu_idle_ms_per_min", Unit: "ms"}
 		var serr error
@@ -227,10 +228,11 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 			}
 			a.Stop(2 * time.Second)
 			idle.Samples = append(idle.Samples, res.idleRSSMB)
+			anon.Samples = append(anon.Samples, res.idleAnonMB)
 			perStream.Samples = append(perStream.Samples, res.perStreamKB)
 			cpu.Samples = append(cpu.Samples, res.cpuMsPerMinute...)
 		}
-		for _, f := range []Figure{idle, perStream, cpu} {
+		for _, f := range []Figure{idle, anon, perStream, cpu} {
 			if f.Name == cpu.Name && opts.cpuWindows == 0 {
 				continue
 			}

@@ -130,9 +130,14 @@ type streamSet struct {
 }
 
 // openStreams dials conns connections to the SDS socket at path and opens
-// perConn streams on each.
+// perConn streams on each. The streams carry no deadline (no grpc-timeout,
+// which would cost the agent a timer per stream): Envoy's SDS streams have
+// none. They end with ctx all the same.
 func openStreams(ctx context.Context, path string, conns, perConn int) (*streamSet, error) {
-	ctx, cancel := context.WithCancel(ctx)
+	streamsCtx, cancelStreams := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancelStreams)
+	cancel := func() { stop(); cancelStreams() }
+	ctx = streamsCtx
 	s := &streamSet{total: conns * perConn, cancel: cancel, byKey: map[uint64]*certArrivals{}, changed: make(chan struct{})}
 	for c := range conns {
 		conn, err := dialUnix(path, 4<<20)

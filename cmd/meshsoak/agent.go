@@ -96,6 +96,7 @@ func startAgent(p agentParams) (*agent, error) {
 		// the per-caller connection limit (32) is for a real pod's Envoy and
 		// applications, not for the soak's hundreds of clients.
 		"MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER=100000",
+		"MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER=100000",
 		"MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER=100000",
 	}
 	for _, k := range []string{"PATH", "HOME"} {

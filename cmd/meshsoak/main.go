@@ -182,8 +182,14 @@ func run(ctx context.Context, opts options, stdout, stderr io.Writer) int {
 	for range numClients {
 		pool.slots = append(pool.slots, &slot{})
 	}
-	loadCtx, endLoad := context.WithTimeout(ctx, opts.duration)
+	// Ended by a timer, not a deadline: a deadline would travel to the
+	// agent as grpc-timeout, and the agent's end of a stream at the deadline
+	// could reach a client before its own context ends (a false
+	// sds_stream_ended).
+	loadCtx, endLoad := context.WithCancel(ctx)
 	defer endLoad()
+	stopLoad := time.AfterFunc(opts.duration, endLoad)
+	defer stopLoad.Stop()
 	var wg sync.WaitGroup
 	for i := range numClients {
 		r := rand.New(rand.NewPCG(rng.Uint64(), uint64(i)))

@@ -184,9 +184,13 @@ func streamUntilEnd(ctx context.Context, socket string, out *lineWriter) {
 	<-ctx.Done()
 }
 
+// settingsPerCall is how many empty SETTINGS frames windowZeroFlood sends
+// after each call.
+const settingsPerCall = 4
+
 // windowZeroFlood speaks HTTP/2 itself: it sets its initial window to 0, so
 // the agent may send no response data, and opens n FetchSecrets calls it
-// never reads. It answers the agent's SETTINGS and PINGs so that the
+// never reads, each followed by settingsPerCall empty SETTINGS frames. It answers the agent's SETTINGS and PINGs so that the
 // connection stays up. The connection is returned open.
 func windowZeroFlood(socket string, n int) (net.Conn, int, error) {
 	c, err := net.Dial("unix", socket)
@@ -251,7 +255,17 @@ func windowZeroFlood(socket string, n int) (net.Conn, int, error) {
 			if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}); err != nil {
 				return err
 			}
-			return fr.WriteData(id, true, msg)
+			if err := fr.WriteData(id, true, msg); err != nil {
+				return err
+			}
+			// Empty SETTINGS frames make the agent write acknowledgements,
+			// which must not count as responses the client has taken.
+			for range settingsPerCall {
+				if err := fr.WriteSettings(); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 		if err != nil {
 			return c, sent, err

@@ -35,10 +35,14 @@ import (
 const (
 	podsNode = "soak-node"
 	podsNS   = "soakpods"
-	// floodConns idle connections from one pod; zeroCalls FetchSecrets on
-	// one window-0 connection.
-	floodConns = 2000
+	// floodConns idle connections from one pod (all but the per-caller
+	// limit refused at their handshake); zeroCalls FetchSecrets on one
+	// window-0 connection, each followed by empty SETTINGS frames.
+	floodConns = 5000
 	zeroCalls  = 20000
+	// refusalLinesBound bounds the agent's log lines of refused
+	// connections over the phase.
+	refusalLinesBound = 200
 	// podsRSSBoundKB is the agent's RSS bound during the phase.
 	podsRSSBoundKB = 160 << 10
 	// goodFetchBound is how long a good pod's fetch (connect and
@@ -56,6 +60,7 @@ type podFigures struct {
 	goodMax                     time.Duration
 	refusedFetches, refusedOK   int
 	floodHeld, zeroSent         string
+	refusalLines                int
 	leaveEnded                  string
 	leaveAfter                  string
 	goodCSRs, goodCSRsNotIssued int
@@ -274,6 +279,14 @@ func runPods(ctx context.Context, binary string, d time.Duration, led *ledger, l
 	if flood != nil {
 		f.floodHeld, _ = flood.first("held ", 0)
 	}
+	// The flood's refusals are logged a few lines per caller and 10 s, not
+	// one each.
+	if b, err := os.ReadFile(a.path(agentLog)); err == nil {
+		f.refusalLines = strings.Count(string(b), `"msg":"local client refused`)
+		if f.refusalLines > refusalLinesBound {
+			led.Violate("pods_refusal_log", "%d log lines of refused connections (bound %d)", f.refusalLines, refusalLinesBound)
+		}
+	}
 	if zero != nil {
 		f.zeroSent, _ = zero.first("sent ", 0)
 	}
@@ -421,7 +434,7 @@ func reportPods(w io.Writer, f podFigures) {
 		return
 	}
 	fmt.Fprintf(w, "SOAK pods rss base %d kB peak %d kB end %d kB (bound %d kB)\n", f.rssBase, f.rssPeak, f.rssEnd, podsRSSBoundKB)
-	fmt.Fprintf(w, "SOAK pods flood %q zero_window %q\n", f.floodHeld, f.zeroSent)
+	fmt.Fprintf(w, "SOAK pods flood %q zero_window %q refusal_log_lines %d (bound %d)\n", f.floodHeld, f.zeroSent, f.refusalLines, refusalLinesBound)
 	fmt.Fprintf(w, "SOAK pods good fetches %d slowest %s over bound %d (bound %s)\n", f.goodFetches, f.goodMax.Round(time.Millisecond), f.goodSlow, goodFetchBound)
 	fmt.Fprintf(w, "SOAK pods refused fetches %d served %d, CSRs refused identity %d good %d failed %d\n", f.refusedFetches, f.refusedOK, f.refusedCSRs, f.goodCSRs, f.goodCSRsNotIssued)
 	fmt.Fprintf(w, "SOAK pods leaving stream %q then %q (bound %s)\n", f.leaveEnded, f.leaveAfter, leaveBound)

@@ -19,6 +19,7 @@ import (
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/internal/tlspolicy"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -94,9 +95,9 @@ type App struct {
 	firstCertOnce sync.Once
 	// node is node mode's wiring; nil in a sidecar.
 	node *nodeWiring
-	// socket is the local socket's server (podLeft). Set while New builds
-	// it, after the pod index whose PodLeft reads it: the index calls
-	// PodLeft only once Run runs it, after New returned.
+	// socket is the local socket's server (podLeft, podArrived). Set while
+	// New builds it, after the pod index whose PodLeft and PodArrived read
+	// it: the index calls them only once Run runs it, after New returned.
 	socket *udsserver.Server
 
 	ran atomic.Bool
@@ -154,11 +155,7 @@ func New(cfg Config) (_ *App, err error) {
 		return nil, configError(err)
 	}
 	a.source = SelectSource(context.Background(), a.s)
-	a.log.Info("starting meshagent", zap.String(logkeys.Version, cfg.Version), zap.String(logkeys.Mode, a.s.Mode),
-		zap.String(logkeys.Source, string(a.source.Source)), zap.String(logkeys.Reason, a.source.Reason))
-	for _, w := range a.s.Warnings() {
-		a.log.Warn("setting has no effect", zap.String(logkeys.Setting, w.Name), zap.String(logkeys.Value, w.Value), zap.String(logkeys.Reason, w.Why))
-	}
+	a.logStart(cfg.Version)
 	if err := a.checkNodeSource(); err != nil {
 		return nil, configError(err)
 	}
@@ -198,6 +195,24 @@ func New(cfg Config) (_ *App, err error) {
 	a.components = append(a.components, podCerts...)
 	a.components = append(a.components, component{name: "status", run: a.status.Run})
 	return a, nil
+}
+
+// logStart logs the start: the version, the mode, the certificate source
+// and the TLS policy, then a warning for every setting that has no effect or
+// is unknown.
+func (a *App) logStart(version string) {
+	a.log.Info("starting meshagent", zap.String(logkeys.Version, version), zap.String(logkeys.Mode, a.s.Mode),
+		zap.String(logkeys.Source, string(a.source.Source)), zap.String(logkeys.Reason, a.source.Reason),
+		zap.String(logkeys.CompliancePolicy, compliancePolicyName(a.s.CompliancePolicy)), zap.String(logkeys.CryptoModule, tlspolicy.Module()))
+	if w := tlspolicy.Check(a.s.CompliancePolicy); w != "" {
+		a.log.Warn(w)
+	}
+	for _, w := range a.s.Warnings() {
+		a.log.Warn("setting has no effect", zap.String(logkeys.Setting, w.Name), zap.String(logkeys.Value, w.Value), zap.String(logkeys.Reason, w.Why))
+	}
+	for _, w := range a.s.Unknown() {
+		a.log.Warn("unknown setting ignored", zap.String(logkeys.Setting, w.Name), zap.String(logkeys.Value, w.Value), zap.String(logkeys.Reason, w.Why))
+	}
 }
 
 // Source is where the App's certificates come from, and why.
@@ -272,3 +287,11 @@ func (a *App) kubeClient() (*kubeclient.Client, error) {
 
 // nodeMode reports whether the agent serves every pod of its node.
 func (a *App) nodeMode() bool { return a.s.Mode == settings.ModeNode }
+
+// compliancePolicyName is COMPLIANCE_POLICY as logged: "none" when unset.
+func compliancePolicyName(p tlspolicy.Policy) string {
+	if p == tlspolicy.None {
+		return "none"
+	}
+	return string(p)
+}

@@ -23,7 +23,7 @@ import (
 // service, or Istio's certificate service.
 func (a *App) caClient(roots caclient.RootSource) (caclient.Client, error) {
 	c := a.s
-	t := caclient.TransportConfig{Addr: c.CAAddr, Roots: roots, Metadata: map[string]string{}}
+	t := caclient.TransportConfig{Addr: c.CAAddr, Roots: roots, Metadata: map[string]string{}, Policy: c.CompliancePolicy}
 	for k, v := range c.CAHeaders {
 		t.Metadata[k] = v
 	}

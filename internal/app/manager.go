@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/podcert"
@@ -104,7 +105,18 @@ func (a *App) managerConfig(id pki.Identity, roots secretmanager.RootSource, sou
 // it and the provider. client, when not nil, is closed when the manager
 // stops, or when New fails.
 func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secretmanager.Manager, []component, error) {
-	files := fileprovider.New(fileprovider.Config{Files: a.fileConfig(), Logger: a.base})
+	fc := fileprovider.Config{Files: a.fileConfig(), Logger: a.base}
+	if len(a.s.SDSAllowedUIDs) == 0 {
+		// Anyone who can open the socket may ask: only the listed
+		// directories' files are served (docs/configuration.md).
+		// The directories the agent is told to read certificates from are
+		// allowed too, wherever the operator moved them.
+		fc.AllowedDirs = append(a.s.FileResourceDirList(), a.s.FileMountedCertsDir, a.s.WorkloadCredentialsDir)
+		if a.s.CARoot != "" && a.s.CARoot != settings.SystemRoots {
+			fc.AllowedDirs = append(fc.AllowedDirs, filepath.Dir(a.s.CARoot))
+		}
+	}
+	files := fileprovider.New(fc)
 	if a.node == nil || a.node.fileResources() {
 		mc.Providers = map[string]secretmanager.Provider{
 			secretmanager.FileCertPrefix: files,
@@ -190,7 +202,7 @@ func (a *App) caSource() (certSource, error) {
 	}
 	rootFeed, err := a.rootFeed("ca_root", a.s.CARoot)
 	if err != nil {
-		return certSource{}, err
+		return certSource{}, a.caRootError(err)
 	}
 	ts, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {
@@ -218,6 +230,24 @@ func (a *App) caSource() (certSource, error) {
 		preconnect: preconnect, proxyConfig: ts.proxyConfig}, nil
 }
 
+// caRootError is the configuration error of a CA root that cannot be read
+// at start-up: missing, unreadable, a directory or no PEM certificate. It
+// names the setting the path came from and what to set.
+func (a *App) caRootError(err error) error {
+	if inner := errors.Unwrap(err); inner != nil {
+		err = inner // the feed's own wrapping repeats the path
+	}
+	from := ""
+	switch {
+	case settingSet(a.s, "CA_ROOT_CA"):
+	case a.s.ProvCert != "":
+		from = " (from PROV_CERT)"
+	default:
+		from = " (the default)"
+	}
+	return configError(fmt.Errorf("CA_ROOT_CA=%s%s cannot be used: %w; set CA_ROOT_CA to a PEM file of the CA's root certificates, or SYSTEM", a.s.CARoot, from, err))
+}
+
 // outputCertsInitial returns a still-valid certificate for id found in
 // OUTPUT_CERTS, to serve at once after a restart.
 func (a *App) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
@@ -241,7 +271,8 @@ func (a *App) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 func (a *App) fileSource(dir, source string) (certSource, error) {
 	rootFeed, err := a.rootFeed(source+"_root", filepath.Join(dir, files.RootCertFile))
 	if err != nil {
-		return certSource{}, err
+		// The files were there when the source was chosen.
+		return certSource{}, configError(fmt.Errorf("%s: %w; put a PEM bundle of the roots there", dir, err))
 	}
 	ts, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {

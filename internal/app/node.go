@@ -119,6 +119,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 			},
 		},
 		PodLeft:    a.podLeft,
+		PodArrived: a.podArrived,
 		Logger:     a.base,
 		Registerer: a.reg,
 	})
@@ -136,6 +137,18 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := n.report(idx, m); err != nil {
+		return nil, nil, err
+	}
+	a.log.Info("node mode: serving the pods of this node", zap.String(logkeys.Node, c.NodeName), zap.Int(logkeys.NodeUIDIdentities, len(n.uids)),
+		zap.Stringer(logkeys.CgroupRoot, cgroupRoot), zap.String(logkeys.CgroupRootFrom, cgroupRootFrom))
+	return r, []component{{name: "pod_index", run: idx.Run}}, nil
+}
+
+// report shows the node's pods in the status port: the certificates each
+// pod uses, their metrics, and the pod_index readiness check.
+func (n *nodeWiring) report(idx *podindex.Index, m *secretmanager.Manager) error {
+	a := n.a
 	podsOf := func() map[string][]string {
 		ids := idx.Identities()
 		out := make(map[string][]string, len(ids))
@@ -146,17 +159,18 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	}
 	a.status.AddCertLister(managerLister{m: m, pods: podsOf})
 	if err := a.reg.Register(nodeIdentityCollector{m: m, pods: podsOf}); err != nil {
-		return nil, nil, err
+		return err
 	}
 	a.status.AddReadiness("pod_index", func() error {
 		if !idx.HasSynced() {
-			return errors.New("the node's pods are not listed yet")
+			if err := idx.ListError(); err != nil {
+				return fmt.Errorf("the node's pods are not listed yet: %w", err)
+			}
+			return errors.New("the node's pods are not listed yet (no answer from the API server so far)")
 		}
 		return nil
 	})
-	a.log.Info("node mode: serving the pods of this node", zap.String(logkeys.Node, c.NodeName), zap.Int(logkeys.NodeUIDIdentities, len(n.uids)),
-		zap.Stringer(logkeys.CgroupRoot, cgroupRoot), zap.String(logkeys.CgroupRootFrom, cgroupRootFrom))
-	return r, []component{{name: "pod_index", run: idx.Run}}, nil
+	return nil
 }
 
 // PodsOf lists a service account's pods on the node from the pod index;

@@ -26,8 +26,9 @@ const linkerdRefusal = "CA_PROVIDER=Linkerd: Linkerd's identity service signs on
 // podCertificates builds the Pod Certificates signer of a node agent
 // (MESHAGENT_POD_CERTIFICATE_SIGNER, docs/pod-certificates.md): it signs
 // the PodCertificateRequests of the node's pods with the CA of src, on the
-// pods' behalf, and publishes src's roots as the signer's
-// ClusterTrustBundle. It needs node mode's pod index, built before it.
+// pods' behalf. It publishes no trust: the signer's ClusterTrustBundle is
+// `meshagent trust-publisher`'s (RunTrustPublisher). It needs node mode's
+// pod index, built before it.
 func (a *App) podCertificates(src certSource) ([]component, error) {
 	c := a.s
 	if c.PodCertificateSigner == "" || !a.nodeMode() {
@@ -76,12 +77,11 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 	}
 	a.status.AddReadiness("pod_certificates", func() error {
 		if !s.HasSynced() {
-			return errors.New("the node's PodCertificateRequests are not listed yet")
+			return errors.New("the node's PodCertificateRequests or pods are not listed yet")
 		}
 		return nil
 	})
-	a.log.Info("node mode: signing pod certificates", zap.String(logkeys.Signer, c.PodCertificateSigner),
-		zap.String(logkeys.Bundle, podcert.BundleName(c.PodCertificateSigner)))
+	a.log.Info("node mode: signing pod certificates", zap.String(logkeys.Signer, c.PodCertificateSigner))
 	return []component{{name: "pod_certificates", run: s.Run}}, nil
 }
 

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -72,6 +73,9 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 		}
 		services = append(services, wl.Register)
 	}
+	if err := checkSocketPath("MESHAGENT_SDS_SOCKET", c.SDSSocket, a.nodeMode()); err != nil {
+		return nil, configError(err)
+	}
 	uc := a.withSocketLimits(udsserver.Config{
 		SocketPath: c.SDSSocket, Replace: a.nodeMode(), Services: services,
 		MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
@@ -103,6 +107,9 @@ func (a *App) sidecarOutputs(src certSource) ([]component, error) {
 	c := a.s
 	var cs []component
 	if c.XDSProxy {
+		if err := checkSocketPath("MESHAGENT_XDS_SOCKET", c.XDSSocket, false); err != nil {
+			return nil, configError(err)
+		}
 		xp, rootFeed, err := a.xdsProxy(src)
 		if err != nil {
 			return nil, err
@@ -113,24 +120,36 @@ func (a *App) sidecarOutputs(src certSource) ([]component, error) {
 			cs = append(cs, component{name: "xds_root_watcher", run: rootFeed.Run})
 		}
 	}
+	bootstrap := c.DisableEnvoy || settingSet(c, "GRPC_XDS_BOOTSTRAP")
+	if bootstrap && (src.manager == nil || c.OutputCerts == "") {
+		// The bootstrap's certificate provider would name files nobody
+		// writes: proxyless gRPC would fail its first handshake.
+		why := "OUTPUT_CERTS is empty"
+		if src.manager == nil {
+			why = "another agent serves SDS on " + c.SDSSocket + ", so this one writes no certificate files"
+		}
+		return nil, configError(fmt.Errorf("DISABLE_ENVOY/GRPC_XDS_BOOTSTRAP: the gRPC bootstrap needs certificate files but %s; "+
+			"remove DISABLE_ENVOY and GRPC_XDS_BOOTSTRAP, or stop the other agent", why))
+	}
 	if src.manager != nil && c.OutputCerts != "" {
 		w, err := outputcerts.New(a.outputCertsConfig())
 		if err != nil {
 			return nil, configError(err)
 		}
+		a.status.AddReadiness("output_certs", w.Healthy)
 		hook, err := a.reloadHook()
 		if err != nil {
 			return nil, configError(err)
 		}
 		sync, err := outputcerts.NewSync(outputcerts.SyncConfig{
-			Secrets: src.manager, Writer: w, Hook: hook, TrustDomain: a.bundleMapTrustDomain(), Logger: a.base,
+			Secrets: src.manager, Writer: w, Hook: hook, TrustDomain: a.bundleMapTrustDomain(), Logger: a.base, Clock: a.clock,
 		})
 		if err != nil {
 			return nil, err
 		}
 		cs = append(cs, component{name: "outputcerts", run: sync.Run})
 	}
-	if c.DisableEnvoy || settingSet(c, "GRPC_XDS_BOOTSTRAP") {
+	if bootstrap {
 		cs = append(cs, component{name: "grpc_bootstrap", run: a.writeBootstrap, finite: true})
 	}
 	return cs, nil
@@ -156,6 +175,11 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 		roots = src.caRoots
 	} else if f, err := a.rootFeed("xds_root", c.XDSRoot); err == nil {
 		roots, rootFeed = f.Roots(), f
+	} else if settingSet(c, "XDS_ROOT_CA") {
+		if inner := errors.Unwrap(err); inner != nil {
+			err = inner // the feed's own wrapping repeats the path
+		}
+		return nil, nil, configError(fmt.Errorf("XDS_ROOT_CA=%s cannot be used: %w; set XDS_ROOT_CA to a PEM file of the control plane's root certificates, or SYSTEM", c.XDSRoot, err))
 	} else {
 		// Not fatal: the proxy then cannot verify the control plane and
 		// says so at every attempt.
@@ -185,6 +209,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 			TokenOptional:     true,
 			Metadata:          md,
 			ClientCertificate: clientCert,
+			Policy:            c.CompliancePolicy,
 		},
 		ConnectAfter:  connectAfter,
 		Subscriptions: a.xdsSubscriptions(src.proxyConfig),

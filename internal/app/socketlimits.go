@@ -10,6 +10,7 @@ import (
 func (a *App) withSocketLimits(cfg udsserver.Config) udsserver.Config {
 	c := a.s
 	cfg.MaxConnsPerCaller = c.SocketMaxConnsPerCaller
+	cfg.MaxConnRatePerCaller = c.SocketMaxConnRatePerCaller
 	cfg.MaxStreamsPerConn = uint32(c.SocketMaxStreamsPerConn)
 	cfg.MaxUnaryPerCaller = c.SocketMaxUnaryPerCaller
 	cfg.MaxQueuedBytesPerCaller = c.SocketMaxQueuedBytesPerCaller
@@ -22,5 +23,13 @@ func (a *App) withSocketLimits(cfg udsserver.Config) udsserver.Config {
 func (a *App) podLeft(p podindex.Pod, why string) {
 	if s := a.socket; s != nil {
 		s.CallerLeft(p.UID, "pod "+p.String()+" "+why)
+	}
+}
+
+// podArrived is the pod index's PodArrived in node mode: connections
+// accepted before the pod was known are resolved again.
+func (a *App) podArrived(p podindex.Pod) {
+	if s := a.socket; s != nil {
+		s.CallerArrived(p.UID)
 	}
 }

@@ -49,7 +49,15 @@ type Driver struct {
 	// targets serialises calls on one target path: a path always takes the same lock,
 	// and the set of locks is fixed, so nothing grows with the pods a node has seen.
 	targets [64]sync.Mutex
+
+	// unmount is umount2(2); a test replaces it to make the kernel disagree with
+	// the mount table.
+	unmount func(target string, flags int) error
 }
+
+// maxUnmounts bounds the unmounts of one unpublish: a target stacked by older drivers
+// holds a few mounts, never this many.
+const maxUnmounts = 32
 
 // NewDriver checks cfg and returns a Driver.
 func NewDriver(cfg DriverConfig) (*Driver, error) {
@@ -64,7 +72,7 @@ func NewDriver(cfg DriverConfig) (*Driver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Driver{cfg: cfg, log: cfg.Logger}, nil
+	return &Driver{cfg: cfg, log: cfg.Logger, unmount: unix.Unmount}, nil
 }
 
 // GetPluginInfo names the driver.
@@ -153,7 +161,12 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublish
 	}
 	unlock := d.lock(target)
 	defer unlock()
-	for {
+	// One at a time: a target stacked by an older driver is cleaned up too. When
+	// umount(2) says EINVAL (not a mount point) while the mount table still lists
+	// one, what is left is detached lazily (MNT_DETACH); if that is refused too, or
+	// after maxUnmounts, the call fails and the kubelet asks again later.
+	lazy := false
+	for i := 0; ; i++ {
 		mounts, err := mountsAt(target)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "reading the mount table: %v", err)
@@ -161,9 +174,21 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublish
 		if len(mounts) == 0 {
 			break
 		}
-		// One at a time: a target stacked by an older driver is cleaned up too.
-		if err := unix.Unmount(target, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-			return nil, status.Errorf(codes.Internal, "unmounting: %v", err)
+		if i == maxUnmounts {
+			return nil, status.Errorf(codes.Internal, "%d mounts still at the target after %d unmounts", len(mounts), maxUnmounts)
+		}
+		flags := 0
+		if lazy {
+			flags = unix.MNT_DETACH
+		}
+		err = d.unmount(target, flags)
+		switch {
+		case err == nil:
+		case errors.Is(err, unix.EINVAL) && !lazy:
+			lazy = true
+			d.log.Warn("the target is listed as mounted but umount says it is not: detaching lazily", zap.String("target_path", target))
+		default:
+			return nil, status.Errorf(codes.Internal, "unmounting (flags %#x): %v", flags, err)
 		}
 	}
 	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -250,6 +251,73 @@ func FuzzCheckTarget(f *testing.F) {
 		}
 		if len(p) <= len(root)+1 || p[:len(root)+1] != root+"/" {
 			t.Fatalf("accepted %q outside %s", p, root)
+		}
+	})
+}
+
+// When umount(2) says EINVAL for a target the mount table lists, the unpublish
+// neither spins nor gives up: what is left is detached lazily. When the lazy
+// unmount is refused too, the call fails (the kubelet asks again) after a bounded
+// number of unmounts.
+func TestUnpublishIsBounded(t *testing.T) {
+	n := newNode(t)
+	req := func(target string) *csipb.NodeUnpublishVolumeRequest {
+		return &csipb.NodeUnpublishVolumeRequest{VolumeId: "csi-0123", TargetPath: target}
+	}
+	unpublish := func(t *testing.T, d *Driver, target string) error {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() {
+			_, err := d.NodeUnpublishVolume(context.Background(), req(target))
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("unpublish did not return within 10 s: the unmount loop is unbounded")
+			return nil
+		}
+	}
+
+	t.Run("lazy fallback", func(t *testing.T) {
+		d := n.driver(t)
+		target := n.target(t, "pod-a")
+		if _, err := d.NodePublishVolume(context.Background(), publishReq(target)); err != nil {
+			t.Fatal(err)
+		}
+		var calls []int
+		d.unmount = func(target string, flags int) error {
+			calls = append(calls, flags)
+			if flags&unix.MNT_DETACH == 0 {
+				return unix.EINVAL
+			}
+			return unix.Unmount(target, flags)
+		}
+		if err := unpublish(t, d, target); err != nil {
+			t.Fatal(err)
+		}
+		if len(calls) != 2 || calls[1] != unix.MNT_DETACH {
+			t.Errorf("unmount flags %v, want a plain unmount then MNT_DETACH", calls)
+		}
+		if m := mustMounts(t, target); len(m) != 0 {
+			t.Fatalf("%d mounts left", len(m))
+		}
+	})
+	t.Run("refused for good", func(t *testing.T) {
+		d := n.driver(t)
+		target := n.target(t, "pod-b")
+		if _, err := d.NodePublishVolume(context.Background(), publishReq(target)); err != nil {
+			t.Fatal(err)
+		}
+		calls := 0
+		d.unmount = func(string, int) error { calls++; return unix.EINVAL }
+		err := unpublish(t, d, target)
+		if status.Code(err) != codes.Internal {
+			t.Fatalf("unpublish: %v, want Internal", err)
+		}
+		if calls > maxUnmounts {
+			t.Errorf("%d unmounts, want at most %d", calls, maxUnmounts)
 		}
 	})
 }

@@ -112,6 +112,11 @@ type Leaf struct {
 	NotBefore, NotAfter time.Time
 	// TTL is used when NotAfter is zero. Default 24h.
 	TTL time.Duration
+	// Edit, when set, changes the leaf's template just before it is signed:
+	// how a test makes a CA that misissues (a leaf that is a CA, other key
+	// usages). The CA's own leaves are workload certificates as
+	// docs/trust.md describes them.
+	Edit func(tmpl *x509.Certificate)
 }
 
 // Issue signs a leaf and returns its chain: leaf, intermediates, root.
@@ -144,6 +149,9 @@ func (ca *CA) Issue(l Leaf) ([]*x509.Certificate, error) {
 		tmpl.URIs = append([]*url.URL{u}, tmpl.URIs...)
 	case l.Identity.DNSName != "":
 		tmpl.DNSNames = append([]string{l.Identity.DNSName}, tmpl.DNSNames...)
+	}
+	if l.Edit != nil {
+		l.Edit(tmpl)
 	}
 	leaf, err := create(tmpl, ca.issuer, l.PublicKey, ca.key)
 	if err != nil {

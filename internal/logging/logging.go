@@ -57,13 +57,19 @@ func New(cfg Config) (*zap.Logger, error) {
 	return zap.New(zapcore.NewCore(Encoder(console), out, level), zap.ErrorOutput(out)), nil
 }
 
+// ConsoleTimeLayout is how the console encoder writes times: the line's
+// and every time field's, date included.
+const ConsoleTimeLayout = "2006-01-02T15:04:05.000Z07:00"
+
 // Encoder returns the console encoder (coloured levels, readable times) or
 // the JSON encoder (RFC 3339 times, for log collectors).
 func Encoder(console bool) zapcore.Encoder {
 	if console {
 		ec := zap.NewDevelopmentEncoderConfig()
 		ec.EncodeLevel = zapcore.CapitalColorLevelEncoder
-		ec.EncodeTime = zapcore.TimeEncoderOfLayout("15:04:05.000")
+		// With the date: a certificate's not_after tomorrow must not read
+		// as a time that has passed today.
+		ec.EncodeTime = zapcore.TimeEncoderOfLayout(ConsoleTimeLayout)
 		ec.StacktraceKey = ""
 		return zapcore.NewConsoleEncoder(ec)
 	}

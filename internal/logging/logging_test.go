@@ -1,11 +1,13 @@
 package logging
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -86,5 +88,21 @@ func TestAnyWriter(t *testing.T) {
 	}
 	if IsTerminal(&b) {
 		t.Error("a builder is not a terminal")
+	}
+}
+
+// TestConsoleTimesCarryTheDate: a time field (a certificate's not_after)
+// in human-readable output says which day it is.
+func TestConsoleTimesCarryTheDate(t *testing.T) {
+	var buf bytes.Buffer
+	console := true
+	l, err := New(Config{Output: &buf, Console: &console})
+	if err != nil {
+		t.Fatal(err)
+	}
+	notAfter := time.Date(2031, 5, 6, 13, 50, 4, 0, time.UTC)
+	l.Info("certificate issued", zap.Time("not_after", notAfter))
+	if want := `"not_after": "2031-05-06T13:50:04.000Z"`; !strings.Contains(buf.String(), want) {
+		t.Errorf("line %q lacks %s", buf.String(), want)
 	}
 }

@@ -25,18 +25,27 @@ const (
 	CgroupRoot     = "cgroup_root"
 	CgroupRootFrom = "cgroup_root_from"
 	Code           = "code"
-	Component      = "component"
-	Condition      = "condition"
-	Connections    = "connections"
+	// CompliancePolicy is the TLS compliance policy (COMPLIANCE_POLICY).
+	CompliancePolicy = "compliance_policy"
+	Component        = "component"
+	Condition        = "condition"
+	Connections      = "connections"
 	// Cred is the kernel credentials of a local socket's caller (uid, gid, pid).
-	Cred        = "cred"
-	Dir         = "dir"
+	Cred = "cred"
+	// CryptoModule names the Go cryptographic module and its FIPS mode.
+	CryptoModule = "crypto_module"
+	Dir          = "dir"
+	// Error is the error text a refused client was sent (zap.Error logs errors).
+	Error       = "error"
 	ErrorDetail = "error_detail"
 	Expected    = "expected"
 	Expiry      = "expiry"
 	Failures    = "failures"
+	File        = "file"
 	Files       = "files"
-	GID         = "gid"
+	// Found is what was found where something else was expected.
+	Found = "found"
+	GID   = "gid"
 	// Identity is a workload identity (SPIFFE ID or Linkerd DNS name).
 	Identity              = "identity"
 	Impersonated          = "impersonated"
@@ -66,8 +75,12 @@ const (
 	Protocol          = "protocol"
 	// Reason is why something happened, short and stable.
 	Reason = "reason"
+	// Reasons counts the reasons of repeated refusals ("rate=3,limit=1").
+	Reasons = "reasons"
 	// RefreshAt is when a credential or certificate is refreshed.
-	RefreshAt      = "refresh_at"
+	RefreshAt = "refresh_at"
+	// Refused is how many connections were refused.
+	Refused        = "refused"
 	RemoteAddr     = "remote_addr"
 	RenewAt        = "renew_at"
 	Request        = "request"
@@ -97,4 +110,6 @@ const (
 	Value      = "value"
 	Version    = "version"
 	Workers    = "workers"
+	// Within is the interval a count covers.
+	Within = "within"
 )

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"testing"
 
 	"github.com/meshagent/meshagent/internal/localca"
@@ -156,6 +157,100 @@ func FuzzParseIdentity(f *testing.F) {
 		}
 		if id.String() != s {
 			t.Fatalf("ParseIdentity(%q).String() = %q", s, id.String())
+		}
+	})
+}
+
+// FuzzVerifyIssued: CA answers come from outside. Never a panic; an answer
+// that is accepted is a workload certificate for the asked identity that
+// chains to the roots: not a CA, no certificate or CRL signing, and the
+// digitalSignature key usage.
+func FuzzVerifyIssued(f *testing.F) {
+	now := nowUTC()
+	ca := newCA(f, now)
+	key := newKey(f)
+	good := issue(f, ca, localca.Leaf{PublicKey: key.Public(), Identity: testID})
+	inter := good[1]
+	f.Add(good[0].Raw)
+	for _, edit := range []func(*x509.Certificate){
+		func(c *x509.Certificate) { c.IsCA, c.BasicConstraintsValid = true, true },
+		func(c *x509.Certificate) { c.KeyUsage |= x509.KeyUsageCertSign },
+		func(c *x509.Certificate) { c.KeyUsage = 0 },
+		func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth} },
+	} {
+		f.Add(issue(f, ca, localca.Leaf{PublicKey: key.Public(), Identity: testID, Edit: edit})[0].Raw)
+	}
+	f.Add(inter.Raw)
+	f.Add([]byte{0x30, 0x00})
+	roots := ca.Pool()
+	f.Fuzz(func(t *testing.T, der []byte) {
+		leaf, err := x509.ParseCertificate(der)
+		if err != nil {
+			return
+		}
+		if err := pki.VerifyIssued([]*x509.Certificate{leaf, inter}, leaf.PublicKey, testID, roots, now); err != nil {
+			if pki.Reason(err) == "" {
+				t.Fatalf("error without a reason: %v", err)
+			}
+			return
+		}
+		if leaf.IsCA || leaf.KeyUsage&(x509.KeyUsageCertSign|x509.KeyUsageCRLSign) != 0 || leaf.KeyUsage&x509.KeyUsageDigitalSignature == 0 {
+			t.Fatalf("accepted a leaf that is not a workload certificate: IsCA=%v KeyUsage=%b", leaf.IsCA, leaf.KeyUsage)
+		}
+		if id, err := pki.IdentityOf(leaf); err != nil || id != testID {
+			t.Fatalf("accepted a leaf for %v (%v)", id, err)
+		}
+	})
+}
+
+// FuzzWorkloadUsage: for every combination of basic constraints, key usage
+// and extended key usage a CA could put in a leaf it signs correctly,
+// VerifyIssued accepts exactly the workload certificates of docs/trust.md.
+func FuzzWorkloadUsage(f *testing.F) {
+	now := nowUTC()
+	ca := newCA(f, now)
+	key := newKey(f)
+	f.Add(false, false, uint16(x509.KeyUsageDigitalSignature|x509.KeyUsageKeyEncipherment), uint8(0b0110))
+	f.Add(true, true, uint16(x509.KeyUsageCertSign), uint8(0))
+	f.Add(false, true, uint16(x509.KeyUsageDigitalSignature), uint8(0b0001))
+	f.Add(false, false, uint16(0), uint8(0b1000))
+	ekus := []x509.ExtKeyUsage{x509.ExtKeyUsageAny, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageCodeSigning}
+	f.Fuzz(func(t *testing.T, isCA, constraints bool, ku uint16, ekuMask uint8) {
+		var eku []x509.ExtKeyUsage
+		for i, u := range ekus {
+			if ekuMask&(1<<i) != 0 {
+				eku = append(eku, u)
+			}
+		}
+		edit := func(c *x509.Certificate) {
+			c.IsCA, c.BasicConstraintsValid = isCA && constraints, constraints
+			c.KeyUsage = x509.KeyUsage(ku & 0x1ff)
+			c.ExtKeyUsage = eku
+		}
+		chain := issue(t, ca, localca.Leaf{PublicKey: key.Public(), Identity: testID, Edit: edit})
+		err := pki.VerifyIssued(chain, key.Public(), testID, ca.Pool(), now)
+		leaf := chain[0]
+		has := func(u x509.ExtKeyUsage) bool {
+			for _, e := range leaf.ExtKeyUsage {
+				if e == u || e == x509.ExtKeyUsageAny {
+					return true
+				}
+			}
+			return false
+		}
+		isCert := leaf.IsCA || leaf.KeyUsage&(x509.KeyUsageCertSign|x509.KeyUsageCRLSign) != 0
+		usable := leaf.KeyUsage&x509.KeyUsageDigitalSignature != 0 && (len(leaf.ExtKeyUsage) == 0 || has(x509.ExtKeyUsageServerAuth) && has(x509.ExtKeyUsageClientAuth))
+		switch {
+		case isCert:
+			if !errors.Is(err, pki.ErrLeafIsCA) {
+				t.Fatalf("leaf that may sign (IsCA=%v KeyUsage=%b): %v", leaf.IsCA, leaf.KeyUsage, err)
+			}
+		case !usable:
+			if !errors.Is(err, pki.ErrKeyUsage) {
+				t.Fatalf("leaf without workload usages (KeyUsage=%b EKU=%v): %v", leaf.KeyUsage, leaf.ExtKeyUsage, err)
+			}
+		case err != nil:
+			t.Fatalf("workload leaf (KeyUsage=%b EKU=%v) refused: %v", leaf.KeyUsage, leaf.ExtKeyUsage, err)
 		}
 	})
 }

@@ -17,6 +17,8 @@ var (
 	ErrNotValidNow      = errors.New("certificate is not valid now")
 	ErrIdentityMismatch = errors.New("certificate identity does not match the requested identity")
 	ErrUntrustedChain   = errors.New("certificate chain does not verify to the trusted roots")
+	ErrLeafIsCA         = errors.New("certificate is a CA or may sign certificates")
+	ErrKeyUsage         = errors.New("certificate lacks the key usages of a workload certificate")
 )
 
 // Reason returns a short, metric-label-safe name for an error from VerifyIssued.
@@ -32,6 +34,10 @@ func Reason(err error) string {
 		return "identity_mismatch"
 	case errors.Is(err, ErrUntrustedChain):
 		return "untrusted_chain"
+	case errors.Is(err, ErrLeafIsCA):
+		return "leaf_is_ca"
+	case errors.Is(err, ErrKeyUsage):
+		return "key_usage"
 	case errors.Is(err, ErrNoCertificates):
 		return "empty"
 	default:
@@ -48,9 +54,10 @@ const MaxClockSkew = time.Minute
 
 // VerifyIssued checks a chain (leaf first) returned by a CA before it is used:
 // the leaf's key is pub, it is valid at now (its NotBefore may be up to
-// MaxClockSkew ahead), its only SAN is exactly id, and it chains to roots
-// through the intermediates in the chain. A root that the CA appended to the
-// chain is ignored unless it is also in roots.
+// MaxClockSkew ahead), its only SAN is exactly id, it is a workload
+// certificate (CheckWorkloadUsage), and it chains to roots through the
+// intermediates in the chain. A root that the CA appended to the chain is
+// ignored unless it is also in roots.
 func VerifyIssued(chain []*x509.Certificate, pub crypto.PublicKey, id Identity, roots *x509.CertPool, now time.Time) error {
 	if len(chain) == 0 {
 		return ErrNoCertificates
@@ -63,6 +70,9 @@ func VerifyIssued(chain []*x509.Certificate, pub crypto.PublicKey, id Identity, 
 		return fmt.Errorf("%w: valid from %s to %s", ErrNotValidNow, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	if err := checkIdentity(leaf, id); err != nil {
+		return err
+	}
+	if err := CheckWorkloadUsage(leaf); err != nil {
 		return err
 	}
 	inter := x509.NewCertPool()
@@ -81,6 +91,46 @@ func VerifyIssued(chain []*x509.Certificate, pub crypto.PublicKey, id Identity, 
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUntrustedChain, err)
+	}
+	return nil
+}
+
+// CheckWorkloadUsage refuses a leaf that is not a workload certificate, as
+// docs/trust.md ("What a CA answer must be") states after the SPIFFE X509-SVID
+// profile (section 4): a leaf that is a CA (basic constraints cA) or may sign
+// certificates or CRLs (keyCertSign, cRLSign) would let the workload mint any
+// mesh identity, so it wraps ErrLeafIsCA; a leaf without the digitalSignature
+// key usage (absent key usage included) cannot sign a TLS handshake, and one
+// whose extended key usages, when present, lack either serverAuth or
+// clientAuth cannot serve both ends of mutual TLS: ErrKeyUsage. anyExtendedKeyUsage
+// stands for both. keyEncipherment and keyAgreement are allowed (istiod sets
+// keyEncipherment on every leaf).
+func CheckWorkloadUsage(leaf *x509.Certificate) error {
+	if leaf.IsCA {
+		return fmt.Errorf("%w: basic constraints say cA", ErrLeafIsCA)
+	}
+	if leaf.KeyUsage&(x509.KeyUsageCertSign|x509.KeyUsageCRLSign) != 0 {
+		return fmt.Errorf("%w: key usage includes keyCertSign or cRLSign", ErrLeafIsCA)
+	}
+	if leaf.KeyUsage&x509.KeyUsageDigitalSignature == 0 {
+		return fmt.Errorf("%w: no digitalSignature key usage", ErrKeyUsage)
+	}
+	if len(leaf.ExtKeyUsage) == 0 && len(leaf.UnknownExtKeyUsage) == 0 {
+		return nil
+	}
+	var server, client bool
+	for _, u := range leaf.ExtKeyUsage {
+		switch u {
+		case x509.ExtKeyUsageAny:
+			server, client = true, true
+		case x509.ExtKeyUsageServerAuth:
+			server = true
+		case x509.ExtKeyUsageClientAuth:
+			client = true
+		}
+	}
+	if !server || !client {
+		return fmt.Errorf("%w: extended key usage lacks serverAuth or clientAuth", ErrKeyUsage)
 	}
 	return nil
 }

@@ -56,6 +56,18 @@ func TestVerifyIssued(t *testing.T) {
 		// slash, upper-case trust domain), even when the request says the same.
 		{"URI SAN not a SPIFFE ID", issue(t, ca, localca.Leaf{PublicKey: pub, URIs: []*url.URL{mustURL(t, "spiffe://cluster.local/ns/shop/sa/web/")}}), pub, pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/shop/sa/web/"}, ca.Pool(), now, pki.ErrIdentityMismatch, "identity_mismatch"},
 		{"upper-case trust domain", issue(t, ca, localca.Leaf{PublicKey: pub, URIs: []*url.URL{mustURL(t, "spiffe://Cluster.Local/ns/shop/sa/web")}}), pub, pki.Identity{SPIFFEID: "spiffe://Cluster.Local/ns/shop/sa/web"}, ca.Pool(), now, pki.ErrIdentityMismatch, "identity_mismatch"},
+		{"leaf is a CA", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.IsCA, c.BasicConstraintsValid = true, true }}), pub, testID, ca.Pool(), now, pki.ErrLeafIsCA, "leaf_is_ca"},
+		{"leaf may sign certificates", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.KeyUsage |= x509.KeyUsageCertSign }}), pub, testID, ca.Pool(), now, pki.ErrLeafIsCA, "leaf_is_ca"},
+		{"leaf may sign CRLs", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.KeyUsage |= x509.KeyUsageCRLSign }}), pub, testID, ca.Pool(), now, pki.ErrLeafIsCA, "leaf_is_ca"},
+		{"basic constraints present, not a CA", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.BasicConstraintsValid = true }}), pub, testID, ca.Pool(), now, nil, ""},
+		{"no key usage at all", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.KeyUsage = 0 }}), pub, testID, ca.Pool(), now, pki.ErrKeyUsage, "key_usage"},
+		{"no digitalSignature", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.KeyUsage = x509.KeyUsageKeyEncipherment }}), pub, testID, ca.Pool(), now, pki.ErrKeyUsage, "key_usage"},
+		{"digitalSignature alone", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.KeyUsage = x509.KeyUsageDigitalSignature }}), pub, testID, ca.Pool(), now, nil, ""},
+		{"serverAuth only", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth} }}), pub, testID, ca.Pool(), now, pki.ErrKeyUsage, "key_usage"},
+		{"clientAuth only", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth} }}), pub, testID, ca.Pool(), now, pki.ErrKeyUsage, "key_usage"},
+		{"code signing only", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageCodeSigning} }}), pub, testID, ca.Pool(), now, pki.ErrKeyUsage, "key_usage"},
+		{"any extended key usage", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageAny} }}), pub, testID, ca.Pool(), now, nil, ""},
+		{"no extended key usage", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: testID, Edit: func(c *x509.Certificate) { c.ExtKeyUsage = nil }}), pub, testID, ca.Pool(), now, nil, ""},
 		{"DNS cert for a SPIFFE request", issue(t, ca, localca.Leaf{PublicKey: pub, Identity: pki.Identity{DNSName: "web"}}), pub, testID, ca.Pool(), now, pki.ErrIdentityMismatch, "identity_mismatch"},
 	}
 	for _, tt := range tests {

@@ -5,9 +5,11 @@ import (
 	"io/fs"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/tlspolicy"
 )
 
 // CA providers (CA_PROVIDER).
@@ -35,6 +37,23 @@ const (
 	CertProviderCustom     = "custom"
 	CertProviderNone       = "none"
 )
+
+// DefaultFileResourceDirs are the directories whose files file-cert: and
+// file-root: resources may name by default (MESHAGENT_FILE_RESOURCE_DIRS):
+// where Istio puts file-mounted certificates, workload credentials and roots,
+// and the usual system CA directories (file-root: of a system bundle).
+const DefaultFileResourceDirs = "./etc/certs,./var/run/secrets/workload-spiffe-credentials,./var/run/secrets/istio,./var/lib/istio/data,/etc/ssl/certs,/etc/pki/tls/certs,/etc/pki/ca-trust"
+
+// FileResourceDirList is FileResourceDirs as a list.
+func (c *Config) FileResourceDirList() []string {
+	var out []string
+	for _, d := range strings.Split(c.FileResourceDirs, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			out = append(out, d)
+		}
+	}
+	return out
+}
 
 // SystemRoots is the CA_ROOT_CA / XDS_ROOT_CA value that means the system trust store.
 const SystemRoots = "SYSTEM"
@@ -166,6 +185,10 @@ type Config struct {
 	// SDSAllowedUIDs are the only peer uids the SDS socket serves; empty
 	// serves anyone (MESHAGENT_SDS_ALLOWED_UIDS).
 	SDSAllowedUIDs []uint32
+	// FileResourceDirs are the directories whose files file-cert: and
+	// file-root: may name, comma-separated, unless SDSAllowedUIDs limits the
+	// socket's callers (MESHAGENT_FILE_RESOURCE_DIRS).
+	FileResourceDirs string
 	// XDSProxy runs the xDS proxy (MESHAGENT_XDS_PROXY; default true, false in dev mode).
 	XDSProxy bool
 	// Mode is ModeSidecar or ModeNode (MESHAGENT_MODE).
@@ -196,6 +219,9 @@ type Config struct {
 	// SocketMaxConnsPerCaller bounds one caller's connections to the SDS
 	// socket (MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER).
 	SocketMaxConnsPerCaller int
+	// SocketMaxConnRatePerCaller bounds one caller's new connections a
+	// second (MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER).
+	SocketMaxConnRatePerCaller int
 	// SocketMaxStreamsPerConn bounds the RPCs open on one connection
 	// (MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION).
 	SocketMaxStreamsPerConn int
@@ -237,6 +263,12 @@ type Config struct {
 	scheme          pki.Scheme // of CA_PROVIDER, TRUST_DOMAIN and MESHAGENT_LINKERD_NAMESPACE
 	proxyStatusPort int        // statusPort from PROXY_CONFIG; 0 when not given
 	rows            []Row
+	// CompliancePolicy restricts the TLS of the CA and xDS connections
+	// (COMPLIANCE_POLICY).
+	CompliancePolicy tlspolicy.Policy
+
+	// unknown are the names in the environment no setting knows (Unknown).
+	unknown []Warning
 }
 
 // StatusAddr is the status server's listen address.
@@ -253,10 +285,10 @@ func (c *Config) Scheme() pki.Scheme { return c.scheme }
 // is not set or cannot name an identity.
 func (c *Config) Identity() (pki.Identity, error) {
 	if c.PodNamespace == "" {
-		return pki.Identity{}, fmt.Errorf("POD_NAMESPACE is not set: it names the workload identity")
+		return pki.Identity{}, fmt.Errorf("POD_NAMESPACE is not set: it names the workload identity; set POD_NAMESPACE and SERVICE_ACCOUNT, or try the agent with --dev (MESHAGENT_DEV=true)")
 	}
 	if c.ServiceAccount == "" {
-		return pki.Identity{}, fmt.Errorf("SERVICE_ACCOUNT is not set: it names the workload identity")
+		return pki.Identity{}, fmt.Errorf("SERVICE_ACCOUNT is not set: it names the workload identity; set SERVICE_ACCOUNT")
 	}
 	id, err := c.scheme.Identity(c.PodNamespace, c.ServiceAccount)
 	if err != nil {

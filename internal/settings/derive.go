@@ -22,6 +22,11 @@ const (
 	devName             = "default"
 )
 
+// ProxylessOutputCerts is OUTPUT_CERTS' default when a gRPC bootstrap is
+// written: the directory Istio's proxyless injection template
+// (grpc-agent) sets, shared with the application's container.
+const ProxylessOutputCerts = "/var/lib/istio/data"
+
 // derive fills the defaults that depend on other settings. Each rule applies
 // only when the user did not set the setting itself; a note in the table says
 // where the value came from.
@@ -42,6 +47,7 @@ func (r *resolution) derive(in Input) error {
 
 	r.deriveServing()
 	r.deriveCA()
+	r.deriveOutputCerts()
 	if err := r.derivePaths(in); err != nil {
 		return err
 	}
@@ -159,6 +165,21 @@ func (r *resolution) deriveCA() {
 	if c.LinkerdIdentityServiceName == "" {
 		if s, err := pki.LinkerdScheme(c.TrustDomain, c.LinkerdNamespace); err == nil {
 			c.LinkerdIdentityServiceName = s.CAServerName()
+		}
+	}
+}
+
+// deriveOutputCerts fills OUTPUT_CERTS: where Istio's proxyless template
+// puts the files, whenever a gRPC bootstrap is written, so that its
+// certificate provider names files that exist (node mode writes neither).
+func (r *resolution) deriveOutputCerts() {
+	c := r.c
+	if !r.isSet("OUTPUT_CERTS") && c.Mode != ModeNode && (c.DisableEnvoy || r.isSet("GRPC_XDS_BOOTSTRAP")) {
+		c.OutputCerts = ProxylessOutputCerts
+		if c.DisableEnvoy {
+			r.notes["OUTPUT_CERTS"] = "DISABLE_ENVOY=true: the gRPC bootstrap's files (Istio's proxyless default)"
+		} else {
+			r.notes["OUTPUT_CERTS"] = "GRPC_XDS_BOOTSTRAP is set: the bootstrap's files (Istio's proxyless default)"
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/tlspolicy"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -154,13 +155,21 @@ var Registry = []Setting{
 	},
 	{
 		Name: "OUTPUT_CERTS", Flag: "output-certs", Group: GroupIstio,
-		Doc:   "Directory to write cert-chain.pem, key.pem (0600) and root-cert.pem to on every rotation; empty writes nothing.",
+		DerivedDefault: ProxylessOutputCerts + " when a gRPC bootstrap is written (DISABLE_ENVOY=true or GRPC_XDS_BOOTSTRAP set), as Istio's proxyless template sets it; else none",
+		Doc: "Directory to write cert-chain.pem, key.pem (0600) and root-cert.pem to on every rotation; empty writes nothing. " +
+			"The gRPC bootstrap's certificate provider names these files, so a bootstrap always comes with them.",
 		Value: Path(func(c *Config) *string { return &c.OutputCerts }),
 	},
 	{
 		Name: "FILE_MOUNTED_CERTS", Default: "false", Group: GroupIstio,
 		Doc:   "Serve the certificates in MESHAGENT_FILE_MOUNTED_CERTS_DIR (./etc/certs) instead of asking a CA.",
 		Value: Bool(func(c *Config) *bool { return &c.FileMountedCerts }),
+		Unused: func(c *Config, _ bool) string {
+			if c.Dev && c.FileMountedCerts {
+				return "--dev (MESHAGENT_DEV) comes first: the in-process CA issues the certificate and " + c.FileMountedCertsDir + " is not served; drop one of the two"
+			}
+			return ""
+		},
 	},
 	{
 		Name: "SECRET_TTL", Default: dtoa(secretmanager.DefaultTTL), Group: GroupIstio,
@@ -205,7 +214,8 @@ var Registry = []Setting{
 	},
 	{
 		Name: "DISABLE_ENVOY", Default: "false", Group: GroupIstio,
-		Doc:   "No Envoy runs beside the agent (proxyless gRPC or VM).",
+		Doc: "No Envoy runs beside the agent (proxyless gRPC or VM): the SDS socket and the SPIFFE Workload API on it are not served; " +
+			"the certificates are written to OUTPUT_CERTS and the gRPC bootstrap (GRPC_XDS_BOOTSTRAP) names them.",
 		Value: Bool(func(c *Config) *bool { return &c.DisableEnvoy }),
 	},
 	{
@@ -224,6 +234,13 @@ var Registry = []Setting{
 		Name: "WORKLOAD_IDENTITY_SOCKET_FILE", Default: "socket", Group: GroupIstio,
 		Doc:   "File name of the SDS socket in ./var/run/secrets/workload-spiffe-uds/.",
 		Value: FileName(func(c *Config) *string { return &c.WorkloadIdentitySocketFile }),
+	},
+	{
+		Name: "COMPLIANCE_POLICY", Group: GroupIstio,
+		Doc: "TLS policy of the connections the agent makes (the CA, the control plane), as pilot-agent applies it: " +
+			"fips-140-2: TLS 1.2 only, the ECDHE AES-GCM suites, P-256; fips-140-3: TLS 1.2 and 1.3, those suites, P-256 and P-384 (and a warning unless Go's FIPS 140-3 mode is on: GODEBUG=fips140=on, see make build-fips); " +
+			"pqc: TLS 1.3 only with the X25519MLKEM768 key exchange alone. Empty: Go's defaults. The policy and the crypto module in force are logged at start-up.",
+		Value: Enum(func(c *Config) *tlspolicy.Policy { return &c.CompliancePolicy }, tlspolicy.Policies...),
 	},
 
 	// meshagent's own settings.
@@ -322,6 +339,15 @@ var Registry = []Setting{
 		Value: UIDs(func(c *Config) *[]uint32 { return &c.SDSAllowedUIDs }),
 	},
 	{
+		Name: "MESHAGENT_FILE_RESOURCE_DIRS", Group: GroupMeshagent, Default: DefaultFileResourceDirs,
+		Doc: "Comma-separated directories whose files SDS file-cert: and file-root: resources may name (a relative one is against the working directory); " +
+			"a file elsewhere, as named or through a symbolic link, is refused, so a caller of the socket cannot have the agent read any PEM it can read. " +
+			"The defaults are Istio's certificate, credential and root directories and the system CA directories; " +
+			"the directories of MESHAGENT_FILE_MOUNTED_CERTS_DIR, MESHAGENT_WORKLOAD_CREDENTIALS_DIR and CA_ROOT_CA are always allowed. " +
+			"Not applied when MESHAGENT_SDS_ALLOWED_UIDS limits the socket to trusted uids. `/` allows every file.",
+		Value: String(func(c *Config) *string { return &c.FileResourceDirs }),
+	},
+	{
 		Name: "MESHAGENT_MODE", Flag: "mode", Default: ModeSidecar, Group: GroupMeshagent,
 		Doc:   "sidecar serves one workload (the agent's own identity); node serves every pod of the node over one socket, each caller identified by the kernel (SO_PEERCRED pid, cgroup, pod) and given its pod's identity (docs/node-mode.md). `meshagent run --node` is the same as node.",
 		Value: Enum(func(c *Config) *string { return &c.Mode }, ModeSidecar, ModeNode),
@@ -361,8 +387,8 @@ var Registry = []Setting{
 	{
 		Name: "MESHAGENT_POD_CERTIFICATE_SIGNER", Group: GroupMeshagent,
 		Doc: "Node mode: the signer name under which the agent signs Kubernetes PodCertificateRequests of its node's pods " +
-			"(podCertificate projected volumes), e.g. `meshagent.io/workload-identity`, and publishes the mesh roots as that signer's ClusterTrustBundle. " +
-			"Empty: off. Needs the RBAC the chart grants with node.podCertificateSigner (docs/pod-certificates.md). No effect in sidecar mode.",
+			"(podCertificate projected volumes), e.g. `meshagent.io/workload-identity`. " +
+			"The agent publishes no trust: the mesh roots' ClusterTrustBundle is written by one `meshagent trust-publisher` per cluster. Empty: off. Needs the RBAC the chart grants with node.podCertificateSigner (docs/pod-certificates.md). No effect in sidecar mode.",
 		Value: String(func(c *Config) *string { return &c.PodCertificateSigner }),
 		Unused: func(c *Config, set bool) string {
 			if set && c.Mode != ModeNode {
@@ -383,8 +409,14 @@ var Registry = []Setting{
 	},
 	{
 		Name: "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER", Default: itoa(udsserver.DefaultMaxConnsPerCaller), Group: GroupMeshagent,
-		Doc:   "Most connections to the SDS socket one caller holds open: a pod in node mode, else the connecting process's uid (node processes, and every caller in sidecar mode). The caller is identified when it connects; one more connection is refused with gRPC status RESOURCE_EXHAUSTED naming this setting, and closed.",
+		Doc:   "Most connections to the SDS socket one caller holds open: a pod in node mode, else the connecting process's uid (node processes, and every caller in sidecar mode). The caller is identified when it connects; one more connection is refused when accepted, without a gRPC transport: its first call gets gRPC status RESOURCE_EXHAUSTED naming this setting, then an HTTP/2 GOAWAY.",
 		Value: Int(func(c *Config) *int { return &c.SocketMaxConnsPerCaller }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER", Default: itoa(udsserver.DefaultMaxConnRatePerCaller), Group: GroupMeshagent,
+		Doc: "Most new connections to the SDS socket one caller opens a second (a pod in node mode, else the connecting process's uid), after a burst of MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER. " +
+			"One more is refused when accepted, without a gRPC transport: its first call gets gRPC status RESOURCE_EXHAUSTED naming this setting, then an HTTP/2 GOAWAY.",
+		Value: Int(func(c *Config) *int { return &c.SocketMaxConnRatePerCaller }, 1, 1<<20),
 	},
 	{
 		Name: "MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION", Default: itoa(udsserver.DefaultMaxStreamsPerConn), Group: GroupMeshagent,

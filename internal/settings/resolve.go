@@ -65,6 +65,7 @@ func Resolve(in Input) (*Config, error) {
 	if err := r.derive(in); err != nil {
 		return nil, err
 	}
+	r.c.unknown = UnknownNames(in.Env)
 	r.c.rows = make([]Row, 0, len(Registry))
 	for i := range Registry {
 		s := &Registry[i]

@@ -1,11 +1,13 @@
 package trust
 
 import (
+	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 )
 
 // ProxyConfigTypeURL is the xDS type of istiod's ProxyConfig, which an agent
@@ -52,17 +54,60 @@ func (s *ProxyConfigSource) Apply(resources []*anypb.Any) error {
 	}
 	var pems []string
 	for _, r := range resources {
-		pc := &meshconfig.ProxyConfig{}
-		if err := r.UnmarshalTo(pc); err != nil {
+		got, err := proxyConfigPEMs(r)
+		if err != nil {
 			err = fmt.Errorf("decoding ProxyConfig: %w", err)
 			s.sink.Refuse(ProxyConfigSourceName, err)
 			return err
 		}
-		pems = append(pems, pc.GetCaCertificatesPem()...)
+		pems = append(pems, got...)
 	}
 	if len(pems) == 0 {
 		s.sink.Withdraw(ProxyConfigSourceName)
 		return nil
 	}
 	return s.sink.Update(ProxyConfigSourceName, []byte(strings.Join(pems, "\n")))
+}
+
+// caCertificatesPEMField is ProxyConfig's ca_certificates_pem (repeated
+// string, istio.io/api mesh/v1alpha1/proxy.proto).
+const caCertificatesPEMField = 34
+
+// proxyConfigPEMs reads the ca_certificates_pem of a ProxyConfig straight
+// from its wire form. The agent reads nothing else of it, and decoding
+// only this field spares every agent the registration of Istio's mesh and
+// networking types (their package initialisers allocate about 200 KB).
+// The message's framing is checked throughout; the other fields are
+// skipped unread.
+func proxyConfigPEMs(r *anypb.Any) ([]string, error) {
+	if r.GetTypeUrl() != ProxyConfigTypeURL {
+		return nil, fmt.Errorf("resource of type %q, want %q", r.GetTypeUrl(), ProxyConfigTypeURL)
+	}
+	var pems []string
+	b := r.GetValue()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num == caCertificatesPEMField && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			if !utf8.Valid(v) {
+				return nil, errors.New("ca_certificates_pem holds invalid UTF-8")
+			}
+			pems = append(pems, string(v))
+			b = b[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+	}
+	return pems, nil
 }

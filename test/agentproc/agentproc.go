@@ -119,8 +119,14 @@ func (p *Proc) Done() <-chan struct{} { return p.done }
 // stops it when the test ends.
 func Start(t testing.TB, dir string, env ...string) *Proc {
 	t.Helper()
-	heavy.Skip(t, "starts the built agent")
-	return start(t, dir, nil, env)
+	return start(t, dir, nil, []string{"run"}, env)
+}
+
+// StartCommand is Start for another subcommand: `meshagent <args...>`
+// (e.g. trust-publisher).
+func StartCommand(t testing.TB, dir string, args []string, env ...string) *Proc {
+	t.Helper()
+	return start(t, dir, nil, args, env)
 }
 
 // StartAs is Start with the process running as cred's user and group (the
@@ -129,12 +135,12 @@ func Start(t testing.TB, dir string, env ...string) *Proc {
 // made readable by everyone.
 func StartAs(t testing.TB, cred *syscall.Credential, dir string, env ...string) *Proc {
 	t.Helper()
-	heavy.Skip(t, "starts the built agent")
-	return start(t, dir, cred, env)
+	return start(t, dir, cred, []string{"run"}, env)
 }
 
-func start(t testing.TB, dir string, cred *syscall.Credential, env []string) *Proc {
+func start(t testing.TB, dir string, cred *syscall.Credential, args, env []string) *Proc {
 	t.Helper()
+	heavy.Skip(t, "starts the built agent")
 	bin, err := Binary()
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +151,7 @@ func start(t testing.TB, dir string, cred *syscall.Credential, env []string) *Pr
 		}
 	}
 	p := &Proc{Dir: dir, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, "run")
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.Dir = dir
 	if cred != nil {
 		p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}

@@ -16,11 +16,14 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/test/e2e/cluster"
+	"github.com/meshagent/meshagent/test/kubeenv"
+	"github.com/meshagent/meshagent/test/pilotagent"
 )
 
 const (
-	clientImage = "meshagent.test/e2e-client:e2e"
-	agentImage  = "meshagent/meshagent" // tag: the chart's appVersion, as `make image` builds it
+	clientImage  = "meshagent.test/e2e-client:e2e"
+	xdsechoImage = "meshagent.test/xdsecho:e2e"
+	agentImage   = "meshagent/meshagent" // tag: the chart's appVersion, as `make image` builds it
 )
 
 var kube *cluster.Cluster
@@ -52,6 +55,7 @@ func runMain(m *testing.M) int {
 		{"./test/e2e/images/pause", cluster.PauseImage, "/pause"},
 		{"./test/e2e/images/client", clientImage, "/usr/local/bin/client"},
 		{"./test/e2e/images/mtls", mtlsImage, "/usr/local/bin/mtls"},
+		{"./test/e2e/images/xdsecho", xdsechoImage, "/usr/local/bin/xdsecho"},
 	} {
 		tar, err := buildImage(root, dir, img.pkg, img.tag, img.path)
 		if err != nil {
@@ -60,6 +64,12 @@ func runMain(m *testing.M) int {
 		}
 		images = append(images, tar)
 	}
+	proxyTar, err := buildProxyImage(root, dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	images = append(images, proxyTar)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	start := time.Now()
@@ -78,6 +88,7 @@ func runMain(m *testing.M) int {
 	go func() {
 		<-sigs
 		fmt.Fprintln(os.Stderr, "e2e: interrupted, tearing down")
+		_ = stopControlPlane()
 		if err := kube.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: teardown:", err)
 		}
@@ -91,6 +102,10 @@ func runMain(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "e2e: component logs kept in", keep)
 		}
 	}
+	if err := stopControlPlane(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: stopping istiod:", err)
+		code = 1
+	}
 	stop := time.Now()
 	if err := kube.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: teardown:", err)
@@ -102,6 +117,31 @@ func runMain(m *testing.M) int {
 		code = 1
 	}
 	return code
+}
+
+// buildProxyImage writes the istio-proxy image istiod's injector names
+// (proxyImage): the real pilot-agent of the pinned Istio module with the
+// Envoy stand-in (test/e2e/images/envoy) and Envoy's bootstrap template, laid
+// out as Istio's proxyv2 image (test/pilotagent).
+func buildProxyImage(root, dir string) (string, error) {
+	agent, err := kubeenv.ToolPath("pilot-agent")
+	if err != nil {
+		return "", err
+	}
+	tmpl, err := pilotagent.BootstrapTemplate()
+	if err != nil {
+		return "", err
+	}
+	envoy := filepath.Join(dir, "envoy")
+	if err := pilotagent.BuildStandIn(envoy); err != nil {
+		return "", err
+	}
+	tar := filepath.Join(dir, "proxyv2.tar")
+	img := exec.Command(filepath.Join(root, "bin", "image-tool"), pilotagent.ProxyImageArgs(agent, envoy, tmpl, proxyImage, tar)...)
+	if out, err := img.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("the istio-proxy image: %w\n%s", err, out)
+	}
+	return tar, nil
 }
 
 // buildImage builds a static binary of pkg and writes a one-layer image of it with

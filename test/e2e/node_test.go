@@ -24,7 +24,6 @@ import (
 
 	"github.com/meshagent/meshagent/internal/node/podcgroup"
 	"github.com/meshagent/meshagent/test/e2e/cluster"
-	"github.com/meshagent/meshagent/test/istioca"
 )
 
 const (
@@ -54,30 +53,6 @@ func run(t *testing.T, tool string, args ...string) string {
 		t.Fatalf("%s %s: %v\n%s", tool, strings.Join(args, " "), err, out)
 	}
 	return string(out)
-}
-
-// startCA serves the Istio CA protocol on the node address inside the cluster's
-// network namespace: istiod's node authorizer over the real API server, trusting the
-// node agent's service account to ask for its pods' identities. keyOnlyCSR takes only
-// a CSR's key, as istiod's own CA does (the kubelet's stub CSRs of pod certificates
-// name nothing); without it a CSR must name the caller's identity, as istio-csr wants.
-func startCA(t *testing.T, keyOnlyCSR bool, trusted ...istioca.ServiceAccount) *istioca.Server {
-	t.Helper()
-	var ca *istioca.Server
-	err := kube.InNetns(func() error {
-		ca = istioca.Start(t, istioca.Config{
-			Addr:                net.JoinHostPort(cluster.NodeIP, "15012"),
-			ServerNames:         []string{caServerName},
-			Kube:                kube.Client(),
-			TrustedNodeAccounts: trusted,
-			KeyOnlyCSR:          keyOnlyCSR,
-		})
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ca
 }
 
 func clientPod(name, sa string) *corev1.Pod {
@@ -321,25 +296,21 @@ func podPID(t *testing.T, pod *corev1.Pod) int {
 
 func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	ctx := context.Background()
-	ca := startCA(t, true, istioca.ServiceAccount{Namespace: agentNamespace, Name: release})
+	controlPlane(t)
 	core := kube.Client().CoreV1()
 
 	// The node agent, installed as docs/kubernetes.md says, with the image of make image.
 	if _, err := core.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := core.ConfigMaps(agentNamespace).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "istio-ca-root-cert"},
-		Data:       map[string]string{"root-cert.pem": string(ca.RootPEM())},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	// istiod publishes its root in every namespace: the chart mounts that ConfigMap.
+	waitRoots(t, agentNamespace)
 	installStart := time.Now()
 	run(t, "helm", "install", release, filepath.Join(repoRoot(), "deploy", "helm", "meshagent"),
 		"--namespace", agentNamespace,
 		"--set", "sidecar.enabled=false,node.enabled=true,image.pullPolicy=Never",
 		"--set", "node.podCertificateSigner="+podCertSigner,
-		"--set", "caAddress="+net.JoinHostPort(cluster.NodeIP, "15012"),
+		"--set", "caAddress="+istiodAddr,
 		"--set", "istiodSAN="+caServerName,
 		// A deleted pod's identity is dropped after this grace.
 		"--set", "extraEnv[0].name=MESHAGENT_IDENTITY_IDLE_GRACE,extraEnv[0].value=3s",
@@ -417,6 +388,9 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	}
 
 	podCerts.check(t)
+	// istiod's injector with the documented template: the real pilot-agent hands
+	// this node agent's socket to Envoy.
+	checkInjection(t, agent)
 
 	// Restarting the agent pod: the volumes keep the socket directory, the new agent's
 	// socket appears in it, nothing is mounted again.

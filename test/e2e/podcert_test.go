@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/podcert"
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,7 +58,7 @@ type mtlsReport struct {
 
 // mtlsPod is a pod with nothing of the mesh but the two projected volumes of
 // docs/pod-certificates.md: its certificate and key from the node agent's signer, and
-// the roots from the ClusterTrustBundle the agent publishes.
+// the roots from the ClusterTrustBundle the chart's trust publisher publishes, by name.
 func mtlsPod(name, sa, peer string, fsGroup *int64) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNamespace},
@@ -92,9 +93,8 @@ func mtlsPod(name, sa, peer string, fsGroup *int64) *corev1.Pod {
 						MaxExpirationSeconds: maxExpiration(),
 					}},
 					{ClusterTrustBundle: &corev1.ClusterTrustBundleProjection{
-						SignerName:    ptr.To(podCertSigner),
-						LabelSelector: &metav1.LabelSelector{},
-						Path:          "roots.pem",
+						Name: ptr.To(podcert.BundleName(podCertSigner)),
+						Path: "roots.pem",
 					}},
 				}}},
 			}},

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,24 +11,26 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/meshagent/meshagent/test/e2e/cluster"
-	"github.com/meshagent/meshagent/test/istioca"
 )
 
 // The sidecar shape with no Envoy and no control plane: the agent beside a plain
 // go-spiffe/SDS client, identity from TokenRequest, Ready once it holds a certificate.
 // Then `helm upgrade` to node mode (the same namespace's pods now mount the CSI volume)
 // and `helm uninstall`, which must leave nothing behind.
+const (
+	sidecarNamespace = "e2e-sidecar"
+	sidecarRelease   = "mesh"
+)
+
 func TestSidecarThenUpgradeToNodeModeThenUninstall(t *testing.T) {
 	const (
-		ns  = "e2e-sidecar"
-		rel = "mesh"
+		ns  = sidecarNamespace
+		rel = sidecarRelease
 		sa  = "mesh-meshagent-workload" // <fullname>-workload
 	)
 	ctx := context.Background()
 	core := kube.Client().CoreV1()
-	ca := startCA(t, false, istioca.ServiceAccount{Namespace: ns, Name: "mesh-meshagent-node"})
+	controlPlane(t)
 	// The sidecar pods would pass Pod Security "restricted"; the node agent the upgrade
 	// brings cannot (hostPID, hostPath, the privileged CSI container), so the namespace
 	// must allow privileged pods, as any node agent's namespace must.
@@ -39,16 +40,12 @@ func TestSidecarThenUpgradeToNodeModeThenUninstall(t *testing.T) {
 	}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := core.ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "istio-ca-root-cert"},
-		Data:       map[string]string{"root-cert.pem": string(ca.RootPEM())},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	// istiod publishes its root in every namespace: the chart mounts that ConfigMap.
+	waitRoots(t, ns)
 	values := filepath.Join(t.TempDir(), "values.yaml")
 	if err := os.WriteFile(values, []byte(`image:
   pullPolicy: Never
-caAddress: "`+net.JoinHostPort(cluster.NodeIP, "15012")+`"
+caAddress: "`+istiodAddr+`"
 istiodSAN: `+caServerName+`
 credentialFetcherType: TokenRequest
 sidecar:

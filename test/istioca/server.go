@@ -2,6 +2,7 @@ package istioca
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -67,9 +68,15 @@ const (
 	ModeGarbage
 	// ModeError fails every request with the code set by SetError.
 	ModeError
+	// ModeLeafIsCA issues a leaf that is itself a CA (basic constraints cA,
+	// keyCertSign): the workload could mint any identity with it.
+	ModeLeafIsCA
+	// ModeNoDigitalSignature issues a leaf whose key usage lacks
+	// digitalSignature.
+	ModeNoDigitalSignature
 )
 
-var modeNames = [...]string{"ok", "wrong-san", "foreign-chain", "expired", "wrong-key", "garbage", "error"}
+var modeNames = [...]string{"ok", "wrong-san", "foreign-chain", "expired", "wrong-key", "garbage", "error", "leaf-is-ca", "no-digital-signature"}
 
 // String names the mode.
 func (m Mode) String() string {
@@ -125,6 +132,9 @@ type Config struct {
 	// ImpersonatedIdentity in the request metadata (istiod's
 	// CA_TRUSTED_NODE_ACCOUNTS). Only callers authenticated by TokenReview.
 	TrustedNodeAccounts []ServiceAccount
+	// ServerTLS, when set, changes the server's TLS configuration
+	// (testca.Config.ServerTLS).
+	ServerTLS func(*tls.Config)
 }
 
 // Server is a running test CA. Its Endpoint serves it: Addr, ServerName,
@@ -178,7 +188,8 @@ func Start(t testing.TB, cfg Config) *Server {
 	s.Endpoint = testca.Serve(t, testca.Config{
 		Name: "istioca", CA: s.ca, ServerNames: s.cfg.ServerNames, Addr: s.cfg.Addr,
 		Plaintext: s.cfg.Plaintext, VerifyClientCerts: true, Now: s.cfg.Now,
-		Register: func(g *grpc.Server) { pb.RegisterIstioCertificateServiceServer(g, &handler{s: s}) },
+		Register:  func(g *grpc.Server) { pb.RegisterIstioCertificateServiceServer(g, &handler{s: s}) },
+		ServerTLS: s.cfg.ServerTLS,
 	})
 	return s
 }
@@ -526,6 +537,13 @@ func (s *Server) issue(mode Mode, csr *x509.CertificateRequest, id pki.Identity,
 			return nil, err
 		}
 		leaf.PublicKey = k.Public()
+	case ModeLeafIsCA:
+		leaf.Edit = func(c *x509.Certificate) {
+			c.IsCA, c.BasicConstraintsValid = true, true
+			c.KeyUsage |= x509.KeyUsageCertSign
+		}
+	case ModeNoDigitalSignature:
+		leaf.Edit = func(c *x509.Certificate) { c.KeyUsage = x509.KeyUsageKeyEncipherment }
 	}
 	chain, err := ca.Issue(leaf)
 	if err != nil {

@@ -289,6 +289,8 @@ func TestModes(t *testing.T) {
 		{ModeWrongKey, pki.ErrKeyMismatch, codes.OK},
 		{ModeGarbage, pki.ErrNoCertificates, codes.OK},
 		{ModeError, nil, codes.PermissionDenied},
+		{ModeLeafIsCA, pki.ErrLeafIsCA, codes.OK},
+		{ModeNoDigitalSignature, pki.ErrKeyUsage, codes.OK},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mode.String(), func(t *testing.T) {

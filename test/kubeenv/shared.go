@@ -24,9 +24,21 @@ type Shared struct {
 	// Options start the server.
 	Options Options
 
-	once sync.Once
-	env  *Env
-	err  error
+	once    sync.Once
+	env     *Env
+	err     error
+	mu      sync.Mutex
+	onStops []func() error
+}
+
+// OnStop registers f to run after the package's tests and before the API
+// server stops, latest first: how a server of the tests' own that uses the
+// API server (istiod) stops while it is still there. An error fails the
+// package.
+func (s *Shared) OnStop(f func() error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onStops = append(s.onStops, f)
 }
 
 // Env returns the package's API server, starting it on first use; a server
@@ -46,6 +58,15 @@ func (s *Shared) Env(t testing.TB) *Env {
 // code for os.Exit: a failed stop or a leaked goroutine fails the package.
 func (s *Shared) Main(m *testing.M) int {
 	code := m.Run()
+	s.mu.Lock()
+	stops := s.onStops
+	s.mu.Unlock()
+	for i := len(stops) - 1; i >= 0; i-- {
+		if err := stops[i](); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
 	// Every test has returned: no Env call can race with this read.
 	if s.env != nil {
 		if err := s.env.Stop(); err != nil {

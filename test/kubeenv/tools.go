@@ -24,6 +24,8 @@ var keyFiles = []string{
 	"test/tools/helm/go.sum",
 	"test/tools/spiffe-helper/go.mod",
 	"test/tools/spiffe-helper/go.sum",
+	"test/tools/istio/go.mod",
+	"test/tools/istio/go.sum",
 }
 
 // ToolPath returns the path of a tool built by scripts/tools.sh: "etcd",

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -35,6 +36,8 @@ import (
 //	next                       the stream's next answer, or how it ended: "error <code> <message>"
 //	close                      closes the stream: "closed"
 //	handoff                    connects, sends the connected socket over fd 3, answers "sent"
+//	flood <n>                  opens n connections at once, 64 at a time, each sending a client's
+//	                           preface and SETTINGS; keeps those the agent keeps: "flood closed <k> open <m>"
 const childEnv = "NODEMODE_TEST_CALLER"
 
 func runChild(sock string) int {
@@ -111,6 +114,10 @@ func runChild(sock string) int {
 				_ = client.Close()
 			}
 			fmt.Println("closed")
+		case "flood":
+			n, _ := strconv.Atoi(f[1])
+			closed, open := flood(sock, n)
+			fmt.Println("flood closed", closed, "open", open)
 		case "handoff":
 			c, err := net.Dial("unix", sock)
 			if err != nil {
@@ -349,3 +356,63 @@ func copyFile(from, to string) error {
 	}
 	return out.Close()
 }
+
+// flood opens n connections to sock as fast as it can (64 dialling at
+// once, none waiting for an answer before the next is opened), each sending
+// an HTTP/2 client's preface and an empty SETTINGS frame, then waits up to
+// 10 s for the agent to close each; it returns how many it closed and how
+// many it kept (left open until the process exits).
+func flood(sock string, n int) (closed, open int) {
+	var (
+		mu      sync.Mutex
+		dialers sync.WaitGroup
+		readers sync.WaitGroup
+		sem     = make(chan struct{}, 64)
+		kept    []net.Conn
+	)
+	hello := append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)
+	count := func(c net.Conn, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			open++
+			kept = append(kept, c)
+			return
+		}
+		closed++
+		if c != nil {
+			_ = c.Close()
+		}
+	}
+	for range n {
+		sem <- struct{}{}
+		dialers.Go(func() {
+			c, err := net.Dial("unix", sock)
+			<-sem
+			if err != nil {
+				count(nil, err)
+				return
+			}
+			_, _ = c.Write(hello)
+			readers.Go(func() {
+				// Long enough for the agent to reach every connection of
+				// the flood on a busy machine.
+				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				buf := make([]byte, 512)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						count(c, err)
+						return
+					}
+				}
+			})
+		})
+	}
+	dialers.Wait()
+	readers.Wait()
+	floodKept = append(floodKept, kept...)
+	return closed, open
+}
+
+// floodKept holds the connections a flood kept open.
+var floodKept []net.Conn

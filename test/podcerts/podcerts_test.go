@@ -52,8 +52,7 @@ func TestMain(m *testing.M) { os.Exit(kube.Main(m)) }
 
 // The built agent, in node mode on nodeA with only the chart's RBAC, signs
 // the request of a pod of its node for the pod's SPIFFE ID and key, leaves
-// another node's alone, denies a key type it cannot issue for, and
-// publishes the CA's roots as the signer's ClusterTrustBundle.
+// another node's alone and denies a key type it cannot issue for.
 func TestNodeAgentSignsPodCertificates(t *testing.T) {
 	env := kube.Env(t)
 	admin := env.Client()
@@ -67,7 +66,7 @@ func TestNodeAgentSignsPodCertificates(t *testing.T) {
 	if _, err := env.CreateServiceAccount(ctx, sys, agentSA); err != nil {
 		t.Fatal(err)
 	}
-	bindChartRBAC(t, admin, sys)
+	bindChartRBAC(t, admin, "meshagent", sys)
 	agentPod, err := env.CreatePod(ctx, sys, "meshagent-"+nodeA, agentSA, nodeA)
 	if err != nil {
 		t.Fatal(err)
@@ -168,10 +167,6 @@ func TestNodeAgentSignsPodCertificates(t *testing.T) {
 		t.Errorf("the CA got %d stub CSRs, want 1 (the other node's request is not the agent's, the denied one is not sent)", stubs)
 	}
 
-	eventually(t, "the ClusterTrustBundle", func() bool {
-		b, err := admin.CertificatesV1().ClusterTrustBundles().Get(ctx, podcert.BundleName(signer), metav1.GetOptions{})
-		return err == nil && b.Spec.SignerName == signer && b.Spec.TrustBundle == string(ca.RootPEM())
-	})
 	_, metrics := get(status + "/metrics")
 	if !strings.Contains(metrics, `meshagent_podcert_requests_total{condition="issued"} 1`) ||
 		!strings.Contains(metrics, `meshagent_podcert_requests_total{condition="denied"} 1`) {
@@ -179,50 +174,67 @@ func TestNodeAgentSignsPodCertificates(t *testing.T) {
 	}
 }
 
-// bindChartRBAC renders the chart's node RBAC with a signer and binds its
-// ClusterRole to the agent's service account in sys.
-func bindChartRBAC(t *testing.T, admin kubernetes.Interface, sys string) {
+// bindChartRBAC renders the chart's RBAC for release with a signer (the node
+// agent's and the trust publisher's) and creates its ClusterRoles, their
+// bindings and the publisher's service account in sys, whose name it returns.
+func bindChartRBAC(t *testing.T, admin kubernetes.Interface, release, sys string) (publisherSA string) {
 	t.Helper()
 	helm, err := kubeenv.ToolPath("helm")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(helm, "template", "meshagent", "../../deploy/helm/meshagent", "--namespace", sys,
+	out, err := exec.Command(helm, "template", release, "../../deploy/helm/meshagent", "--namespace", sys,
 		"--set", "sidecar.enabled=false", "--set", "node.enabled=true",
 		"--set", "node.serviceAccount.name="+agentSA, "--set", "node.podCertificateSigner="+signer,
-		"--show-only", "templates/rbac.yaml").CombinedOutput()
+		"--show-only", "templates/rbac.yaml", "--show-only", "templates/trust-publisher.yaml").CombinedOutput()
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
-	var role *rbacv1.ClusterRole
-	for _, doc := range bytes.Split(out, []byte("\n---")) {
-		var obj rbacv1.ClusterRole
-		if err := yaml.Unmarshal(doc, &obj); err != nil {
-			t.Fatalf("chart RBAC: %v\n%s", err, doc)
-		}
-		if obj.Kind == "ClusterRole" {
-			role = &obj
-		}
-	}
-	if role == nil {
-		t.Fatalf("no ClusterRole in the chart's RBAC:\n%s", out)
-	}
 	ctx := context.Background()
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	roles := 0
+	for _, doc := range bytes.Split(out, []byte("\n---")) {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			t.Fatalf("chart: %v\n%s", err, doc)
+		}
+		switch meta.Kind {
+		case "ClusterRole":
+			var r rbacv1.ClusterRole
+			mustUnmarshal(t, doc, &r)
+			if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &r, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			// Cluster-scoped: removed when the test ends, for the next run's.
+			t.Cleanup(func() { _ = admin.RbacV1().ClusterRoles().Delete(context.Background(), r.Name, metav1.DeleteOptions{}) })
+			roles++
+		case "ClusterRoleBinding":
+			var b rbacv1.ClusterRoleBinding
+			mustUnmarshal(t, doc, &b)
+			if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &b, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), b.Name, metav1.DeleteOptions{})
+			})
+		case "ServiceAccount":
+			var sa corev1.ServiceAccount
+			mustUnmarshal(t, doc, &sa)
+			if _, err := admin.CoreV1().ServiceAccounts(sys).Create(ctx, &sa, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			publisherSA = sa.Name
+		}
 	}
-	// Cluster-scoped: removed when the test ends, for the next run's.
-	t.Cleanup(func() {
-		_ = admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), role.Name, metav1.DeleteOptions{})
-		_ = admin.RbacV1().ClusterRoles().Delete(context.Background(), role.Name, metav1.DeleteOptions{})
-	})
-	_, err = admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: agentSA, Namespace: sys}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
+	if roles != 2 {
+		t.Fatalf("%d ClusterRoles in the chart's RBAC, want the node agent's and the trust publisher's:\n%s", roles, out)
+	}
+	return publisherSA
+}
+
+func mustUnmarshal(t *testing.T, doc []byte, out any) {
+	t.Helper()
+	if err := yaml.Unmarshal(doc, out); err != nil {
+		t.Fatalf("chart: %v\n%s", err, doc)
 	}
 }
 
@@ -369,4 +381,89 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// The built trust publisher, with only the chart's RBAC for it, publishes the
+// roots file as the signer's ClusterTrustBundle and follows the file; the node
+// agent's service account, with only the chart's RBAC for it, can neither
+// create, change nor delete a bundle of the signer: one compromised node
+// cannot make the cluster's pods trust a root of its own.
+func TestOnlyThePublisherWritesTrust(t *testing.T) {
+	env := kube.Env(t)
+	admin := env.Client()
+	ctx := context.Background()
+	sys := env.TestNamespace(t)
+	if _, err := env.CreateServiceAccount(ctx, sys, agentSA); err != nil {
+		t.Fatal(err)
+	}
+	publisherSA := bindChartRBAC(t, admin, "trust", sys)
+	ca := istioca.Start(t, istioca.Config{})
+	attacker := istioca.Start(t, istioca.Config{})
+	name := podcert.BundleName(signer)
+	t.Cleanup(func() {
+		_ = admin.CertificatesV1().ClusterTrustBundles().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	bundleOf := func(rootPEM []byte, name string) *certsv1.ClusterTrustBundle {
+		return &certsv1.ClusterTrustBundle{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:       certsv1.ClusterTrustBundleSpec{SignerName: signer, TrustBundle: string(rootPEM)},
+		}
+	}
+	agentToken, err := env.Token(ctx, sys, agentSA, nil, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := kubernetes.NewForConfig(env.ConfigForToken(agentToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Before the publisher: a node agent cannot be first either.
+	if _, err := node.CertificatesV1().ClusterTrustBundles().Create(ctx, bundleOf(attacker.RootPEM(), name), metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the node agent creating the signer's bundle: %v, want Forbidden", err)
+	}
+
+	pubToken, err := env.Token(ctx, sys, publisherSA, nil, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := agentproc.TempDir(t)
+	roots := filepath.Join(dir, "root-cert.pem")
+	write(t, roots, ca.RootPEM())
+	if err := env.Kubeconfig(filepath.Join(dir, "kubeconfig"), pubToken); err != nil {
+		t.Fatal(err)
+	}
+	pub := agentproc.StartCommand(t, dir, []string{"trust-publisher", "--signer=" + signer, "--roots=" + roots,
+		"--kubeconfig=" + filepath.Join(dir, "kubeconfig")})
+	published := func(want []byte) func() bool {
+		return func() bool {
+			if pub.ExitCode() >= 0 {
+				t.Fatalf("trust publisher exited:\n%s", pub.Logs())
+			}
+			b, err := admin.CertificatesV1().ClusterTrustBundles().Get(ctx, name, metav1.GetOptions{})
+			return err == nil && b.Spec.SignerName == signer && b.Spec.TrustBundle == string(want)
+		}
+	}
+	eventually(t, "the ClusterTrustBundle with the CA's root", published(ca.RootPEM()))
+
+	// Reading it is not the chart's grant to refuse: roots are public.
+	cur, err := admin.CertificatesV1().ClusterTrustBundles().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.TrustBundle = string(attacker.RootPEM())
+	if _, err := node.CertificatesV1().ClusterTrustBundles().Update(ctx, cur, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the node agent rewriting the bundle: %v, want Forbidden", err)
+	}
+	if _, err := node.CertificatesV1().ClusterTrustBundles().Create(ctx, bundleOf(attacker.RootPEM(), strings.ReplaceAll(signer, "/", ":")+":evil"), metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the node agent adding a bundle of the signer: %v, want Forbidden", err)
+	}
+	if err := node.CertificatesV1().ClusterTrustBundles().Delete(ctx, name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the node agent deleting the bundle: %v, want Forbidden", err)
+	}
+
+	// A rotation: the file gains a root; the publisher follows it alone.
+	next := istioca.Start(t, istioca.Config{})
+	both := append(append([]byte(nil), ca.RootPEM()...), next.RootPEM()...)
+	write(t, roots, both)
+	eventually(t, "the ClusterTrustBundle with both roots", published(both))
 }

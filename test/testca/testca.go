@@ -45,6 +45,9 @@ type Config struct {
 	// Register registers the CA's service on each new gRPC server (at
 	// Serve and at every Restart).
 	Register func(*grpc.Server)
+	// ServerTLS, when set, changes the server's TLS configuration (the
+	// versions, suites and key exchanges it offers).
+	ServerTLS func(*tls.Config)
 }
 
 // Endpoint is a running test CA's network side. Its methods are safe for
@@ -99,6 +102,9 @@ func (e *Endpoint) newGRPC() *grpc.Server {
 		}
 		if e.cfg.VerifyClientCerts {
 			tc.ClientAuth, tc.ClientCAs = tls.VerifyClientCertIfGiven, e.cfg.CA.Pool()
+		}
+		if e.cfg.ServerTLS != nil {
+			e.cfg.ServerTLS(tc)
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
 	}

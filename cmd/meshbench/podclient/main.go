@@ -7,7 +7,8 @@
 // Usage: podclient <socket>, with file descriptor 3 a Unix socket shared
 // with meshbench. It reads one byte from fd 3 (meshbench has moved it into
 // the pod's cgroup), connects to the socket, sends the connection over fd 3
-// (SCM_RIGHTS), then waits until fd 3 is closed and exits. Only the syscall
+// (SCM_RIGHTS), then connects again and sends that connection for each
+// further byte read ('g'), until fd 3 is closed, and exits. Only the syscall
 // package is used, to keep the binary and its memory small.
 package main
 
@@ -26,6 +27,22 @@ func main() {
 	if n, err := syscall.Read(ctl, b[:]); n != 1 || err != nil {
 		fail("waiting for the go-ahead on fd 3 failed")
 	}
+	connect()
+	// The connection lives on in meshbench; this process lives until
+	// meshbench closes its end (or dies), connecting again when asked.
+	for {
+		n, err := syscall.Read(ctl, b[:])
+		if n == 0 || (err != nil && err != syscall.EINTR) {
+			os.Exit(0)
+		}
+		if n == 1 && b[0] == 'g' {
+			connect()
+		}
+	}
+}
+
+// connect connects to the socket and sends the connection on fd 3.
+func connect() {
 	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		fail("socket: " + err.Error())
@@ -36,14 +53,7 @@ func main() {
 	if err := syscall.Sendmsg(ctl, []byte{'c'}, syscall.UnixRights(fd), nil, 0); err != nil {
 		fail("sending the connection on fd 3: " + err.Error())
 	}
-	// The connection lives on in meshbench; this process lives until
-	// meshbench closes its end (or dies).
-	for {
-		n, err := syscall.Read(ctl, b[:])
-		if n == 0 || (err != nil && err != syscall.EINTR) {
-			os.Exit(0)
-		}
-	}
+	_ = syscall.Close(fd)
 }
 
 func fail(msg string) {

@@ -14,9 +14,11 @@ package atomicfile
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // Pending is a temporary file, written and synced, waiting to replace its
@@ -104,19 +106,27 @@ func Write(path string, data []byte, perm fs.FileMode) error {
 }
 
 // Unchanged reports whether path already holds exactly data. If it does but
-// its mode is not perm, the mode is corrected in place.
+// its mode is not perm, the mode is corrected in place. A symbolic link at
+// path is never followed (it is opened with O_NOFOLLOW): it counts as
+// changed, so that Write replaces the link itself, and its target is neither
+// read nor chmod-ed.
 func Unchanged(path string, data []byte, perm fs.FileMode) (bool, error) {
-	old, err := os.ReadFile(path)
-	if err != nil || !bytes.Equal(old, data) {
-		// Missing, different or unreadable: to be replaced.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		// Missing, a link, or unreadable: to be replaced.
 		return false, nil
 	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		return false, fmt.Errorf("checking %s: %w", path, err)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != int64(len(data)) {
+		return false, nil
+	}
+	old, err := io.ReadAll(io.LimitReader(f, int64(len(data))+1))
+	if err != nil || !bytes.Equal(old, data) {
+		return false, nil
 	}
 	if fi.Mode().Perm() != perm {
-		if err := os.Chmod(path, perm); err != nil {
+		if err := f.Chmod(perm); err != nil {
 			return false, fmt.Errorf("setting mode of %s: %w", path, err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,9 @@ var (
 	// ErrTooMany is wrapped by the refusal of a name while MaxResources
 	// names are held.
 	ErrTooMany = errors.New("too many file resources held")
+	// ErrOutsideDirs is wrapped by the refusal of a name whose file lies
+	// outside Config.AllowedDirs.
+	ErrOutsideDirs = errors.New("file outside the directories file resources may name")
 )
 
 // Config describes a Provider. Zero values get the defaults noted.
@@ -44,6 +48,12 @@ type Config struct {
 	// MaxResources bounds how many names are held (watched) at once; further
 	// names are refused until one is released. Default DefaultMaxResources.
 	MaxResources int
+	// AllowedDirs, when not nil, are the only directories whose files a name
+	// may serve (a relative one is against the working directory): a path is
+	// served only when it lies in one of them both as named and with its
+	// symbolic links resolved. Nil serves any file the agent can read (for
+	// an agent whose socket only trusted uids can reach).
+	AllowedDirs []string
 	// Logger is narrowed with .Named("fileprovider"). Nil means zap.NewNop().
 	Logger *zap.Logger
 }
@@ -60,6 +70,8 @@ type Provider struct {
 	wg      sync.WaitGroup    // entry goroutines started by Run
 	running bool
 	stopped bool
+
+	dirs []string // Config.AllowedDirs, absolute, links resolved; nil: any
 }
 
 // New returns a Provider. It starts nothing; see Run.
@@ -73,7 +85,48 @@ func New(cfg Config) *Provider {
 	if cfg.MaxResources <= 0 {
 		cfg.MaxResources = DefaultMaxResources
 	}
-	return &Provider{cfg: cfg, log: cfg.Logger.Named("fileprovider"), entries: map[string]*entry{}}
+	p := &Provider{cfg: cfg, log: cfg.Logger.Named("fileprovider"), entries: map[string]*entry{}}
+	if cfg.AllowedDirs != nil {
+		p.dirs = []string{}
+		for _, d := range cfg.AllowedDirs {
+			abs, err := filepath.Abs(d)
+			if err != nil {
+				continue
+			}
+			if real, err := filepath.EvalSymlinks(abs); err == nil {
+				abs = real
+			}
+			p.dirs = append(p.dirs, abs)
+		}
+	}
+	return p
+}
+
+// checkPath refuses a path outside the allowed directories, as named or
+// through a symbolic link.
+func (p *Provider) checkPath(path string) error {
+	if p.dirs == nil {
+		return nil
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrOutsideDirs, err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrOutsideDirs, path, err)
+	}
+	for _, d := range p.dirs {
+		if within(abs, d) && within(real, d) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %s", ErrOutsideDirs, path)
+}
+
+// within reports whether the clean absolute path p is dir or lies under it.
+func within(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }
 
 // Run watches the files of every held name until ctx ends, then stops all
@@ -268,6 +321,9 @@ func (p *Provider) newEntry(name string) (*entry, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := errors.Join(p.checkPath(certPath), p.checkPath(keyPath)); err != nil {
+			return nil, err
+		}
 		src, err := certfile.NewPairSource(p.cfg.Files, certPath, keyPath)
 		if err != nil {
 			return nil, err
@@ -279,6 +335,9 @@ func (p *Provider) newEntry(name string) (*entry, error) {
 		path := strings.TrimPrefix(name, secretmanager.FileRootPrefix)
 		if path == "" {
 			return nil, errors.New("empty root path")
+		}
+		if err := p.checkPath(path); err != nil {
+			return nil, err
 		}
 		src, err := certfile.NewRootSource(p.cfg.Files, path)
 		if err != nil {

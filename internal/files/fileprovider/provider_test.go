@@ -363,3 +363,41 @@ func TestNameHeldUntilLastRelease(t *testing.T) {
 		t.Fatalf("%d names held after the last release", got)
 	}
 }
+
+// With AllowedDirs, a name is served only when its files lie in an allowed
+// directory both as named and with links resolved; a relative directory is
+// against the working directory.
+func TestAllowedDirs(t *testing.T) {
+	ca := newCA(t)
+	root := t.TempDir()
+	allowed, other := filepath.Join(root, "certs"), filepath.Join(root, "secret")
+	for _, d := range []string{allowed, other} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	chain, key := issue(t, ca)
+	writeAtomic(t, filepath.Join(allowed, "cert.pem"), chain)
+	writeAtomic(t, filepath.Join(allowed, "key.pem"), key)
+	writeAtomic(t, filepath.Join(other, "key.pem"), key)
+	writeAtomic(t, filepath.Join(other, "root.pem"), ca.RootPEM())
+	if err := os.Symlink(filepath.Join(other, "key.pem"), filepath.Join(allowed, "link.pem")); err != nil {
+		t.Fatal(err)
+	}
+	p := startWith(t, Config{Files: certfile.SourceConfig{Debounce: debounce}, AllowedDirs: []string{allowed}})
+	good := secretmanager.FileCertPrefix + filepath.Join(allowed, "cert.pem") + "~" + filepath.Join(allowed, "key.pem")
+	if s := secret(t, p, good); s.IsRoot() {
+		t.Fatal("a root for a file-cert:")
+	}
+	for _, name := range []string{
+		secretmanager.FileCertPrefix + filepath.Join(allowed, "cert.pem") + "~" + filepath.Join(other, "key.pem"),
+		secretmanager.FileCertPrefix + filepath.Join(allowed, "cert.pem") + "~" + filepath.Join(allowed, "link.pem"),
+		secretmanager.FileRootPrefix + filepath.Join(allowed, "..", "secret", "root.pem"),
+		secretmanager.FileRootPrefix + allowed + "x/root.pem",
+	} {
+		_, err := p.Secret(context.Background(), name)
+		if !errors.Is(err, ErrOutsideDirs) || !errors.Is(err, secretmanager.ErrUnknownResource) {
+			t.Errorf("%s: %v, want ErrOutsideDirs", name, err)
+		}
+	}
+}

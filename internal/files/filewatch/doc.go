@@ -15,7 +15,9 @@
 // directory, costs a re-read but no signal.
 //
 // One fsnotify watcher (one inotify instance) serves the whole process: the
-// Watchers share it, each directory is watched once however many Watchers
+// Watchers share it, and so do the DirWatches (a bare signal for any event
+// in one directory, which the socket listener uses to notice its socket
+// was removed or replaced), each directory is watched once however many Watchers
 // need it, and the fsnotify watcher is closed when the last directory is
 // released. A directory that cannot be watched (the process may read the
 // files but not list the directory, the user's inotify limits are reached,

@@ -62,7 +62,7 @@ type hub struct {
 
 // dirWatch is one watched directory.
 type dirWatch struct {
-	subs map[*Watcher]struct{}
+	subs map[subscriber]struct{}
 	// id is the directory's device and inode when the watch was added; a
 	// directory deleted and made again under the same path is a new one and
 	// needs a new watch (the old watch died with the old directory).
@@ -73,6 +73,10 @@ type dirWatch struct {
 }
 
 type fileID struct{ dev, ino uint64 }
+
+// subscriber is told, by a merged signal that never blocks, that something
+// happened in or to a directory it watches: a Watcher or a DirWatch.
+type subscriber interface{ notify() }
 
 func idOf(dir string) (fileID, error) {
 	fi, err := os.Stat(dir)
@@ -97,7 +101,7 @@ var errNoInstance = errors.New("no file watcher available")
 // (re-)adds the directory's watch when there is none, when the directory was
 // removed, or when the path now names another directory. An error means dir
 // is not watched for w (w is not subscribed): the caller polls instead.
-func (h *hub) ensure(dir string, w *Watcher) error {
+func (h *hub) ensure(dir string, w subscriber) error {
 	h.mu.Lock()
 	err := h.ensureLocked(dir, w)
 	var (
@@ -115,7 +119,7 @@ func (h *hub) ensure(dir string, w *Watcher) error {
 	return err
 }
 
-func (h *hub) ensureLocked(dir string, w *Watcher) error {
+func (h *hub) ensureLocked(dir string, w subscriber) error {
 	if h.be == nil {
 		be, err := h.open()
 		if err != nil {
@@ -141,7 +145,7 @@ func (h *hub) ensureLocked(dir string, w *Watcher) error {
 		return err
 	}
 	if dw == nil {
-		dw = &dirWatch{subs: map[*Watcher]struct{}{}}
+		dw = &dirWatch{subs: map[subscriber]struct{}{}}
 		h.dirs[dir] = dw
 	}
 	dw.id, dw.stale = id, false
@@ -151,7 +155,7 @@ func (h *hub) ensureLocked(dir string, w *Watcher) error {
 
 // release drops w's interest in dir; the last one removes the watch, and
 // the last watch closes the fsnotify watcher.
-func (h *hub) release(dir string, w *Watcher) {
+func (h *hub) release(dir string, w subscriber) {
 	h.mu.Lock()
 	h.releaseLocked(dir, w)
 	be, done := h.closeIfIdleLocked()
@@ -162,7 +166,7 @@ func (h *hub) release(dir string, w *Watcher) {
 	}
 }
 
-func (h *hub) releaseLocked(dir string, w *Watcher) {
+func (h *hub) releaseLocked(dir string, w subscriber) {
 	dw := h.dirs[dir]
 	if dw == nil {
 		return
@@ -190,7 +194,7 @@ func (h *hub) closeIfIdleLocked() (backend, chan struct{}) {
 }
 
 // releaseAll drops every directory watched for w.
-func (h *hub) releaseAll(w *Watcher, dirs []string) {
+func (h *hub) releaseAll(w subscriber, dirs []string) {
 	h.mu.Lock()
 	for _, d := range dirs {
 		h.releaseLocked(d, w)
@@ -230,7 +234,7 @@ func (h *hub) dispatch(be backend, done chan struct{}) {
 
 func (h *hub) deliver(ev fsnotify.Event) {
 	name := filepath.Clean(ev.Name)
-	var ws []*Watcher
+	var ws []subscriber
 	h.mu.Lock()
 	if dw := h.dirs[name]; dw != nil {
 		if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
@@ -252,7 +256,7 @@ func (h *hub) deliver(ev fsnotify.Event) {
 }
 
 func (h *hub) broadcast() {
-	seen := map[*Watcher]bool{}
+	seen := map[subscriber]bool{}
 	h.mu.Lock()
 	for _, dw := range h.dirs {
 		for w := range dw.subs {

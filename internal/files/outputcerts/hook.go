@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,19 +132,52 @@ func (h *Hook) run(ctx context.Context, dir string, written []string) error {
 	return nil
 }
 
+// signalPIDFile signals the pid the pid file names. The file must be a
+// regular file owned by root or by the agent's uid and writable by no one
+// else, or anyone who can write it chooses whom the agent signals; and the pid
+// must be neither the agent's own (SIGHUP would end it) nor 1 (init, or the
+// container's first process).
 func (h *Hook) signalPIDFile() error {
-	data, err := regularfile.Read(h.cfg.PIDFile, 64)
+	pid, err := readPIDFile(h.cfg.PIDFile)
 	if err != nil {
-		return fmt.Errorf("reload pid file: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 {
-		return fmt.Errorf("reload pid file %s: %q is not a pid", h.cfg.PIDFile, strings.TrimSpace(string(data)))
+		return err
 	}
 	if err := syscall.Kill(pid, h.cfg.Signal); err != nil {
 		return fmt.Errorf("signalling pid %d of %s: %w", pid, h.cfg.PIDFile, err)
 	}
 	return nil
+}
+
+func readPIDFile(path string) (int, error) {
+	f, err := regularfile.Open(path)
+	if err != nil {
+		return 0, fmt.Errorf("reload pid file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("reload pid file: %w", err)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return 0, fmt.Errorf("reload pid file %s is owned by uid %d: only root's or the agent's own (uid %d) is trusted", path, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return 0, fmt.Errorf("reload pid file %s is writable by its group or others (mode %v): not trusted", path, fi.Mode().Perm())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, 64))
+	if err != nil {
+		return 0, fmt.Errorf("reload pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	switch {
+	case err != nil || pid <= 0:
+		return 0, fmt.Errorf("reload pid file %s: %q is not a pid", path, strings.TrimSpace(string(data)))
+	case pid == 1:
+		return 0, fmt.Errorf("reload pid file %s names pid 1: not signalled", path)
+	case pid == os.Getpid():
+		return 0, fmt.Errorf("reload pid file %s names the agent itself (pid %d): not signalled", path, pid)
+	}
+	return pid, nil
 }
 
 func (h *Hook) signalByName() error {

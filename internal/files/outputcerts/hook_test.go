@@ -244,6 +244,59 @@ func TestHookSignalsThePIDFilesProcess(t *testing.T) {
 	}
 }
 
+// The pid file is outside input: whoever can write it chooses whom the agent
+// signals. The agent's own pid, pid 1, and a file another uid owns or others
+// may write are refused, and nothing is signalled.
+func TestHookPIDFileRefusals(t *testing.T) {
+	app := startSleeper(t, "app")
+	dir := t.TempDir()
+	tests := []struct {
+		name  string
+		pid   int
+		mode  os.FileMode
+		owner int // -1: the test's own uid
+		want  string
+	}{
+		{"the agent's own pid", os.Getpid(), 0o644, -1, "the agent itself"},
+		{"pid 1", 1, 0o644, -1, "pid 1"},
+		{"owned by another uid", app.cmd.Process.Pid, 0o644, 65534, "owned by uid 65534"},
+		{"world-writable", app.cmd.Process.Pid, 0o666, -1, "writable by its group or others"},
+		{"group-writable", app.cmd.Process.Pid, 0o664, -1, "writable by its group or others"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pidFile := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "-")+".pid")
+			if err := os.WriteFile(pidFile, []byte(strconv.Itoa(tt.pid)+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(pidFile, tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			if tt.owner >= 0 {
+				if os.Geteuid() != 0 {
+					t.Skip("chown needs root")
+				}
+				if err := os.Chown(pidFile, tt.owner, tt.owner); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h, err := NewHook(HookConfig{PIDFile: pidFile, Signal: syscall.SIGUSR1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = h.Fire(context.Background(), t.TempDir(), nil)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Fire: %v, want a refusal saying %q", err, tt.want)
+			}
+		})
+	}
+	select {
+	case <-app.exited:
+		t.Fatalf("the process was signalled: %v", app.err)
+	default:
+	}
+}
+
 func TestHookSignalsProcessesByName(t *testing.T) {
 	name := fmt.Sprintf("reload-me-%d", os.Getpid()) // longer than comm's 15 bytes: found by its argv[0]
 	app := startSleeper(t, name)

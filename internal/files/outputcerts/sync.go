@@ -3,8 +3,10 @@ package outputcerts
 import (
 	"context"
 	"errors"
+	"time"
 
 	"go.uber.org/zap"
+	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
@@ -36,7 +38,16 @@ type SyncConfig struct {
 	Hook Reloader
 	// Logger is narrowed with .Named("outputcerts"). Nil means zap.NewNop().
 	Logger *zap.Logger
+	// Retry is how long after a failed write the files are written again,
+	// without waiting for a change: a directory made writable again is
+	// used (and readiness recovers) within it. Zero means DefaultRetry.
+	Retry time.Duration
+	// Clock times the retries. Nil means the real clock.
+	Clock clock.Clock
 }
+
+// DefaultRetry is SyncConfig.Retry's default.
+const DefaultRetry = 10 * time.Second
 
 // Reloader tells an application that files were replaced (*Hook).
 type Reloader interface {
@@ -53,6 +64,8 @@ type Sync struct {
 	hook    Reloader
 	td      string
 	log     *zap.Logger
+	retry   time.Duration
+	clock   clock.Clock
 }
 
 // NewSync checks cfg and returns a Sync. It starts nothing.
@@ -63,12 +76,22 @@ func NewSync(cfg SyncConfig) (*Sync, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Sync{secrets: cfg.Secrets, w: cfg.Writer, hook: cfg.Hook, td: cfg.TrustDomain, log: cfg.Logger.Named("outputcerts").With(zap.String(logkeys.Dir, cfg.Writer.Dir()))}, nil
+	if cfg.Retry <= 0 {
+		cfg.Retry = DefaultRetry
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	return &Sync{
+		secrets: cfg.Secrets, w: cfg.Writer, hook: cfg.Hook, td: cfg.TrustDomain,
+		log:   cfg.Logger.Named("outputcerts").With(zap.String(logkeys.Dir, cfg.Writer.Dir())),
+		retry: cfg.Retry, clock: cfg.Clock,
+	}, nil
 }
 
 // Run writes the files now and after every change until ctx ends, then
-// returns nil. A failed write is logged (and counted by the Writer); the
-// next change tries again. While no workload certificate is held, only the
+// returns nil. A failed write is logged (and counted by the Writer); it is
+// tried again after Retry, or at the next change if that comes first. While no workload certificate is held, only the
 // roots are written. The hook, if any, runs on Run's goroutine after each
 // write that replaced files; the next write waits for it (at most its
 // timeout).
@@ -78,18 +101,23 @@ func (s *Sync) Run(ctx context.Context) error {
 	roots, stopRoots := s.secrets.Watch(own, secretmanager.RootCertName)
 	defer stopRoots()
 	for {
-		s.write(ctx)
+		var retry <-chan time.Time
+		if !s.write(ctx) {
+			retry = s.clock.After(s.retry)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-certs:
 		case <-roots:
+		case <-retry:
 		}
 	}
 }
 
-// write writes what the source holds now, waiting for nothing.
-func (s *Sync) write(ctx context.Context) {
+// write writes what the source holds now, waiting for nothing, and
+// reports whether it succeeded (or had nothing to write).
+func (s *Sync) write(ctx context.Context) bool {
 	var f Files
 	if cert, err := s.secrets.Current(own, secretmanager.WorkloadCertName); err == nil {
 		f.CertChain, f.Key = cert.CertChain, cert.PrivateKey
@@ -101,17 +129,15 @@ func (s *Sync) write(ctx context.Context) {
 		}
 	}
 	if f.CertChain == nil && f.Root == nil {
-		return
+		return true
 	}
-	written, err := s.w.Write(f)
-	if err != nil {
-		s.log.Error("writing OUTPUT_CERTS failed", zap.Error(err))
-	}
+	written, err := s.w.Write(f) // a failure is logged by the Writer
 	// Only once every file of the change is in place: a half-done write
 	// is not announced (the next change tries again, and fires then).
 	if err == nil && len(written) > 0 && s.hook != nil {
 		_ = s.hook.Fire(ctx, s.w.Dir(), written) // logged by the hook
 	}
+	return err == nil
 }
 
 // bundleMap is roots as a SPIFFE trust bundle map of the trust domain; nil

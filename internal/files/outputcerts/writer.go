@@ -9,7 +9,9 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -32,8 +34,12 @@ type Config struct {
 	// absolute against the working directory when New is called. Required.
 	Dir string
 	// DirMode is the mode given to Dir if the writer has to create it:
-	// 0700 (the default) or 0750 (to let a group read the certificates; the
-	// key stays 0600). An existing directory keeps its mode.
+	// 0700 or 0750 (to let a group read the certificates; the key stays
+	// 0600 unless KeyMode says otherwise). Zero means 0750 with a Group
+	// (the directory is then given the group too), else 0700. An existing
+	// directory keeps its mode and group; it must be a directory (not a
+	// link) owned by root or the agent's uid and writable by neither its
+	// group nor others, or every write is refused.
 	DirMode fs.FileMode
 	// KeyMode is the mode of key.pem and of the bundle file: 0600 (the
 	// default), 0640, 0400 or 0440. Never readable by others.
@@ -83,6 +89,11 @@ type Writer struct {
 	writes   *prometheus.CounterVec
 	fails    prometheus.Counter
 	mu       sync.Mutex
+	swept    bool // the directory's stale temporary files were removed; under mu
+	// lastErr is the last Write's failure, nil after a success; guarded
+	// by errMu (Healthy never waits for a write in progress).
+	errMu   sync.Mutex
+	lastErr error
 }
 
 // New checks cfg and returns a Writer. It touches nothing on disk; the
@@ -95,9 +106,18 @@ func New(cfg Config) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outputcerts: resolving %s: %w", cfg.Dir, err)
 	}
+	gid, err := LookupGroup(cfg.Group)
+	if err != nil {
+		return nil, err
+	}
 	switch cfg.DirMode {
 	case 0:
+		// A group is given the files so that its members read them: they
+		// must be able to enter the directory too.
 		cfg.DirMode = 0o700
+		if gid >= 0 {
+			cfg.DirMode = 0o750
+		}
 	case 0o700, 0o750:
 	default:
 		return nil, fmt.Errorf("outputcerts: directory mode %#o not allowed (0700 or 0750)", cfg.DirMode)
@@ -114,10 +134,6 @@ func New(cfg Config) (*Writer, error) {
 	}
 	if cfg.CertMode&^0o666 != 0 {
 		return nil, fmt.Errorf("outputcerts: certificate mode %#o not allowed (at most 0666)", cfg.CertMode)
-	}
-	gid, err := LookupGroup(cfg.Group)
-	if err != nil {
-		return nil, err
 	}
 	if b := cfg.BundleFile; b != "" && (b != filepath.Base(b) || b == "." || b == ".." || b == files.KeyFile || b == files.CertChainFile || b == files.RootCertFile) {
 		return nil, fmt.Errorf("outputcerts: bundle file %q must be a file name of its own", b)
@@ -159,17 +175,41 @@ func (w *Writer) Dir() string { return w.dir }
 // disk: key first, then chain, then roots. The chain and key must parse and
 // match, and the roots must parse, or nothing is written. It returns the
 // names of the files it replaced.
+//
+// A failure is counted and logged once per change of its message: a
+// directory that stays unwritable is logged once, not at every rotation.
+// It is what Healthy reports until a Write succeeds.
 func (w *Writer) Write(f Files) ([]string, error) {
 	written, err := w.write(f)
+	w.errMu.Lock()
+	changed := (err == nil) != (w.lastErr == nil) || (err != nil && err.Error() != w.lastErr.Error())
+	w.lastErr = err
+	w.errMu.Unlock()
 	if err != nil {
 		w.fails.Inc()
-		w.log.Error("writing output certificates failed", zap.Strings(logkeys.Files, written), zap.Error(err))
+		if changed {
+			w.log.Error("writing output certificates failed", zap.Strings(logkeys.Files, written), zap.Error(err))
+		}
 		return written, err
+	}
+	if changed {
+		w.log.Info("output certificates writable again")
 	}
 	if len(written) > 0 {
 		w.log.Info("output certificates written", zap.Strings(logkeys.Files, written))
 	}
 	return written, nil
+}
+
+// Healthy returns the last Write's failure, naming the directory, or nil
+// when it succeeded (or none ran yet): the agent's readiness check.
+func (w *Writer) Healthy() error {
+	w.errMu.Lock()
+	defer w.errMu.Unlock()
+	if w.lastErr != nil {
+		return fmt.Errorf("OUTPUT_CERTS %s cannot be written: %w", w.dir, w.lastErr)
+	}
+	return nil
 }
 
 func (w *Writer) write(f Files) ([]string, error) {
@@ -309,24 +349,122 @@ func validate(f Files) error {
 	return nil
 }
 
+// ensureDir makes the directory if missing, or checks the one there (with
+// Lstat: a symbolic link is refused) is one nobody else controls: owned by
+// root or the agent's uid, and writable by neither its group nor others,
+// who could otherwise swap the files between the agent's writes. The first
+// call also removes the temporary files a write cut short left (a
+// ".key.pem.tmp-*" holds a private key).
 func (w *Writer) ensureDir() error {
-	fi, err := os.Stat(w.dir)
-	if err == nil {
-		if !fi.IsDir() {
-			return fmt.Errorf("outputcerts: %s is not a directory", w.dir)
+	fi, err := os.Lstat(w.dir)
+	switch {
+	case err == nil:
+		if err := checkDir(w.dir, fi); err != nil {
+			return err
 		}
-		return nil
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
+	case !errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("outputcerts: %w", err)
+	default:
+		// Directories above it are made as mkdir -p makes them: a group given
+		// the files must be able to reach them.
+		if err := os.MkdirAll(filepath.Dir(w.dir), 0o755); err != nil {
+			return fmt.Errorf("outputcerts: creating directory: %w", err)
+		}
+		if err := os.Mkdir(w.dir, w.dirMode); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("outputcerts: creating directory: %w", err)
+		}
+		if w.gid >= 0 {
+			if err := os.Lchown(w.dir, -1, w.gid); err != nil {
+				return fmt.Errorf("outputcerts: setting the group of %s: %w", w.dir, err)
+			}
+		}
+		// Mkdir's mode is subject to the umask; make it exact.
+		if err := os.Chmod(w.dir, w.dirMode); err != nil {
+			return fmt.Errorf("outputcerts: setting directory mode: %w", err)
+		}
+		w.log.Info("output directory created")
 	}
-	if err := os.MkdirAll(w.dir, w.dirMode); err != nil {
-		return fmt.Errorf("outputcerts: creating directory: %w", err)
+	if !w.swept {
+		w.swept = true
+		w.removeStaleTemps()
 	}
-	// MkdirAll's mode is subject to the umask; make it exact.
-	if err := os.Chmod(w.dir, w.dirMode); err != nil {
-		return fmt.Errorf("outputcerts: setting directory mode: %w", err)
-	}
-	w.log.Info("output directory created")
 	return nil
+}
+
+// checkDir refuses an output directory that is a link, not a directory, or
+// controlled by another user.
+func checkDir(dir string, fi fs.FileInfo) error {
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("outputcerts: %s is a symbolic link: name the directory itself", dir)
+	case !fi.IsDir():
+		return fmt.Errorf("outputcerts: %s is not a directory", dir)
+	case fi.Mode().Perm()&0o022 != 0 && !isMountPoint(dir):
+		// A volume (a mount point: Kubernetes' emptyDir is 0777, shared only by
+		// the pod's containers) is what it is made to be; a directory elsewhere
+		// writable by others is not the agent's to trust.
+		return fmt.Errorf("outputcerts: %s is writable by its group or others (mode %v): another user could replace the files", dir, fi.Mode().Perm())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("outputcerts: %s is owned by uid %d, neither root nor the agent (uid %d)", dir, st.Uid, os.Geteuid())
+	}
+	return nil
+}
+
+// removeStaleTemps removes the temporary files of the writer's own files
+// (atomicfile's ".<name>.tmp-*") that a write cut short left in the
+// directory.
+func (w *Writer) removeStaleTemps() {
+	names := []string{files.KeyFile, files.CertChainFile, files.RootCertFile, files.BundleMapFile}
+	if w.bundle != "" {
+		names = append(names, w.bundle)
+	}
+	for _, name := range names {
+		stale, _ := filepath.Glob(filepath.Join(w.dir, "."+name+".tmp-*"))
+		for _, path := range stale {
+			if fi, err := os.Lstat(path); err != nil || !fi.Mode().IsRegular() {
+				continue
+			}
+			if err := os.Remove(path); err == nil {
+				w.log.Info("stale temporary file removed", zap.String(logkeys.File, filepath.Base(path)))
+			}
+		}
+	}
+}
+
+// isMountPoint reports whether dir is the mount point of a file system in
+// the agent's mount namespace (/proc/self/mountinfo's fifth field, with its
+// octal escapes).
+func isMountPoint(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	clean := filepath.Clean(dir)
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && unescapeMountPath(f[4]) == clean {
+			return true
+		}
+	}
+	return false
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

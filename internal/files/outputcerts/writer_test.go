@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -423,5 +424,158 @@ func TestWriterRefusesBadModesGroupsAndBundleNames(t *testing.T) {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// An existing OUTPUT_CERTS directory is checked with Lstat before anything
+// is written into it: another user's, one others may write, or a link is
+// refused, and nothing is written.
+func TestWriterRefusesADirectoryOthersControl(t *testing.T) {
+	ca := newCA(t)
+	f := issue(t, ca, localca.Leaf{}).files(ca)
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, dir string) string // returns OUTPUT_CERTS
+		want  string
+	}{
+		{"another user's", func(t *testing.T, dir string) string {
+			if os.Geteuid() != 0 {
+				t.Skip("chown needs root")
+			}
+			if err := os.Chown(dir, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, "owned by uid 65534"},
+		{"world-writable", func(t *testing.T, dir string) string {
+			if err := os.Chmod(dir, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, "writable by its group or others"},
+		{"group-writable", func(t *testing.T, dir string) string {
+			if err := os.Chmod(dir, 0o770); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, "writable by its group or others"},
+		{"a symbolic link", func(t *testing.T, dir string) string {
+			link := filepath.Join(t.TempDir(), "certs")
+			if err := os.Symlink(dir, link); err != nil {
+				t.Fatal(err)
+			}
+			return link
+		}, "symbolic link"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "out")
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			out := tt.setup(t, dir)
+			_, err := newWriter(t, Config{Dir: out}).Write(f)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Write: %v, want a refusal saying %q", err, tt.want)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Errorf("files written into the refused directory: %v", entries)
+			}
+		})
+	}
+}
+
+// The temporary files a write cut short left (a ".key.pem.tmp-*" holds a
+// private key) are removed by the first write; other files are left alone.
+func TestWriterRemovesStaleTemporaryFiles(t *testing.T) {
+	ca := newCA(t)
+	dir := filepath.Join(t.TempDir(), "out")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stale := []string{".key.pem.tmp-123456", ".cert-chain.pem.tmp-9", ".root-cert.pem.tmp-77"}
+	for _, n := range append(stale, "app.conf", ".other.tmp-1") {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := newWriter(t, Config{Dir: dir}).Write(issue(t, ca, localca.Leaf{}).files(ca)); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range stale {
+		if _, err := os.Lstat(filepath.Join(dir, n)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s left: %v", n, err)
+		}
+	}
+	for _, n := range []string{"app.conf", ".other.tmp-1", "key.pem"} {
+		if _, err := os.Lstat(filepath.Join(dir, n)); err != nil {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+}
+
+// A file of the directory replaced by a symbolic link is replaced, never
+// followed: its target is neither read as "unchanged" nor chmod-ed.
+func TestWriterDoesNotFollowLinks(t *testing.T) {
+	ca := newCA(t)
+	dir := filepath.Join(t.TempDir(), "out")
+	f := issue(t, ca, localca.Leaf{}).files(ca)
+	w := newWriter(t, Config{Dir: dir})
+	if _, err := w.Write(f); err != nil {
+		t.Fatal(err)
+	}
+	// Someone swaps root-cert.pem for a link to a file of theirs with the
+	// same content and another mode.
+	target := filepath.Join(t.TempDir(), "theirs")
+	if err := os.WriteFile(target, f.Root, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "root-cert.pem")
+	if err := os.Remove(root); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, root); err != nil {
+		t.Fatal(err)
+	}
+	written, err := w.Write(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(written, "root-cert.pem") {
+		t.Errorf("written %v: the link was taken for the unchanged file", written)
+	}
+	if fi, err := os.Lstat(root); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("root-cert.pem is %v (%v), want a regular file again", fi.Mode(), err)
+	}
+	if m := mode(t, target); m != 0o600 {
+		t.Errorf("the link's target was chmod-ed to %v", m)
+	}
+}
+
+// TestMountedVolumeMayBeShared: a directory writable by others is accepted
+// when it is a mount point (a volume: Kubernetes' emptyDir is 0777), refused
+// elsewhere.
+func TestMountedVolumeMayBeShared(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	dir := filepath.Join(t.TempDir(), "volume")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Lstat(dir)
+	if err := checkDir(dir, fi); err == nil {
+		t.Fatal("a world-writable directory that is no mount point was accepted")
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "mode=0777"); err != nil {
+		t.Skipf("mount: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	fi, _ = os.Lstat(dir)
+	if err := checkDir(dir, fi); err != nil {
+		t.Fatalf("a world-writable volume (mount point): %v", err)
 	}
 }

@@ -260,3 +260,31 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestContainerRuntime(t *testing.T) {
+	tests := []struct {
+		name, cgroup string
+		want         bool
+	}{
+		{"docker, systemd driver", "0::/system.slice/docker-4f2c9a0b1d.scope\n", true},
+		{"docker, cgroupfs driver", "0::/docker/4f2c9a0b1d\n", true},
+		{"podman", "0::/machine.slice/libpod-8a7b6c.scope/container\n", true},
+		{"rootless podman", "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-8a7b6c.scope\n", true},
+		{"nerdctl", "0::/system.slice/nerdctl-1234.scope\n", true},
+		{"cri-o outside pods", "0::/system.slice/crio-abc.scope\n", true},
+		{"systemd-nspawn machine", "0::/machine.slice/machine-web.scope/payload\n", true},
+		{"cgroup v1 docker line", "12:pids:/docker/abc\n11:cpu:/docker/abc\n", true},
+		{"a node service", "0::/system.slice/nginx.service\n", false},
+		{"the docker daemon itself", "0::/system.slice/docker.service\n", false},
+		{"containerd itself", "0::/system.slice/containerd.service\n", false},
+		{"a login session", "0::/user.slice/user-1000.slice/session-3.scope\n", false},
+		{"the root cgroup", "0::/\n", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if c, got := ContainerRuntime([]byte(tt.cgroup)); got != tt.want {
+				t.Errorf("ContainerRuntime(%q) = %q, %v, want %v", tt.cgroup, c, got, tt.want)
+			}
+		})
+	}
+}

@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
@@ -91,6 +95,10 @@ type Config struct {
 	// (Succeeded, Failed); why says which ("was deleted", "has finished
 	// (Succeeded)"). Node mode ends the pod's connections with it.
 	PodLeft func(p Pod, why string)
+	// PodArrived, when set, is told of a pod the index did not hold before
+	// (added, or listed at start), after Get and Wait find it. Node mode
+	// resolves again the connections its processes opened before.
+	PodArrived func(p Pod)
 	// Logger; nil means zap.NewNop().
 	Logger *zap.Logger
 	// Registerer receives the index's metrics; nil means none.
@@ -109,6 +117,10 @@ type Index struct {
 	log      *zap.Logger
 	informer cache.SharedIndexInformer
 	metrics  *metrics
+
+	// listErr is the informer's last list or watch failure (listError);
+	// nil once a list succeeded.
+	listErr atomic.Pointer[error]
 
 	mu      sync.Mutex
 	pods    map[string]Pod       // by UID
@@ -146,7 +158,7 @@ func New(cfg Config) (*Index, error) {
 		changed: make(chan struct{}),
 	}
 	selector := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-	lw := cfg.Pods.PodListWatch(selector)
+	lw := x.noted(cfg.Pods.PodListWatch(selector))
 	x.informer = cache.NewSharedIndexInformerWithOptions(lw, &kubeclient.Pod{}, cache.SharedIndexInformerOptions{})
 	if err := x.informer.SetTransform(strip); err != nil {
 		return nil, fmt.Errorf("podindex: setting the pod transform: %w", err)
@@ -159,6 +171,65 @@ func New(cfg Config) (*Index, error) {
 		return nil, fmt.Errorf("podindex: adding the event handler: %w", err)
 	}
 	return x, nil
+}
+
+// noted wraps lw so that every list and watch call's failure is kept for
+// ListError and logged once per change of its text: the informer retries
+// with backoff and, in its watch-list mode, says nothing of an API server
+// it cannot reach.
+func (x *Index) noted(lw cache.ListerWatcher) cache.ListerWatcher {
+	inner := cache.ToListerWatcherWithContext(lw)
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			obj, err := inner.ListWithContext(ctx, opts)
+			x.note(ctx, err)
+			return obj, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			w, err := inner.WatchWithContext(ctx, opts)
+			x.note(ctx, err)
+			return w, err
+		},
+	}
+}
+
+// note records the outcome of a call to the API server.
+func (x *Index) note(ctx context.Context, err error) {
+	if err == nil {
+		if prev := x.listErr.Swap(nil); prev != nil {
+			x.log.Info("the API server answers again")
+		}
+		return
+	}
+	if ctx.Err() != nil {
+		return // stopping
+	}
+	// The request's URL changes with every retry (its timeout): keep the
+	// server and the cause, so that the same failure reads the same.
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		host := ue.URL
+		if u, perr := url.Parse(ue.URL); perr == nil {
+			host = u.Scheme + "://" + u.Host
+		}
+		err = fmt.Errorf("API server %s: %w", host, ue.Err)
+	}
+	prev := x.listErr.Swap(&err)
+	if prev == nil || (*prev).Error() != err.Error() {
+		x.log.Warn("cannot list or watch the node's pods; retrying", zap.Error(err))
+	}
+}
+
+// ListError returns the last failure to list or watch the node's pods
+// while the first list is not read yet; nil once it is.
+func (x *Index) ListError() error {
+	if x.informer.HasSynced() {
+		return nil
+	}
+	if p := x.listErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Run runs the informer until ctx ends; it returns nil then. Run once.
@@ -247,6 +318,9 @@ func (x *Index) upsert(obj any) {
 	x.setGauges()
 	x.mu.Unlock()
 	x.emit(added, removed)
+	if !had && x.cfg.PodArrived != nil {
+		x.cfg.PodArrived(p)
+	}
 	if p.Terminated() && (!had || !old.Terminated()) {
 		x.left(p, "has finished ("+string(p.Phase)+")")
 	}

@@ -69,18 +69,20 @@ func sa(ns, name string) string { return "spiffe://cluster.local/ns/" + ns + "/s
 // fixture is a namespace with service accounts and a running index of
 // node's pods.
 type fixture struct {
-	kube *kubeenv.Env
-	ns   string
-	idx  *Index
-	ev   *recorder
-	left chan string // "<namespace>/<name> <why>" of each PodLeft call
+	kube    *kubeenv.Env
+	ns      string
+	idx     *Index
+	ev      *recorder
+	left    chan string // "<namespace>/<name> <why>" of each PodLeft call
+	arrived chan string // "<namespace>/<name>" of each PodArrived call
 }
 
 func newFixture(t *testing.T, node string, serviceAccounts ...string) *fixture {
 	t.Helper()
 	kube := kube.Env(t)
 	ctx := context.Background()
-	f := &fixture{kube: kube, ns: fmt.Sprintf("ns-%d", time.Now().UnixNano()), ev: newRecorder(), left: make(chan string, 1000)}
+	f := &fixture{kube: kube, ns: fmt.Sprintf("ns-%d", time.Now().UnixNano()), ev: newRecorder(), left: make(chan string, 1000),
+		arrived: make(chan string, 1000)}
 	if _, err := kube.CreateNamespace(ctx, f.ns); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +99,13 @@ func newFixture(t *testing.T, node string, serviceAccounts ...string) *fixture {
 		}
 	}
 	idx, err := New(Config{Pods: podClient(t, kube), NodeName: node, Scheme: scheme, Handler: f.ev,
-		PodLeft: func(p Pod, why string) { f.left <- p.String() + " " + why }})
+		PodLeft: func(p Pod, why string) { f.left <- p.String() + " " + why },
+		PodArrived: func(p Pod) {
+			if _, ok := f.idx.Get(p.UID); !ok {
+				p.Name += " (not in the index yet)"
+			}
+			f.arrived <- p.String()
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +218,7 @@ func TestIdentityLifecycle(t *testing.T) {
 
 // TestPodLeft: PodLeft is told once of a pod deleted (not while it is only
 // being deleted, with a grace period), Succeeded or Failed, and of nothing
-// else.
+// else; PodArrived once of each pod, once Get finds it.
 func TestPodLeft(t *testing.T) {
 	node := fmt.Sprintf("node-left-%d", time.Now().UnixNano())
 	f := newFixture(t, node, "app")
@@ -231,6 +239,17 @@ func TestPodLeft(t *testing.T) {
 			t.Fatalf("PodLeft not told %q within a minute", want)
 		}
 	}
+	// Each pod arrived once, found by Get by then; the updates below are
+	// no arrivals.
+	arrivals := map[string]bool{}
+	for range 3 {
+		arrivals[<-f.arrived] = true
+	}
+	for _, name := range []string{"done", "failed", "gone"} {
+		if !arrivals[f.ns+"/"+name] {
+			t.Fatalf("PodArrived told %v, want %s once each", arrivals, name)
+		}
+	}
 	f.setPhase(t, done, corev1.PodSucceeded)
 	next("done has finished (Succeeded)")
 	f.setPhase(t, failed, corev1.PodFailed)
@@ -243,6 +262,8 @@ func TestPodLeft(t *testing.T) {
 	select {
 	case got := <-f.left:
 		t.Fatalf("PodLeft told more: %q", got)
+	case got := <-f.arrived:
+		t.Fatalf("PodArrived told more: %q", got)
 	default:
 	}
 }

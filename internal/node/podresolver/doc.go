@@ -43,7 +43,8 @@
 // the kubelet's cgroup root (Config.CgroupRoot: a delegated subtree whose
 // owner named a cgroup after another pod), or a path relative to the
 // agent's cgroup namespace (cgroup_invalid); a
-// node process whose uid has no configured identity (node_process); a
+// node process whose uid has no configured identity (node_process), or
+// whose cgroup is a container runtime's outside the pods (container_runtime); a
 // process of a static pod, whose cgroup names the kubelet's manifest hash
 // and no pod of the API server (static_pod, at once rather than after
 // Config.PodWait); a pod UID

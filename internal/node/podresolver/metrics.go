@@ -19,7 +19,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"kind"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_node_callers_refused_total",
-			Help: "Local callers refused, by reason (no_pid, process_gone, pid_reused, proc_unreadable, cgroup_invalid, node_process, static_pod, pod_unknown, pod_terminated, canceled).",
+			Help: "Local callers refused, by reason (no_pid, process_gone, pid_reused, proc_unreadable, cgroup_invalid, node_process, container_runtime, static_pod, pod_unknown, pod_terminated, canceled).",
 		}, []string{"reason"}),
 	}
 	if reg == nil {

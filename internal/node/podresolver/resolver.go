@@ -28,6 +28,7 @@ const (
 	ReasonProcUnreadable = "proc_unreadable"
 	ReasonCgroup         = "cgroup_invalid"
 	ReasonNodeProcess    = "node_process"
+	ReasonContainer      = "container_runtime"
 	ReasonStaticPod      = "static_pod"
 	ReasonPodUnknown     = "pod_unknown"
 	ReasonPodTerminated  = "pod_terminated"
@@ -48,14 +49,25 @@ type Refusal struct {
 	// Reason is one of the Reason constants.
 	Reason string
 	msg    string
+	// pod is the pod UID the process's cgroup names, for a pod not known
+	// yet (see PodUID).
+	pod string
 }
 
 func (r *Refusal) Error() string { return r.msg }
+
+// PodUID is the UID of the pod the process's cgroup names, when the pod
+// itself is not known yet (Temporary); "" otherwise. The socket server
+// counts the connection against that pod meanwhile (caller.PodOf).
+func (r *Refusal) PodUID() string { return r.pod }
 
 // Temporary reports whether the refusal may change for the same process:
 // its pod was not known yet (the informer may see it later), or the lookup
 // gave up. Any other refusal is final for the connection.
 func (r *Refusal) Temporary() bool { return r.Reason == ReasonPodUnknown || r.Reason == ReasonCanceled }
+
+// errPodNotYetKnown: the pod is not in the index and the caller may not wait.
+var errPodNotYetKnown = errors.New("pod not known yet")
 
 func refuse(reason, format string, args ...any) *Refusal {
 	return &Refusal{Reason: reason, msg: "caller refused: " + fmt.Sprintf(format, args...)}
@@ -143,7 +155,9 @@ func (r *Resolver) Resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 			err = ref
 		}
 		r.metrics.refused.WithLabelValues(ref.Reason).Inc()
-		r.log.Info("caller refused", zap.Stringer(logkeys.Cred, cred), zap.String(logkeys.Reason, ref.Reason), zap.Error(err))
+		// The socket server logs the refusals it makes of these, at a
+		// bounded rate: a flood of connections writes no line each here.
+		r.log.Debug("caller refused", zap.Stringer(logkeys.Cred, cred), zap.String(logkeys.Reason, ref.Reason), zap.Error(err))
 		return caller.Info{}, err
 	}
 	r.metrics.resolved.WithLabelValues(kind).Inc()
@@ -165,6 +179,12 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 		if !ok {
 			return caller.Info{}, "", refuse(ReasonNodeProcess, "process %d is not in a pod and uid %d has no node identity", cred.PID, cred.UID)
 		}
+		// A node identity is for the node's own processes: a uid and a cgroup
+		// that is no container runtime's. A docker or podman container on the
+		// node runs as the same uids and is not the node.
+		if scope, in := podcgroup.ContainerRuntime(data); in {
+			return caller.Info{}, "", refuse(ReasonContainer, "process %d runs in a container outside the kubelet's pods (cgroup %s): uid %d's node identity is for node processes only", cred.PID, scope, cred.UID)
+		}
 		return caller.Info{Cred: cred, Identity: id}, kindNode, nil
 	}
 	if err != nil {
@@ -174,11 +194,18 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 		return caller.Info{}, "", refuse(ReasonStaticPod, "process %d is in static pod %s (a kubelet manifest; its cgroup names the manifest's hash, not a pod of the API server): static pods are not served", cred.PID, where.UID)
 	}
 	pod, err := r.pod(ctx, where.UID)
-	if err != nil && ctx.Err() != nil {
-		return caller.Info{}, "", refuse(ReasonCanceled, "gave up waiting for pod %s of process %d: %v", where.UID, cred.PID, ctx.Err())
-	}
 	if err != nil {
-		return caller.Info{}, "", refuse(ReasonPodUnknown, "pod %s of process %d is not known on this node after %s", where.UID, cred.PID, r.cfg.PodWait)
+		var ref *Refusal
+		switch {
+		case ctx.Err() != nil:
+			ref = refuse(ReasonCanceled, "gave up waiting for pod %s of process %d: %v", where.UID, cred.PID, ctx.Err())
+		case !caller.MayWait(ctx):
+			ref = refuse(ReasonPodUnknown, "pod %s of process %d is not known on this node yet", where.UID, cred.PID)
+		default:
+			ref = refuse(ReasonPodUnknown, "pod %s of process %d is not known on this node after %s", where.UID, cred.PID, r.cfg.PodWait)
+		}
+		ref.pod = where.UID
+		return caller.Info{}, "", ref
 	}
 	if pod.Terminated() {
 		return caller.Info{}, "", refuse(ReasonPodTerminated, "pod %s of process %d has terminated (%s)", where.UID, cred.PID, pod.Phase)
@@ -187,13 +214,16 @@ func (r *Resolver) resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 }
 
 // pod returns the pod with uid, waiting up to PodWait for the informer to
-// see it. A known pod (the usual case) is answered without a timer: a
+// see it (not at all under caller.NoWait). A known pod (the usual case) is answered without a timer: a
 // context derived from the stream's would leave a child map on the
 // stream's context and a stopped timer in the runtime's timer heap, both
 // kept for the connection's life.
 func (r *Resolver) pod(ctx context.Context, uid string) (podindex.Pod, error) {
 	if p, ok := r.cfg.Pods.Get(uid); ok {
 		return p, nil
+	}
+	if !caller.MayWait(ctx) {
+		return podindex.Pod{}, errPodNotYetKnown
 	}
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.PodWait)
 	defer cancel()

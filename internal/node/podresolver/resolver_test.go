@@ -94,6 +94,8 @@ func TestResolveOnFakeProc(t *testing.T) {
 	fakeProc(t, root, 103, 5003, v1("/kubepods/besteffort/pod"+uidA+"\n7:memory:/kubepods/pod"+uidB))
 	fakeProc(t, root, 104, 5004, v1("/kubepods/besteffort/pod11111111-2222-4333-8444-555555555555/"+cid))
 	fakeProc(t, root, 105, 5005, v1("/kubepods/burstable/pod"+"aaaaaaaa-2222-4333-8444-555555555555"))
+	fakeProc(t, root, 108, 5008, "0::/system.slice/docker-4f2c9a0b1d.scope\n")
+	fakeProc(t, root, 109, 5009, "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-8a7b6c.scope\n")
 	if err := os.WriteFile(filepath.Join(root, "106"), nil, 0o644); err != nil { // not a directory
 		t.Fatal(err)
 	}
@@ -119,6 +121,8 @@ func TestResolveOnFakeProc(t *testing.T) {
 		{"pod process running as root keeps its pod identity", caller.Cred{UID: 0, PID: 100}, caller.Info{Identity: sid("spiffe://cluster.local/ns/shop/sa/cart"), Pod: "shop/cart-0", PodUID: uidA}, ""},
 		{"node process with a uid identity", caller.Cred{UID: 0, PID: 102}, caller.Info{Identity: nodeID}, ""},
 		{"node process without", caller.Cred{UID: 1000, PID: 102}, caller.Info{}, ReasonNodeProcess},
+		{"docker container with a node identity's uid", caller.Cred{UID: 0, PID: 108}, caller.Info{}, ReasonContainer},
+		{"podman container with a node identity's uid", caller.Cred{UID: 0, PID: 109}, caller.Info{}, ReasonContainer},
 		{"two pods in one cgroup file", caller.Cred{UID: 1000, PID: 103}, caller.Info{}, ReasonCgroup},
 		{"pod not on this node", caller.Cred{UID: 1000, PID: 104}, caller.Info{}, ReasonPodUnknown},
 		{"terminated pod", caller.Cred{UID: 1000, PID: 105}, caller.Info{}, ReasonPodTerminated},
@@ -328,5 +332,27 @@ func TestAppendFile(t *testing.T) {
 	}
 	if _, err := appendFile(nil, filepath.Join(dir, "missing"), 10); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing file: %v", err)
+	}
+}
+
+// Under caller.NoWait a pod not known yet is refused for now at once, and
+// the refusal names the pod the cgroup names (caller.PodOf), so that the
+// socket server counts the connection against that pod.
+func TestResolveNoWaitNamesThePod(t *testing.T) {
+	root := t.TempDir()
+	fakeProc(t, root, 100, 1, "0::/kubepods/pod"+uidA+"\n")
+	r, err := New(Config{Pods: podMap{}, ProcRoot: root, PodWait: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = r.Resolve(caller.NoWait(ctx), caller.Cred{PID: 100})
+	wantRefusal(t, err, ReasonPodUnknown)
+	if !caller.IsTemporary(err) || caller.PodOf(err) != uidA {
+		t.Fatalf("refusal %v: temporary %v, pod %q; want temporary naming pod %s", err, caller.IsTemporary(err), caller.PodOf(err), uidA)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Resolve waited for the pod under NoWait")
 	}
 }

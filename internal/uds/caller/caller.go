@@ -52,7 +52,36 @@ func IsTemporary(err error) bool {
 	return errors.As(err, &t) && t.Temporary()
 }
 
+// PodOf returns the pod UID a refusal names, when the Resolver knows which
+// pod the process is in but not yet the pod (its cgroup names the pod, the
+// pod index has not seen it): err, or an error it wraps, has a PodUID
+// method that returns it. The socket server counts such a connection
+// against that pod, not against its uid.
+func PodOf(err error) string {
+	var p interface{ PodUID() string }
+	if errors.As(err, &p) {
+		return p.PodUID()
+	}
+	return ""
+}
+
 type ctxKey struct{}
+
+type noWaitKey struct{}
+
+// NoWait returns ctx telling a Resolver not to wait for what it does not
+// know yet (a pod its informer has not seen): it refuses for now at once
+// instead. The socket server resolves each new connection so, and lets
+// the connection's first RPC wait.
+func NoWait(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noWaitKey{}, true)
+}
+
+// MayWait reports whether a Resolver may wait under ctx (see NoWait).
+func MayWait(ctx context.Context) bool {
+	no, _ := ctx.Value(noWaitKey{}).(bool)
+	return !no
+}
 
 // NewContext returns ctx carrying info.
 func NewContext(ctx context.Context, info Info) context.Context {

@@ -12,9 +12,13 @@
 //   - The socket is bound under a temporary name beside the path and renamed
 //     onto it, so the path never lacks a socket while it is replaced.
 //   - It remembers the socket it bound (device and inode). Watch looks at the
-//     path every Config.CheckInterval; when the socket was removed or
-//     replaced it binds again (logged, reported to Config.OnRebind), backing
-//     off while something keeps replacing it.
+//     path after each inotify event in its directory (through the process's
+//     shared watch, internal/files/filewatch.DirWatch, so an idle agent is
+//     never woken); when the socket was removed or replaced it binds again
+//     (logged, reported to Config.OnRebind), backing off from
+//     Config.CheckInterval while something keeps replacing it. A directory
+//     that cannot be watched is looked at every Config.CheckInterval. A
+//     directory above the socket's that is renamed away is not seen.
 //   - Close removes the socket only if it is still the one it bound.
 //
 // Accept serves connections from the socket bound last; connections made to

@@ -16,6 +16,8 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/meshagent/meshagent/internal/files/filewatch"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
 
@@ -25,7 +27,9 @@ const (
 	DefaultDirMode = 0o750
 	// DefaultSocketMode is the socket's mode, as pilot-agent sets it.
 	DefaultSocketMode = 0o666
-	// DefaultCheckInterval is how often Watch looks at the socket.
+	// DefaultCheckInterval is how long Watch waits before looking again
+	// after a rebind, and how often it looks while the socket's directory
+	// cannot be watched.
 	DefaultCheckInterval = time.Second
 	// MaxPath is the longest path a Unix socket address holds.
 	MaxPath = 107
@@ -63,7 +67,9 @@ type Config struct {
 	// Replace replaces whatever is at the path at start (a socket another
 	// process answers on, a regular file), rather than failing.
 	Replace bool
-	// CheckInterval is how often Watch looks at the path. Default
+	// CheckInterval is how long Watch waits before looking at the path
+	// again after a rebind (doubling while the path keeps being taken), and
+	// how often it looks while the directory cannot be watched. Default
 	// DefaultCheckInterval.
 	CheckInterval time.Duration
 	// Clock drives Watch; nil means the real clock.
@@ -73,6 +79,9 @@ type Config struct {
 	OnRebind func(reason string)
 	// Logger receives the listener's logs; nil means none.
 	Logger *zap.Logger
+
+	// afterCheck, when set, is called after each of Watch's checks (tests).
+	afterCheck func(rebound bool)
 }
 
 // Listener is a net.Listener on a socket it keeps. Create it with Listen.
@@ -112,7 +121,7 @@ func Listen(cfg Config) (*Listener, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	l := &Listener{cfg: cfg, log: cfg.Logger.With(zap.String(keySocket, cfg.Path)), done: make(chan struct{})}
+	l := &Listener{cfg: cfg, log: cfg.Logger.With(zap.String(logkeys.Socket, cfg.Path)), done: make(chan struct{})}
 	if err := mkdirs(filepath.Dir(cfg.Path), cfg.DirMode); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
 	}
@@ -125,7 +134,7 @@ func Listen(cfg Config) (*Listener, error) {
 			l.log.Info("removed stale socket")
 		}
 	} else if st, err := os.Lstat(cfg.Path); err == nil {
-		l.log.Warn("replacing what is at the socket path", zap.String(keyFound, describe(st.Mode())))
+		l.log.Warn("replacing what is at the socket path", zap.String(logkeys.Found, describe(st.Mode())))
 	}
 	lis, info, err := l.bind()
 	if err != nil {
@@ -216,33 +225,88 @@ func (l *Listener) Close() error {
 	return err
 }
 
-// Watch looks at the path every CheckInterval and binds the socket again
-// when it was removed or replaced, until ctx ends or the listener is closed;
-// it then returns nil. A failed bind is logged and tried at the next check.
+// Watch binds the socket again when it was removed or replaced, until ctx
+// ends or the listener is closed; it then returns nil.
+//
+// It waits on inotify events in the socket's directory (shared with the
+// process's file watches), so an idle agent is never woken by it: a check
+// (one lstat) follows each event at once. After a rebind it looks again
+// CheckInterval later, doubling the wait up to maxBackoff while something
+// keeps taking the path (events meanwhile wait for that check); a failed
+// bind is logged and retried the same way. While the directory cannot be
+// watched (gone and not made again, no inotify instance to be had) it
+// looks every CheckInterval and tries to watch again.
 func (l *Listener) Watch(ctx context.Context) error {
-	wait := l.cfg.CheckInterval
-	for {
-		t := l.cfg.Clock.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-l.done:
-			t.Stop()
-			return nil
-		case <-t.C():
-		}
-		switch rebound, err := l.check(); {
-		case err != nil:
-			l.log.Error("socket lost and not bound again; trying at the next check", zap.Error(err))
-			wait = min(2*wait, maxBackoff)
-		case rebound:
-			// Something keeps taking the path: look less often.
-			wait = min(2*wait, maxBackoff)
-		default:
-			wait = l.cfg.CheckInterval
+	dw := filewatch.WatchDir(filepath.Dir(l.cfg.Path))
+	defer dw.Close()
+	var (
+		backoff time.Duration // 0: no rebind since the last good check
+		timer   clock.Timer   // the next check, when one is due without an event
+		timerC  <-chan time.Time
+	)
+	schedule := func(d time.Duration) {
+		if timer == nil {
+			timer = l.cfg.Clock.NewTimer(d)
+			timerC = timer.C()
 		}
 	}
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	watching := l.watchDir(dw)
+	checkNow := true // the socket may have gone between Listen and Watch
+	for {
+		if !checkNow {
+			if !watching {
+				schedule(l.cfg.CheckInterval)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-l.done:
+				return nil
+			case <-dw.Events():
+				if timer != nil || backoff > 0 {
+					schedule(backoff) // a check is due already, or we back off
+					continue
+				}
+			case <-timerC:
+				timer, timerC = nil, nil
+			}
+		}
+		checkNow = false
+		rebound, err := l.check()
+		if l.cfg.afterCheck != nil {
+			l.cfg.afterCheck(rebound)
+		}
+		// After the check: a directory removed and made again needs a new watch.
+		watching = l.watchDir(dw)
+		switch {
+		case err != nil:
+			l.log.Error("socket lost and not bound again; trying again later", zap.Error(err))
+		case !rebound:
+			backoff = 0
+			continue
+		}
+		// Rebound or failed: look again later, less often while it goes on.
+		if backoff == 0 {
+			backoff = l.cfg.CheckInterval
+		} else {
+			backoff = min(2*backoff, maxBackoff)
+		}
+		schedule(backoff)
+	}
+}
+
+// watchDir (re-)establishes dw's watch and says whether it holds.
+func (l *Listener) watchDir(dw *filewatch.DirWatch) bool {
+	if err := dw.Watch(); err != nil {
+		l.log.Debug("socket directory not watched; checking periodically", zap.Error(err))
+		return false
+	}
+	return true
 }
 
 // check binds the socket again if the path no longer holds it.
@@ -275,7 +339,7 @@ func (l *Listener) check() (bool, error) {
 	old := l.cur
 	l.cur, l.ours = lis, info
 	_ = old.Close() // wakes an Accept waiting on it, which moves to lis
-	l.log.Warn("socket bound again", zap.String(keyReason, reason), zap.String(keyFound, found))
+	l.log.Warn("socket bound again", zap.String(logkeys.Reason, reason), zap.String(logkeys.Found, found))
 	if l.cfg.OnRebind != nil {
 		l.cfg.OnRebind(reason)
 	}
@@ -345,10 +409,3 @@ func describe(m fs.FileMode) string {
 	}
 	return "special file"
 }
-
-// Log field keys.
-const (
-	keySocket = "socket"
-	keyReason = "reason"
-	keyFound  = "found"
-)

@@ -3,6 +3,7 @@ package udslisten
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/meshagent/meshagent/internal/testwait"
@@ -56,17 +58,20 @@ func who(t *testing.T, path string) string {
 	return string(b)
 }
 
-// impostor binds its own socket at path, as a process that removed the
-// agent's would.
+// impostor binds its own socket at path, as a process that replaced the
+// agent's would: under another name, renamed onto the path.
 func impostor(t *testing.T, path string) {
 	t.Helper()
-	_ = os.Remove(path)
-	lis, err := net.Listen("unix", path)
+	tmp := path + ".impostor"
+	lis, err := net.Listen("unix", tmp)
 	if err != nil {
 		t.Fatal(err)
 	}
 	lis.(*net.UnixListener).SetUnlinkOnClose(false)
 	t.Cleanup(func() { _ = lis.Close() })
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
 	serveName(lis, "impostor")
 }
 
@@ -74,12 +79,14 @@ type watched struct {
 	lis     *Listener
 	clock   *clocktesting.FakeClock
 	rebinds chan string
+	checks  chan bool
 }
 
 func listenWatched(t *testing.T, cfg Config) *watched {
 	t.Helper()
-	w := &watched{clock: clocktesting.NewFakeClock(time.Now()), rebinds: make(chan string, 10)}
+	w := &watched{clock: clocktesting.NewFakeClock(time.Now()), rebinds: make(chan string, 10), checks: make(chan bool, 100)}
 	cfg.Clock = w.clock
+	cfg.afterCheck = func(rebound bool) { w.checks <- rebound }
 	cfg.OnRebind = func(reason string) { w.rebinds <- reason }
 	lis, err := Listen(cfg)
 	if err != nil {
@@ -117,51 +124,145 @@ func (w *watched) rebound(t *testing.T) string {
 	}
 }
 
-// A removed socket, or one replaced by another process's, is bound again
-// at the next check, and clients reach the listener again.
+// quiet fails t if the socket is bound again within a short while.
+func (w *watched) quiet(t *testing.T) {
+	t.Helper()
+	select {
+	case r := <-w.rebinds:
+		t.Fatalf("bound again (%s) before its time", r)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// settle lets the check that follows a rebind find the socket in place, so
+// that the next loss is answered at once again.
+func (w *watched) settle(t *testing.T) {
+	t.Helper()
+	testwait.Timer(t, w.clock)
+	for len(w.checks) > 0 {
+		<-w.checks
+	}
+	w.clock.Step(4 * DefaultCheckInterval)
+	select {
+	case rebound := <-w.checks:
+		if rebound {
+			t.Fatal("the check after the rebind bound the socket again")
+		}
+	case <-time.After(testwait.Timeout):
+		t.Fatal("no check after the rebind")
+	}
+	if w.clock.HasWaiters() {
+		t.Fatal("a timer is set after the socket was found in place")
+	}
+}
+
+// A removed socket, one replaced by another process's, and a removed
+// directory are bound again as soon as it happens: the fake clock is not
+// moved for them, so no timer can have done it.
 func TestRebindsARemovedOrReplacedSocket(t *testing.T) {
 	path := filepath.Join(shortDir(t), "s", "socket")
 	w := listenWatched(t, Config{Path: path})
 	if got := who(t, path); got != "agent" {
 		t.Fatalf("before: %q", got)
 	}
+	if w.clock.HasWaiters() {
+		t.Fatal("an idle listener has a timer set")
+	}
 
 	impostor(t, path)
-	if got := who(t, path); got != "impostor" {
-		t.Fatalf("the impostor did not take the path: %q", got)
-	}
-	w.tick(t, DefaultCheckInterval)
 	if r := w.rebound(t); r != ReasonReplaced {
 		t.Fatalf("reason %q, want %q", r, ReasonReplaced)
 	}
 	if got := who(t, path); got != "agent" {
 		t.Fatalf("after the rebind: %q, want the listener", got)
 	}
+	w.settle(t)
 
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	// The check after a rebind comes later (backoff); the default interval
-	// twice over covers it.
-	w.tick(t, 2*DefaultCheckInterval)
 	if r := w.rebound(t); r != ReasonRemoved {
 		t.Fatalf("reason %q, want %q", r, ReasonRemoved)
 	}
 	if got := who(t, path); got != "agent" {
 		t.Fatalf("after the rebind: %q, want the listener", got)
 	}
+	w.settle(t)
 
-	// The whole directory removed: made again, with the directory mode.
-	if err := os.RemoveAll(filepath.Dir(path)); err != nil {
-		t.Fatal(err)
+	// The whole directory taken away (renamed, then removed: removing a
+	// directory that holds a socket is not atomic, and the listener may
+	// put one back meanwhile): made again, with the directory mode, and
+	// watched again.
+	for i := range 2 {
+		gone := fmt.Sprintf("%s.gone%d", filepath.Dir(path), i)
+		if err := os.Rename(filepath.Dir(path), gone); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(gone); err != nil {
+			t.Fatal(err)
+		}
+		w.rebound(t)
+		if got := who(t, path); got != "agent" {
+			t.Fatalf("after the directory was removed: %q", got)
+		}
+		if st, err := os.Stat(filepath.Dir(path)); err != nil || st.Mode().Perm() != DefaultDirMode {
+			t.Fatalf("directory made again: %v, %v", st.Mode(), err)
+		}
+		w.settle(t)
 	}
-	w.tick(t, 4*DefaultCheckInterval)
+}
+
+// While something keeps taking the path, the listener backs off: the next
+// rebind waits for CheckInterval, the one after for twice that.
+func TestBacksOffWhileThePathKeepsBeingTaken(t *testing.T) {
+	path := filepath.Join(shortDir(t), "socket")
+	w := listenWatched(t, Config{Path: path})
+	impostor(t, path)
+	w.rebound(t)
+
+	impostor(t, path)
+	w.quiet(t)
+	w.tick(t, DefaultCheckInterval)
+	if r := w.rebound(t); r != ReasonReplaced {
+		t.Fatalf("reason %q", r)
+	}
+	impostor(t, path)
+	testwait.Timer(t, w.clock)
+	w.clock.Step(DefaultCheckInterval)
+	w.quiet(t)
+	w.clock.Step(DefaultCheckInterval)
 	w.rebound(t)
 	if got := who(t, path); got != "agent" {
-		t.Fatalf("after the directory was removed: %q", got)
+		t.Fatalf("%q, want the listener", got)
 	}
-	if st, err := os.Stat(filepath.Dir(path)); err != nil || st.Mode().Perm() != DefaultDirMode {
-		t.Fatalf("directory made again: %v, %v", st.Mode(), err)
+}
+
+// A rebind that fails (the socket's directory is now a file) is tried
+// again CheckInterval later, and succeeds once the path can be used.
+func TestFailedRebindIsRetried(t *testing.T) {
+	top := shortDir(t)
+	path := filepath.Join(top, "s", "socket")
+	w := listenWatched(t, Config{Path: path})
+	// Swapped in one step, so that the listener cannot make the directory
+	// again in between.
+	file := filepath.Join(top, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, file, unix.AT_FDCWD, filepath.Dir(path), unix.RENAME_EXCHANGE); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Timer(t, w.clock) // the retry after the failed bind
+	w.quiet(t)
+	if err := os.Remove(filepath.Dir(path)); err != nil {
+		t.Fatal(err)
+	}
+	w.clock.Step(DefaultCheckInterval)
+	if r := w.rebound(t); r != ReasonRemoved {
+		t.Fatalf("reason %q", r)
+	}
+	if got := who(t, path); got != "agent" {
+		t.Fatalf("%q, want the listener", got)
 	}
 }
 

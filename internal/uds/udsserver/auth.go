@@ -3,6 +3,7 @@ package udsserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -41,9 +42,9 @@ func (s *Server) admit(ctx context.Context, method string) (context.Context, err
 		}
 		if !slices.Contains(s.cfg.AllowedUIDs, c.cred.UID) {
 			s.metrics.refused.WithLabelValues(refusedUID).Inc()
-			s.log.Warn("local client refused: uid not allowed", zap.String(logkeys.Method, method),
-				zap.Uint32(logkeys.UID, c.cred.UID), zap.Uint32(logkeys.GID, c.cred.GID), zap.Int32(logkeys.PID, c.cred.PID))
-			return nil, status.Errorf(codes.PermissionDenied, "peer uid %d is not allowed to use this socket", c.cred.UID)
+			err := status.Errorf(codes.PermissionDenied, "peer uid %d is not allowed to use this socket", c.cred.UID)
+			s.refusals.log(uidKey(c.cred), refusedUID, c.cred, status.Convert(err).Message())
+			return nil, err
 		}
 	}
 	if s.cfg.Resolver == nil {
@@ -64,9 +65,9 @@ func (s *Server) admit(ctx context.Context, method string) (context.Context, err
 			return nil, status.FromContextError(err).Err()
 		}
 		s.metrics.refused.WithLabelValues(refusedUnresolved).Inc()
-		s.log.Warn("local client refused: caller not resolved", zap.String(logkeys.Method, method),
-			zap.Uint32(logkeys.UID, c.cred.UID), zap.Int32(logkeys.PID, c.cred.PID), zap.Error(err))
-		return nil, status.Errorf(codes.PermissionDenied, "caller not identified: %v", err)
+		msg := fmt.Sprintf("caller not identified: %v", err)
+		s.refusals.log(connKey(c), refusedUnresolved, c.cred, msg)
+		return nil, status.Error(codes.PermissionDenied, msg)
 	}
 	// Identified after it was accepted: counted against its pod from now.
 	if err := s.callers.move(c, callerKey(info, c.cred), s.cfg.MaxConnsPerCaller); err != nil {
@@ -182,6 +183,37 @@ func (s *Server) CallerLeft(podUID, why string) {
 		c.endStreams(err)
 		if c.closeConn != nil {
 			time.AfterFunc(refusedGrace, c.closeConn)
+		}
+	}
+}
+
+// CallerArrived resolves again, now, the connections counted against the
+// pod with podUID that were accepted before the pod was known (their
+// cgroup named it; node mode calls this when its pod index learns of a
+// pod): they are then the pod's, and hold no pidfd. One whose caller is
+// now refused for good is closed. A connection another RPC is resolving
+// is left to it.
+func (s *Server) CallerArrived(podUID string) {
+	if s.cfg.Resolver == nil {
+		return
+	}
+	for _, c := range s.callers.connsOf(podKey(podUID)) {
+		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+		info, err := c.tryResolve(ctx, s.cfg.Resolver)
+		cancel()
+		switch {
+		case err == nil:
+			if err := s.callers.move(c, callerKey(info, c.cred), s.cfg.MaxConnsPerCaller); err != nil {
+				s.metrics.refused.WithLabelValues(refusedConnections).Inc()
+			}
+		case errors.Is(err, errResolving) || caller.IsTemporary(err):
+		default:
+			msg := fmt.Sprintf("caller not identified: %v", err)
+			s.metrics.refused.WithLabelValues(refusedUnresolved).Inc()
+			s.refusals.log(podKey(podUID), refusedUnresolved, c.cred, msg)
+			if c.closeConn != nil {
+				c.closeConn()
+			}
 		}
 	}
 }

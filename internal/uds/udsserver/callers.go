@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -15,27 +16,41 @@ import (
 // Settings named by the limits' refusals, so a refused caller (and whoever
 // reads its logs) knows which one to raise.
 const (
-	SettingMaxConnsPerCaller  = "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER"
-	SettingMaxStreamsPerConn  = "MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION"
-	SettingMaxUnaryPerCaller  = "MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER"
-	SettingMaxQueuedPerCaller = "MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER"
-	SettingIdleTimeout        = "MESHAGENT_SOCKET_IDLE_TIMEOUT"
+	SettingMaxConnsPerCaller    = "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER"
+	SettingMaxStreamsPerConn    = "MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION"
+	SettingMaxUnaryPerCaller    = "MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER"
+	SettingMaxQueuedPerCaller   = "MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER"
+	SettingIdleTimeout          = "MESHAGENT_SOCKET_IDLE_TIMEOUT"
+	SettingMaxConnRatePerCaller = "MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER"
 )
 
 // callerKey names who a connection counts against: its pod, or the uid of
-// a process outside any pod (node processes, a sidecar's callers, and
-// connections whose caller is not identified yet).
+// a process outside any pod (node processes, a sidecar's callers). A
+// connection whose pod is not known yet counts against the pod its cgroup
+// names (caller.PodOf), so that it shares no bucket with other pods.
 func callerKey(info caller.Info, cred caller.Cred) string {
 	if info.PodUID != "" {
 		return podKey(info.PodUID)
 	}
-	return "uid:" + strconv.FormatUint(uint64(cred.UID), 10)
+	return uidKey(cred)
+}
+
+func uidKey(cred caller.Cred) string { return "uid:" + strconv.FormatUint(uint64(cred.UID), 10) }
+
+// connKey is the caller key c counts against, for the logs: its uid's when
+// it counts against none.
+func connKey(c *conn) string {
+	if st := c.state.Load(); st != nil {
+		return st.key
+	}
+	return uidKey(c.cred)
 }
 
 func podKey(uid string) string { return "pod:" + uid }
 
 // callerState is what one caller holds across its connections.
 type callerState struct {
+	key    string                  // the caller's key, as in callers.m
 	conns  map[*conn]struct{}      // guarded by callers.mu
 	unary  atomic.Int64            // unary calls being served
 	queued atomic.Int64            // response bytes handed to gRPC, not yet written
@@ -58,7 +73,7 @@ func (cs *callers) join(c *conn, key string, max int) error {
 	defer cs.mu.Unlock()
 	st := cs.m[key]
 	if st == nil {
-		st = &callerState{conns: map[*conn]struct{}{}}
+		st = &callerState{key: key, conns: map[*conn]struct{}{}}
 		cs.m[key] = st
 	}
 	if len(st.conns) >= max {
@@ -103,7 +118,7 @@ func (cs *callers) move(c *conn, key string, max int) error {
 		cs.mu.Lock()
 		st := cs.m[oldKey]
 		if st == nil {
-			st = &callerState{conns: map[*conn]struct{}{}}
+			st = &callerState{key: oldKey, conns: map[*conn]struct{}{}}
 			cs.m[oldKey] = st
 		}
 		st.conns[c] = struct{}{}
@@ -113,6 +128,21 @@ func (cs *callers) move(c *conn, key string, max int) error {
 		return err
 	}
 	return nil
+}
+
+// connsOf returns the connections counted against key.
+func (cs *callers) connsOf(key string) []*conn {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	st := cs.m[key]
+	if st == nil {
+		return nil
+	}
+	out := make([]*conn, 0, len(st.conns))
+	for c := range st.conns {
+		out = append(out, c)
+	}
+	return out
 }
 
 // leaveAll marks key gone with err and returns its connections.
@@ -132,13 +162,53 @@ func (cs *callers) leaveAll(key string, err error) []*conn {
 	return out
 }
 
-// wireSize is the size of a message gRPC is about to send.
+// grpcMessagePrefix is gRPC's header of each message in DATA frames
+// (compression flag, length).
+const grpcMessagePrefix = 5
+
+// wireSize is the size of a message gRPC is about to send, as DATA
+// payload.
 func wireSize(m any) int64 {
 	switch v := m.(type) {
 	case WireMessage:
-		return int64(v.WireBuffers().Len())
+		return grpcMessagePrefix + int64(v.WireBuffers().Len())
 	case proto.Message:
-		return int64(proto.Size(v))
+		return grpcMessagePrefix + int64(proto.Size(v))
 	}
 	return 0
+}
+
+// frameCounter follows a stream of HTTP/2 frames written in pieces and
+// counts the DATA payload in each piece.
+type frameCounter struct {
+	head   [frameHeaderLen]byte
+	headN  int // bytes of the current frame's header seen
+	left   int // bytes of the current frame's payload not seen yet
+	isData bool
+}
+
+// data returns how many bytes of b are DATA payload.
+func (f *frameCounter) data(b []byte) int64 {
+	var n int64
+	for len(b) > 0 {
+		if f.left == 0 {
+			k := copy(f.head[f.headN:], b)
+			f.headN += k
+			b = b[k:]
+			if f.headN < frameHeaderLen {
+				return n
+			}
+			f.headN = 0
+			f.left = int(f.head[0])<<16 | int(f.head[1])<<8 | int(f.head[2])
+			f.isData = http2.FrameType(f.head[3]) == http2.FrameData
+			continue
+		}
+		k := min(f.left, len(b))
+		if f.isData {
+			n += int64(k)
+		}
+		f.left -= k
+		b = b[k:]
+	}
+	return n
 }

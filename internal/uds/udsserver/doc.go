@@ -20,24 +20,37 @@
 // pid; Linux only), a pidfd of the connecting process (peerpidfd.FromConn),
 // and, with a Resolver, its pod, asked then with the pidfd in the context
 // (so a pid reused since connect() is seen) and kept for the connection's
-// life; the pidfd is closed as soon as the caller is resolved. A caller the
-// Resolver refuses for good at accept has every RPC refused with
-// PermissionDenied naming the reason, and its connection is closed after a
-// moment; one refused for now (caller.IsTemporary: its pod is not known
-// yet) is asked again at each RPC, keeping its pidfd until then and
-// counted against its uid meanwhile. Refusals are counted in
-// meshagent_socket_refused_total. Interceptors put the caller in every
+// life; the pidfd is closed as soon as the caller is resolved. At accept the
+// Resolver is told not to wait (caller.NoWait). A caller the Resolver
+// refuses for good at accept has every RPC refused with PermissionDenied
+// naming the reason, and its connection is closed after a moment (at most
+// maxHeldRefusals such connections per uid; more are refused at the
+// handshake); one refused for now (caller.IsTemporary: its pod is not known
+// yet) is asked again at each RPC and when CallerArrived names its pod,
+// keeping its pidfd until then and counted against the pod its cgroup
+// names (caller.PodOf) meanwhile, or its uid when none. Refusals are
+// counted in meshagent_socket_refused_total and logged at a bounded rate
+// (refuse.go: per caller, the first of an interval, then one line with how
+// many followed).
+//
+// Refusing at the handshake (refuse.go): a connection over the handshakes
+// being identified (Config.MaxHandshakes), its caller's connections or its
+// caller's connection rate (Config.MaxConnRatePerCaller) gets no gRPC
+// transport: the server answers its first call, when it comes at once,
+// with the status naming the setting, writes a GOAWAY carrying the same
+// text and closes it. Interceptors put the caller in every
 // RPC's context (caller.NewContext): without a Resolver, caller.Info with
 // the credentials only (the agent's own identity is meant).
 //
 // Limits per caller, a pod when the Resolver names one, else the uid of the
 // connecting process: connections (Config.MaxConnsPerCaller; one more is
-// refused at every RPC and closed after a moment), streams per connection
+// refused at its handshake), streams per connection
 // (Config.MaxStreamsPerConn, HTTP/2 MAX_CONCURRENT_STREAMS), unary calls
 // served at once (Config.MaxUnaryPerCaller) and response bytes queued and
 // not yet written to the caller's sockets (Config.MaxQueuedBytesPerCaller:
 // a client that stops reading, or sets its HTTP/2 window to 0, has its
-// further calls and stream messages refused). Each refusal is
+// further calls and stream messages refused; what is written counts as
+// taken only as DATA payload, not as control frames). Each refusal is
 // ResourceExhausted naming the setting. A connection without an RPC for
 // Config.IdleTimeout is closed. Limits of one caller never hold another
 // back: the counts are per caller, and a connection's resolution runs on

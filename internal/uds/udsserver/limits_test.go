@@ -350,3 +350,39 @@ func TestCallerLeftEndsItsConnections(t *testing.T) {
 	}
 	otherPod(t, f.socket)
 }
+
+// A window-zero client that sends empty SETTINGS frames makes the server
+// write acknowledgements, which are not responses drained: the responses
+// let in stay within MaxQueuedBytesPerCaller (and one response).
+func TestSettingsFramesDoNotDrainQueue(t *testing.T) {
+	const limit, size, calls = 64 << 10, 2 << 10, 100
+	f := start(t, func(c *Config) {
+		c.Resolver = twoPods{}
+		c.MaxStreamsPerConn = calls
+		c.MaxQueuedBytesPerCaller = limit
+		c.MaxUnaryPerCaller = 1000
+	})
+	if _, err := unary(t, f.conn); err != nil { // the socket is up
+		t.Fatal(err)
+	}
+	h := dialH2(t, f.socket)
+	for i := range calls {
+		h.call(uint32(2*i+1), whoUnary, wrapperspb.String("big:2048"))
+		testwait.Within(t, 20*time.Second, "the call answered", func() bool { n, _ := h.answered(); return n == i+1 })
+		h.wmu.Lock()
+		for range 20 {
+			_ = h.fr.WriteSettings()
+		}
+		h.wmu.Unlock()
+	}
+	n, ended := h.answered()
+	queued := n
+	for e, k := range ended {
+		if strings.HasPrefix(e, "status:") {
+			queued -= k
+		}
+	}
+	if want := limit/size + 1; queued > want {
+		t.Fatalf("%d responses queued for a client that never reads, want at most %d (%d bytes); calls ended %v", queued, want, limit, ended)
+	}
+}

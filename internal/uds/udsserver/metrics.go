@@ -14,6 +14,8 @@ const (
 	refusedUnary       = "max_unary"
 	refusedQueued      = "max_queued_bytes"
 	refusedGone        = "caller_gone"
+	refusedRate        = "max_connection_rate"
+	refusedHandshakes  = "handshakes"
 )
 
 type metrics struct {
@@ -26,7 +28,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_socket_refused_total",
-			Help: "Connections and RPCs on the local socket refused before reaching a service, by reason (uid: not an allowed uid; unresolved: the caller could not be identified; max_connections, max_unary, max_queued_bytes: over a per-caller limit; caller_gone: the caller's pod left).",
+			Help: "Connections and RPCs on the local socket refused before reaching a service, by reason (uid: not an allowed uid; unresolved: the caller could not be identified; max_connections, max_connection_rate, max_unary, max_queued_bytes: over a per-caller limit; handshakes: too many connections being identified at once; caller_gone: the caller's pod left). Connections refused when accepted are closed with an HTTP/2 GOAWAY naming the limit.",
 		}, []string{"reason"}),
 		rebound: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_socket_rebound_total",

@@ -187,6 +187,25 @@ func (c *conn) resolve(ctx context.Context, r caller.Resolver) (caller.Info, err
 		return caller.Info{}, ctx.Err()
 	}
 	defer func() { <-c.lock }()
+	return c.resolveLocked(ctx, r)
+}
+
+// errResolving: another RPC of the connection is resolving its caller.
+var errResolving = errors.New("the caller is being resolved")
+
+// tryResolve is resolve when no one else is resolving the connection's
+// caller; errResolving otherwise.
+func (c *conn) tryResolve(ctx context.Context, r caller.Resolver) (caller.Info, error) {
+	select {
+	case c.lock <- struct{}{}:
+	default:
+		return caller.Info{}, errResolving
+	}
+	defer func() { <-c.lock }()
+	return c.resolveLocked(ctx, r)
+}
+
+func (c *conn) resolveLocked(ctx context.Context, r caller.Resolver) (caller.Info, error) {
 	if c.resolved {
 		return c.info, nil
 	}
@@ -231,12 +250,13 @@ type peerCreds struct {
 // wait for a pod is shorter).
 const resolveTimeout = 10 * time.Second
 
-// refusedGrace is how long a connection refused at accept stays open, for
-// its first RPCs to be told why.
+// refusedGrace is how long a connection of a caller refused for good stays
+// open, for its first RPCs to be told why (at most maxHeldRefusals per uid).
 const refusedGrace = 2 * time.Second
 
 // ServerHandshake identifies the caller of a new connection and, when it
-// is let in, parks the connection until its first request (see park).
+// is let in, parks the connection until its first request (see park). A
+// connection refused here never gets a transport (see refuse.go).
 // Identifying runs deep (the resolver, the logs) and on a goroutine of its
 // own: the stack of this goroutine, which waits while the connection is
 // parked, then stays at 4 KB instead of 8.
@@ -245,13 +265,17 @@ func (p peerCreds) ServerHandshake(nc net.Conn) (net.Conn, credentials.AuthInfo,
 		conn    net.Conn
 		info    authInfo
 		parking *localConn
+		err     error
 	)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		conn, info, parking = p.s.identify(nc)
+		conn, info, parking, err = p.s.identify(nc)
 	}()
 	<-done
+	if err != nil {
+		return nil, nil, io.EOF // closed already; gRPC closes it again without logging
+	}
 	if parking != nil {
 		if err := p.s.park(parking); err != nil {
 			p.s.parkEnded(parking, err)
@@ -269,65 +293,91 @@ func (s *Server) parkEnded(lc *localConn, err error) {
 
 // identify identifies the caller of nc and counts the connection against
 // it. It returns the connection to serve and its AuthInfo, and the
-// connection to park when the caller is let in.
-func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn) {
+// connection to park when the caller is let in; errRefusedAtHandshake when
+// nc was refused (and closed).
+//
+// In order, each step cheaper than the next: the handshakes in flight
+// (Config.MaxHandshakes), the caller (SO_PEERCRED, a pidfd, the Resolver,
+// which does not wait for a pod here), the caller's connections
+// (Config.MaxConnsPerCaller) and its connection rate
+// (Config.MaxConnRatePerCaller). A caller refused for good has a few
+// connections per uid held for a moment, so that its RPCs are told why;
+// more are refused at the handshake.
+func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
 	c := newConn()
 	info := authInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, conn: c}
 	uc, isUnix := nc.(*net.UnixConn)
 	if !isUnix {
 		s.log.Warn("local client connected; peer credentials not read", zap.Error(errNoPeerCred))
-		return nc, info, nil
+		return nc, info, nil, nil
 	}
 	cred, err := readPeerCred(uc)
 	if err != nil {
 		s.log.Warn("local client connected; peer credentials not read", zap.Error(err))
-		return nc, info, nil
+		return nc, info, nil, nil
 	}
 	c.cred, c.credOK = cred, true
+	key := uidKey(cred)
+	if !s.handshakes.acquire(s.cfg.MaxHandshakes) {
+		s.refuseConn(uc, refusedHandshakes, key, cred, codes.ResourceExhausted, fmt.Sprintf("too many connections being identified at once: at most %d", s.cfg.MaxHandshakes))
+		return nil, info, nil, errRefusedAtHandshake
+	}
+	defer s.handshakes.release()
 	if fd, err := peerpidfd.FromConn(uc); err != nil {
 		c.pidfdErr = err
-		s.log.Warn("local client connected; its process could not be pinned", zap.Int32(logkeys.PID, cred.PID), zap.Error(err))
+		s.log.Debug("local client connected; its process could not be pinned", zap.Int32(logkeys.PID, cred.PID), zap.Error(err))
 	} else {
 		c.pidfd = fd
 	}
-	key := callerKey(caller.Info{}, cred)
-	lc := newLocalConn(uc, c, s)
-	c.closeConn = func() { _ = lc.Close() }
 	if s.cfg.Resolver != nil {
 		// Identified now, so that the connection counts against its pod
-		// from the start. A temporary refusal (the pod may be unknown for
-		// a moment) is told at the first RPC, which asks again; a final
-		// one refuses the connection, which is closed after a moment.
+		// from the start; the resolver does not wait for a pod it does not
+		// know yet: the connection counts against the pod its cgroup names
+		// and the first RPC asks again (or CallerArrived does). A final
+		// refusal refuses the connection.
 		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
-		who, err := c.resolve(ctx, s.cfg.Resolver)
+		who, err := c.resolve(caller.NoWait(ctx), s.cfg.Resolver)
 		cancel()
 		switch {
 		case err == nil:
 			key = callerKey(who, cred)
-		case !caller.IsTemporary(err):
-			c.refusal = status.Errorf(codes.PermissionDenied, "caller not identified: %v", err)
-			s.metrics.refused.WithLabelValues(refusedUnresolved).Inc()
-			s.log.Warn("local client refused: caller not resolved", zap.Stringer(logkeys.Cred, cred), zap.Error(err))
+		case caller.IsTemporary(err):
+			if uid := caller.PodOf(err); uid != "" {
+				key = podKey(uid)
+			}
+		default:
 			c.closePIDFD()
+			msg := fmt.Sprintf("caller not identified: %v", err)
+			if !s.refusals.hold(cred.UID) {
+				s.refuseConn(uc, refusedUnresolved, key, cred, codes.PermissionDenied, msg)
+				return nil, info, nil, errRefusedAtHandshake
+			}
+			c.refusal = status.Error(codes.PermissionDenied, msg)
+			s.metrics.refused.WithLabelValues(refusedUnresolved).Inc()
+			s.refusals.log(key, refusedUnresolved, cred, msg)
+			lc := newLocalConn(uc, c, s)
+			c.closeConn = func() { _ = lc.Close() }
 			time.AfterFunc(refusedGrace, c.closeConn)
-			return lc, info, nil
+			return lc, info, nil, nil
 		}
 	} else {
 		c.closePIDFD()
 	}
+	lc := newLocalConn(uc, c, s)
+	c.closeConn = func() { _ = lc.Close() } // before join: CallerArrived may close it
 	if err := s.callers.join(c, key, s.cfg.MaxConnsPerCaller); err != nil {
-		c.refusal = err
-		s.metrics.refused.WithLabelValues(refusedConnections).Inc()
-		s.log.Warn("local client refused: too many connections", zap.Stringer(logkeys.Cred, cred), zap.String(logkeys.Caller, key),
-			zap.Int(logkeys.MaxConnections, s.cfg.MaxConnsPerCaller))
 		c.closePIDFD()
-		time.AfterFunc(refusedGrace, c.closeConn)
-		return lc, info, nil
+		s.refuseConn(uc, refusedConnections, key, cred, codes.ResourceExhausted, status.Convert(err).Message())
+		return nil, info, nil, errRefusedAtHandshake
 	}
 	s.metrics.conns.Inc()
+	if !s.rate.allow(key, s.cfg.Clock.Now()) {
+		s.refuseConn(lc, refusedRate, key, cred, codes.ResourceExhausted, rateMessage(s.cfg.MaxConnRatePerCaller)) // lc.Close gives back what join took
+		return nil, info, nil, errRefusedAtHandshake
+	}
 	s.log.Info("local client connected", zap.Uint32(logkeys.UID, cred.UID), zap.Uint32(logkeys.GID, cred.GID), zap.Int32(logkeys.PID, cred.PID),
 		zap.String(logkeys.Caller, key))
-	return lc, info, lc
+	return lc, info, lc, nil
 }
 
 // localConn is a connection to the socket: it gives back its caller's
@@ -348,6 +398,9 @@ type localConn struct {
 	// replay is what park read of the handshake, read again by gRPC
 	// before the connection.
 	replay []byte
+	// frames follows what gRPC writes, for Write to count the responses
+	// written (used by gRPC's one writing goroutine at a time).
+	frames frameCounter
 }
 
 func newLocalConn(uc *net.UnixConn, c *conn, s *Server) *localConn {
@@ -356,10 +409,17 @@ func newLocalConn(uc *net.UnixConn, c *conn, s *Server) *localConn {
 	return p
 }
 
+// Write writes b and takes the DATA payload it carried off the caller's
+// queued bytes: control frames (SETTINGS and PING acknowledgements,
+// WINDOW_UPDATE, a response's HEADERS) are not responses drained, so a
+// client that never reads but sends SETTINGS frames does not make room
+// for more responses.
 func (p *localConn) Write(b []byte) (int, error) {
 	n, err := p.Conn.Write(b)
 	if n > 0 {
-		p.c.written(int64(n))
+		if d := p.frames.data(b[:n]); d > 0 {
+			p.c.written(d)
+		}
 	}
 	return n, err
 }
@@ -371,6 +431,8 @@ func (p *localConn) Close() error {
 		if p.c.refusal == nil {
 			p.s.callers.leave(p.c)
 			p.s.metrics.conns.Dec()
+		} else {
+			p.s.refusals.unhold(p.c.cred.UID)
 		}
 	})
 	return err

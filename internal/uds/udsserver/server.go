@@ -93,6 +93,14 @@ type Config struct {
 	// IdleTimeout closes a connection without an RPC for that long.
 	// Default DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// MaxConnRatePerCaller bounds the new connections one caller opens a
+	// second, after a burst of max(MaxConnsPerCaller, the rate); one more
+	// is refused at its handshake. Default DefaultMaxConnRatePerCaller.
+	MaxConnRatePerCaller int
+	// MaxHandshakes bounds the connections being identified at once (read
+	// their credentials, pinned, resolved); one more is refused at its
+	// handshake. Default DefaultMaxHandshakes.
+	MaxHandshakes int
 }
 
 // Defaults of the per-caller limits.
@@ -102,6 +110,11 @@ const (
 	DefaultMaxUnaryPerCaller       = 16
 	DefaultMaxQueuedBytesPerCaller = 4 << 20
 	DefaultIdleTimeout             = 5 * time.Minute
+	DefaultMaxConnRatePerCaller    = 20
+	// DefaultMaxHandshakes: an identification takes tens of microseconds
+	// (it never waits for a pod: the first RPC does), so only a flood
+	// keeps more in flight.
+	DefaultMaxHandshakes = 128
 )
 
 // Server serves gRPC services on a Unix socket to local callers. Create it
@@ -115,6 +128,10 @@ type Server struct {
 	// handshake, written by park.
 	settingsFrame []byte
 	parked        parkedConns
+	handshakes    handshakes
+	awaiting      handshakes
+	rate          connRate
+	refusals      *refusals
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -155,7 +172,22 @@ func New(cfg Config) (*Server, error) {
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.Named("uds"), metrics: m, callers: callers{m: map[string]*callerState{}}}
+	if cfg.MaxConnRatePerCaller <= 0 {
+		cfg.MaxConnRatePerCaller = DefaultMaxConnRatePerCaller
+	}
+	if cfg.MaxHandshakes <= 0 {
+		cfg.MaxHandshakes = DefaultMaxHandshakes
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	log := cfg.Logger.Named("uds")
+	s := &Server{cfg: cfg, log: log, metrics: m, callers: callers{m: map[string]*callerState{}}, refusals: newRefusals(log),
+		rate: connRate{
+			perSec: float64(cfg.MaxConnRatePerCaller),
+			burst:  float64(max(cfg.MaxConnsPerCaller, cfg.MaxConnRatePerCaller)),
+			m:      map[string]*bucket{},
+		}}
 	s.settingsFrame = s.handshakeSettings()
 	return s, nil
 }
@@ -230,10 +262,11 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 }
 
-// sidecarSocketCheck is how often a sidecar's socket is checked (node mode,
-// Replace, checks every udslisten.DefaultCheckInterval): in a sidecar only
-// the pod's own containers reach the directory, so a slower check saves the
-// idle agent its wake-ups.
+// sidecarSocketCheck is how long a sidecar waits before looking at its
+// socket again after a rebind, and how often it looks when the directory
+// cannot be watched (node mode, Replace, uses
+// udslisten.DefaultCheckInterval): in a sidecar only the pod's own
+// containers reach the directory.
 const sidecarSocketCheck = 5 * time.Second
 
 func (s *Server) listen() (*udslisten.Listener, error) {

@@ -327,6 +327,16 @@ func (c *Cluster) Logs(name string, lines int) string {
 	return strings.Join(all, "\n")
 }
 
+// NetnsPath is the cluster's network namespace (for nsenter --net).
+func (c *Cluster) NetnsPath() string { return c.netnsPath }
+
+// AddLocalAddress puts ip on the network namespace's loopback, as the kubernetes
+// Service's address is: a host process listening there is what pods reach at that
+// address (there is no kube-proxy), so a Service given that ClusterIP reaches it.
+func (c *Cluster) AddLocalAddress(ip string) error {
+	return run(c.tools["ip"], "-n", NetnsName, "addr", "add", ip+"/32", "dev", "lo")
+}
+
 // InNetns runs f on a thread inside the cluster's network namespace: listeners and
 // connections f makes stay there.
 func (c *Cluster) InNetns(f func() error) error { return inNetnsPath(c.netnsPath, f) }

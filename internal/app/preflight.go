@@ -1,0 +1,66 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// maxSocketPath is the longest Unix socket path Linux binds (sun_path
+// holds 108 bytes, one of them the terminating NUL).
+const maxSocketPath = 107
+
+// checkSocketPath finds at start-up what would make listening on a Unix
+// socket at path fail later, naming the setting and what to change: a path
+// too long for a socket address, a directory there (or, unless replace,
+// anything else that is not a socket), or a directory that cannot be made
+// or written. It makes nothing that stays (a
+// probe directory is made and removed where the socket's directory would
+// be created).
+func checkSocketPath(setting, path string, replace bool) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("%s=%s: %w", setting, path, err)
+	}
+	fail := func(why string) error {
+		return fmt.Errorf("%s=%s cannot hold a Unix socket: %s; set %s to a path in a writable directory", setting, path, why, setting)
+	}
+	if len(abs) > maxSocketPath {
+		return fail(fmt.Sprintf("the absolute path is %d bytes, longer than a socket address (%d)", len(abs), maxSocketPath))
+	}
+	if st, err := os.Lstat(abs); err == nil {
+		if t := st.Mode().Type(); t != fs.ModeSocket && (!replace || t == fs.ModeDir) {
+			return fail("it exists and is not a socket (" + st.Mode().Type().String() + ")")
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fail(err.Error())
+	}
+	// The nearest directory that exists must let the agent make what is
+	// missing below it (or, when it is the socket's own, bind in it).
+	dir := filepath.Dir(abs)
+	for {
+		st, err := os.Stat(dir)
+		if err == nil {
+			if !st.IsDir() {
+				return fail(dir + " is not a directory")
+			}
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fail(err.Error())
+		}
+		dir = filepath.Dir(dir)
+	}
+	probe, err := os.MkdirTemp(dir, ".meshagent-probe-")
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the probe's own name says nothing to the user
+		}
+		return fail(fmt.Sprintf("cannot create in %s: %v", dir, err))
+	}
+	_ = os.Remove(probe)
+	return nil
+}

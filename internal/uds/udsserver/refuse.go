@@ -1,0 +1,318 @@
+package udsserver
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+
+	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/uds/caller"
+)
+
+// Refusing at the handshake. A connection refused when it is accepted (over
+// its caller's connections or connection rate, over the handshakes in
+// flight, or a caller refused for good beyond the few held to be told why)
+// never gets a gRPC transport: the server answers on the socket itself
+// (tell) and closes it: the client's first call, when it comes at once, gets
+// the status (ResourceExhausted naming the setting, or PermissionDenied
+// with the reason), then a GOAWAY carries the same text (ENHANCE_YOUR_CALM).
+// What it costs is the accept, the identification and a few small reads and
+// writes within refusalWait; nothing stays.
+
+// errRefusedAtHandshake ends a connection refused at its handshake: gRPC
+// closes it without logging (it is closed already).
+var errRefusedAtHandshake = errors.New("connection refused at its handshake")
+
+// handshakeWriteTimeout bounds the write of a refusal (a new connection's
+// socket buffer is empty: it never waits in practice).
+const handshakeWriteTimeout = 100 * time.Millisecond
+
+// goAway is the server's SETTINGS followed by goAwayFrame.
+func (s *Server) goAway(last uint32, debug string) []byte {
+	return append(slices.Clip(s.settingsFrame), s.goAwayFrame(last, debug)...)
+}
+
+// goAwayFrame is a GOAWAY (last stream last, ENHANCE_YOUR_CALM) carrying
+// debug.
+func (s *Server) goAwayFrame(last uint32, debug string) []byte {
+	const maxDebug = 512
+	if len(debug) > maxDebug {
+		debug = debug[:maxDebug]
+	}
+	b := make([]byte, 0, frameHeaderLen+8+len(debug))
+	n := 8 + len(debug)
+	b = append(b, byte(n>>16), byte(n>>8), byte(n), byte(http2.FrameGoAway), 0, 0, 0, 0, 0)
+	b = binary.BigEndian.AppendUint32(b, last)
+	b = binary.BigEndian.AppendUint32(b, uint32(http2.ErrCodeEnhanceYourCalm))
+	return append(b, debug...)
+}
+
+// refuseConn refuses nc at its handshake: GOAWAY saying msg, then closed;
+// counted under reason and logged at a bounded rate under key.
+func (s *Server) refuseConn(nc net.Conn, reason, key string, cred caller.Cred, code codes.Code, msg string) {
+	s.tell(nc, code, msg)
+	_ = nc.Close()
+	s.metrics.refused.WithLabelValues(reason).Inc()
+	s.refusals.log(key, reason, cred, msg)
+}
+
+// handshakes counts connections at a step of their handshake (being
+// identified, bounded by Config.MaxHandshakes; refused and waiting for
+// their preface, bounded by maxAwaiting).
+type handshakes struct {
+	n atomic.Int64
+}
+
+func (h *handshakes) acquire(max int) bool {
+	if h.n.Add(1) > int64(max) {
+		h.n.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (h *handshakes) release() { h.n.Add(-1) }
+
+// connRate is a token bucket per caller key: a caller may open burst
+// connections at once, then perSec a second.
+type connRate struct {
+	perSec, burst float64
+	mu            sync.Mutex
+	m             map[string]*bucket
+}
+
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// rateSweepAt is the number of buckets above which full ones are dropped
+// (a full bucket is what a new one would be).
+const rateSweepAt = 1024
+
+// allow takes a token of key's bucket, or reports false when it is empty.
+func (r *connRate) allow(key string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.m[key]
+	if b == nil {
+		if len(r.m) >= rateSweepAt {
+			r.sweep(now)
+		}
+		b = &bucket{tokens: r.burst, at: now}
+		r.m[key] = b
+	}
+	if d := now.Sub(b.at); d > 0 {
+		b.tokens = min(r.burst, b.tokens+d.Seconds()*r.perSec)
+		b.at = now
+	}
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+func (r *connRate) sweep(now time.Time) {
+	for k, b := range r.m {
+		if b.tokens+now.Sub(b.at).Seconds()*r.perSec >= r.burst {
+			delete(r.m, k)
+		}
+	}
+}
+
+// maxHeldRefusals bounds the connections of one uid refused for good that
+// are held open for a moment so that their first RPCs are told why
+// (PermissionDenied with the reason); more are refused at the handshake.
+const maxHeldRefusals = 4
+
+// refusalLogInterval is how often a caller's refusals are logged: its
+// first at once, then one line per interval with how many followed.
+const refusalLogInterval = 10 * time.Second
+
+// maxRefusalLogKeys bounds the callers whose refusals are tracked for the
+// log at once; refusals of more are logged together under
+// refusalLogOthers.
+const maxRefusalLogKeys = 256
+
+const refusalLogOthers = "others"
+
+// refusals holds what refusing needs across connections: the held
+// connections of callers refused for good, per uid, and the rate-bounded
+// log.
+type refusals struct {
+	logger   *zap.Logger
+	interval time.Duration
+
+	mu      sync.Mutex
+	held    map[uint32]int           // connections held per uid
+	pending map[string]*refusalCount // refusals not logged yet, per caller key
+}
+
+type refusalCount struct {
+	n       int
+	reasons map[string]int
+}
+
+func newRefusals(log *zap.Logger) *refusals {
+	return &refusals{logger: log, interval: refusalLogInterval, held: map[uint32]int{}, pending: map[string]*refusalCount{}}
+}
+
+// hold counts one more held connection of uid, or reports false at the bound.
+func (r *refusals) hold(uid uint32) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held[uid] >= maxHeldRefusals {
+		return false
+	}
+	r.held[uid]++
+	return true
+}
+
+func (r *refusals) unhold(uid uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held[uid]--; r.held[uid] <= 0 {
+		delete(r.held, uid)
+	}
+}
+
+// log logs a refusal of caller key: the first of an interval at once, the
+// others counted and logged in one line at the interval's end.
+func (r *refusals) log(key, reason string, cred caller.Cred, msg string) {
+	r.mu.Lock()
+	if _, ok := r.pending[key]; !ok && len(r.pending) >= maxRefusalLogKeys {
+		key = refusalLogOthers
+	}
+	if p, ok := r.pending[key]; ok {
+		p.n++
+		p.reasons[reason]++
+		r.mu.Unlock()
+		return
+	}
+	r.pending[key] = &refusalCount{reasons: map[string]int{}}
+	interval := r.interval
+	r.mu.Unlock()
+	r.logger.Warn("local client refused", zap.String(logkeys.Caller, key), zap.String(logkeys.Reason, reason), zap.Stringer(logkeys.Cred, cred),
+		zap.String(logkeys.Error, msg))
+	time.AfterFunc(interval, func() { r.flush(key, interval) })
+}
+
+// flush logs how many refusals of key followed its logged one.
+func (r *refusals) flush(key string, interval time.Duration) {
+	r.mu.Lock()
+	p := r.pending[key]
+	delete(r.pending, key)
+	r.mu.Unlock()
+	if p == nil || p.n == 0 {
+		return
+	}
+	reasons := make([]string, 0, len(p.reasons))
+	for reason, n := range p.reasons {
+		reasons = append(reasons, reason+"="+strconv.Itoa(n))
+	}
+	sort.Strings(reasons)
+	r.logger.Warn("local client refused again", zap.String(logkeys.Caller, key), zap.Int(logkeys.Refused, p.n),
+		zap.String(logkeys.Reasons, strings.Join(reasons, ",")), zap.Duration(logkeys.Within, interval))
+}
+
+// rateMessage is the refusal of a connection over its caller's rate.
+func rateMessage(perSec int) string {
+	return fmt.Sprintf("too many new connections from this caller: at most %d a second (%s)", perSec, SettingMaxConnRatePerCaller)
+}
+
+// tell answers a refused connection: when its client's first call comes
+// within refusalWait (clients send their preface, SETTINGS and first call as
+// they connect), that call gets the gRPC status code and msg, as one more
+// RPC on a connection let in would; then, or at once, a GOAWAY carrying
+// msg. At most maxAwaiting refused connections wait at once; beyond, the
+// GOAWAY is written without waiting. A client whose connection is closed
+// before it has written its preface reports a broken pipe instead.
+func (s *Server) tell(nc net.Conn, code codes.Code, msg string) {
+	if !s.awaiting.acquire(maxAwaiting) {
+		_ = nc.SetDeadline(time.Now().Add(handshakeWriteTimeout))
+		_, _ = nc.Write(s.goAway(0, msg))
+		return
+	}
+	defer s.awaiting.release()
+	_ = nc.SetDeadline(time.Now().Add(refusalWait))
+	var preface [len(http2.ClientPreface)]byte
+	if _, err := io.ReadFull(nc, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
+		_, _ = nc.Write(s.goAway(0, msg))
+		return
+	}
+	fr := http2.NewFramer(nc, nc)
+	fr.SetMaxReadFrameSize(maxRefusedFrame)
+	if f, err := fr.ReadFrame(); err != nil || f.Header().Type != http2.FrameSettings {
+		_, _ = nc.Write(s.goAway(0, msg))
+		return
+	}
+	if _, err := nc.Write(append(slices.Clip(s.settingsFrame), settingsAck[:]...)); err != nil {
+		return
+	}
+	const maxFrames = 8 // SETTINGS acknowledgements, WINDOW_UPDATEs before the call
+	for range maxFrames {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			break
+		}
+		if h, ok := f.(*http2.HeadersFrame); ok {
+			_, _ = nc.Write(append(trailersOnly(h.StreamID, code, msg), s.goAwayFrame(h.StreamID, msg)...))
+			return
+		}
+	}
+	_, _ = nc.Write(s.goAwayFrame(0, msg))
+}
+
+// trailersOnly is a gRPC response of stream id that is only its status.
+func trailersOnly(id uint32, code codes.Code, msg string) []byte {
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	enc.SetMaxDynamicTableSizeLimit(0) // the client was told a header table of 0
+	for _, f := range [][2]string{{":status", "200"}, {"content-type", "application/grpc"},
+		{"grpc-status", strconv.Itoa(int(code))}, {"grpc-message", grpcMessage(msg)}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	var out bytes.Buffer
+	_ = http2.NewFramer(&out, nil).WriteHeaders(http2.HeadersFrameParam{
+		StreamID: id, BlockFragment: block.Bytes(), EndStream: true, EndHeaders: true})
+	return out.Bytes()
+}
+
+// grpcMessage percent-encodes msg as the grpc-message header wants it.
+func grpcMessage(msg string) string {
+	var b strings.Builder
+	for i := range len(msg) {
+		c := msg[i]
+		if c >= ' ' && c <= '~' && c != '%' {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "%%%02X", c)
+	}
+	return b.String()
+}
+
+// refusalWait bounds tell's wait; maxAwaiting bounds the refused
+// connections waiting in it at once; maxRefusedFrame bounds a frame tell
+// reads (the client's first HEADERS; the server's SETTINGS allow 16 KiB).
+const (
+	refusalWait     = 250 * time.Millisecond
+	maxAwaiting     = 64
+	maxRefusedFrame = 16 << 10
+)

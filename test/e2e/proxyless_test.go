@@ -1,0 +1,217 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+const grpcNamespace = "e2e-grpc"
+
+// echoLine is one line of an xdsecho client's log (test/e2e/images/xdsecho).
+type echoLine struct {
+	Time            time.Time `json:"time"`
+	Kind            string    `json:"kind"`
+	OK              bool      `json:"ok"`
+	Code            string    `json:"code"`
+	Error           string    `json:"error"`
+	ServerID        string    `json:"server_id"`
+	ClientID        string    `json:"client_id"`
+	Calls           int       `json:"calls"`
+	Failures        int       `json:"failures"`
+	FailuresAfterOK int       `json:"failures_after_ok"`
+}
+
+// proxylessRelease installs the chart's proxyless shape (no Envoy, the xDS
+// proxy on) for one xdsecho workload, istiod as CA and control plane.
+func proxylessRelease(t *testing.T, rel, app string, args, env string) {
+	t.Helper()
+	values := filepath.Join(t.TempDir(), rel+".yaml")
+	if err := os.WriteFile(values, []byte(`image:
+  pullPolicy: Never
+caAddress: "`+istiodAddr+`"
+discoveryAddress: "`+istiodAddr+`"
+istiodSAN: `+caServerName+`
+sidecar:
+  envoy:
+    enabled: false
+  xdsProxy: true
+  podLabels:
+    app: `+app+`
+  containers:
+    - name: app
+      image: `+xdsechoImage+`
+      imagePullPolicy: Never
+      args: [`+args+`]
+      env:
+`+env+`
+      securityContext:
+        allowPrivilegeEscalation: false
+        capabilities:
+          drop: [ALL]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "helm", "install", rel, filepath.Join(repoRoot(), "deploy", "helm", "meshagent"),
+		"--namespace", grpcNamespace, "--values", values)
+}
+
+// echoLines reads the xdsecho client's call lines of the pods of app.
+func echoLines(t *testing.T, app string) []echoLine {
+	t.Helper()
+	pods, err := kube.Client().CoreV1().Pods(grpcNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + app})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []echoLine
+	for _, p := range pods.Items {
+		files, _ := filepath.Glob(filepath.Join("/var/log/pods", p.Namespace+"_"+p.Name+"_"+string(p.UID), "app", "*.log"))
+		for _, f := range files {
+			fh, err := os.Open(f)
+			if err != nil {
+				continue
+			}
+			sc := bufio.NewScanner(fh)
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for sc.Scan() {
+				line := sc.Text()
+				if i := strings.Index(line, "{"); i >= 0 {
+					var l echoLine
+					if json.Unmarshal([]byte(line[i:]), &l) == nil && l.Kind == "call" {
+						out = append(out, l)
+					}
+				}
+			}
+			fh.Close()
+		}
+	}
+	return out
+}
+
+// waitCall waits for a call line after since that ok accepts.
+func waitCall(t *testing.T, what string, since time.Time, ok func(echoLine) bool) echoLine {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	var last echoLine
+	for {
+		for _, l := range echoLines(t, "client") {
+			if l.Time.After(since) {
+				last = l
+				if ok(l) {
+					return l
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 3 minutes; last call: %+v\nclient agent log:\n%s", what, last, tail(releaseLog(t, "client", "meshagent"), 3000))
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func releaseLog(t *testing.T, app, container string) string {
+	pods, err := kube.Client().CoreV1().Pods(grpcNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + app})
+	if err != nil || len(pods.Items) == 0 {
+		return "(no pod)"
+	}
+	return containerLog(&pods.Items[0], container)
+}
+
+// TestProxylessMeshWithIstiod: two proxyless gRPC workloads (grpc-go's xDS client
+// and server, the chart's proxyless shape: meshagent beside each, no Envoy) in a
+// namespace istiod holds to mTLS (PeerAuthentication STRICT, DestinationRule
+// ISTIO_MUTUAL). Calls succeed over mTLS with istiod's certificates, each side
+// seeing the other's SPIFFE ID; an AuthorizationPolicy denying the client's service
+// account makes them fail with PermissionDenied, and removing it restores them.
+func TestProxylessMeshWithIstiod(t *testing.T) {
+	ctx := context.Background()
+	controlPlane(t)
+	core := kube.Client().CoreV1()
+	if _, err := core.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: grpcNamespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRoots(t, grpcNamespace)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte(`apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: `+grpcNamespace+`}
+spec:
+  mtls: {mode: STRICT}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: mtls, namespace: `+grpcNamespace+`}
+spec:
+  host: "*.`+grpcNamespace+`.svc.cluster.local"
+  trafficPolicy:
+    tls: {mode: ISTIO_MUTUAL}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "kubectl", "apply", "-f", policy)
+	if _, err := core.Services(grpcNamespace).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo"},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "echo"},
+			Ports:    []corev1.ServicePort{{Name: "grpc", Port: 7070, TargetPort: intstr.FromInt32(7070), AppProtocol: ptrTo("grpc")}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	proxylessRelease(t, "echo", "echo", "server", `        - {name: PORT, value: "7070"}`)
+	proxylessRelease(t, "client", "client", "client",
+		`        - {name: TARGET, value: "xds:///echo.`+grpcNamespace+`.svc.cluster.local:7070"}
+        - {name: INTERVAL, value: "100ms"}`)
+	t.Cleanup(func() {
+		for _, rel := range []string{"client", "echo"} {
+			_ = kube.Command(context.Background(), "helm", "uninstall", rel, "--namespace", grpcNamespace, "--wait", "--timeout", "2m").Run()
+		}
+		_ = core.Namespaces().Delete(context.Background(), grpcNamespace, metav1.DeleteOptions{})
+	})
+
+	serverID := spiffeIDIn(grpcNamespace, "echo-meshagent-workload")
+	clientID := spiffeIDIn(grpcNamespace, "client-meshagent-workload")
+	start := time.Now()
+	first := waitCall(t, "a call over mTLS", time.Time{}, func(l echoLine) bool { return l.OK })
+	if first.ServerID != serverID || first.ClientID != clientID {
+		t.Fatalf("first call: the client saw %q, the server saw %q; want %s and %s over mTLS", first.ServerID, first.ClientID, serverID, clientID)
+	}
+	t.Logf("calls succeed over mTLS %.1fs after install: client sees %s, server sees %s", time.Since(start).Seconds(), first.ServerID, first.ClientID)
+
+	deny := filepath.Join(t.TempDir(), "deny.yaml")
+	if err := os.WriteFile(deny, []byte(`apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-client, namespace: `+grpcNamespace+`}
+spec:
+  selector:
+    matchLabels: {app: echo}
+  action: DENY
+  rules:
+    - from:
+        - source:
+            principals: ["cluster.local/ns/`+grpcNamespace+`/sa/client-meshagent-workload"]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	applied := time.Now()
+	run(t, "kubectl", "apply", "-f", deny)
+	denied := waitCall(t, "PermissionDenied under the DENY policy", applied, func(l echoLine) bool { return l.Code == "PermissionDenied" })
+	t.Logf("denied %.1fs after the policy: %s", denied.Time.Sub(applied).Seconds(), denied.Error)
+	removed := time.Now()
+	run(t, "kubectl", "delete", "-f", deny)
+	back := waitCall(t, "calls again once the policy is removed", removed, func(l echoLine) bool { return l.OK })
+	t.Logf("calls succeed again %.1fs after the policy was removed (server %s)", back.Time.Sub(removed).Seconds(), back.ServerID)
+}
+
+func ptrTo[T any](v T) *T { return &v }
