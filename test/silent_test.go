@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/istioca"
 )
 
@@ -89,6 +90,7 @@ func TestStartUpProblemsExitTwoWithOneLine(t *testing.T) {
 // and returns its exit code and combined output.
 func runBinary(t *testing.T, dir string, env []string, args ...string) (int, string) {
 	t.Helper()
+	heavy.Skip(t, "runs the built agent")
 	bin, err := agentproc.Binary()
 	if err != nil {
 		t.Fatal(err)
@@ -427,6 +429,7 @@ func TestCompliancePolicyOnTheCAConnection(t *testing.T) {
 // script(1)), the human-readable log writes a certificate's not_after with
 // its date, so tomorrow's time does not read as today's past.
 func TestTerminalLogTimesCarryTheDate(t *testing.T) {
+	heavy.Skip(t, "runs the built agent")
 	scriptBin, err := exec.LookPath("script")
 	if err != nil {
 		t.Skip("script(1), which gives the agent a terminal, is not installed")
