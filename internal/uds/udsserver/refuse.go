@@ -63,12 +63,13 @@ func (s *Server) goAwayFrame(last uint32, debug string) []byte {
 }
 
 // refuseConn refuses nc at its handshake: GOAWAY saying msg, then closed;
-// counted under reason and logged at a bounded rate under key.
+// counted under reason and logged at a bounded rate under key, before the
+// client can hear of it (a client told, then reading the metric, sees it).
 func (s *Server) refuseConn(nc net.Conn, reason, key string, cred caller.Cred, code codes.Code, msg string) {
-	s.tell(nc, code, msg)
-	_ = nc.Close()
 	s.metrics.refused.WithLabelValues(reason).Inc()
 	s.refusals.log(key, reason, cred, msg)
+	s.tell(nc, code, msg)
+	_ = nc.Close()
 }
 
 // handshakes counts connections at a step of their handshake (being
