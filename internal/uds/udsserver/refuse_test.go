@@ -113,7 +113,8 @@ func TestRefusedAtHandshake(t *testing.T) {
 	}
 	wg.Wait()
 	if got := counter(t, f.srv.metrics.refused.WithLabelValues(refusedConnections)); got < flood {
-		t.Errorf("refused{max_connections} = %v, want at least %d", got, flood)
+		t.Errorf("refused{max_connections} = %v, want at least %d (handshakes %v, rate %v)", got, flood,
+			counter(t, f.srv.metrics.refused.WithLabelValues(refusedHandshakes)), counter(t, f.srv.metrics.refused.WithLabelValues(refusedRate)))
 	}
 	if n := f.connsOf(podKey("uid-a")); n != 2 {
 		t.Errorf("the pod holds %d connections, want 2", n)
