@@ -318,8 +318,8 @@ func TestConfigFailsWhereRunFails(t *testing.T) {
 			args = append(args, "--dev")
 		}
 		code, out := runBinary(t, agentproc.TempDir(t), env, args...)
-		if code != 0 || !strings.Contains(out, "\nmode: dev (") {
-			t.Errorf("config %v %v: exit %d, want 0 and mode dev:\n%s", env, args, code, out)
+		if code != 0 || !strings.Contains(out, "\nsource: dev (") {
+			t.Errorf("config %v %v: exit %d, want 0 and source dev:\n%s", env, args, code, out)
 		}
 	}
 }
