@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
@@ -34,14 +35,7 @@ func newWorkload(t *testing.T, node string) *workload {
 	t.Helper()
 	env := kube.Env(t)
 	ctx := context.Background()
-	ns := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
-	if len(ns) > 50 {
-		ns = ns[:50]
-	}
-	ns = strings.Trim(ns, "-")
-	if _, err := env.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	ns := env.TestNamespace(t)
 	const sa = "web"
 	if _, err := env.CreateServiceAccount(ctx, ns, sa); err != nil {
 		t.Fatal(err)
@@ -254,12 +248,9 @@ func TestTokenRequestDeletedServiceAccount(t *testing.T) {
 	}
 	// The API server caches token authentications for a few seconds, so
 	// the deletion reaches TokenReview after a while; bounded.
-	for deadline := time.Now().Add(15 * time.Second); w.review(t, ownTok, pki.IstioAudience).Authenticated; {
-		if time.Now().After(deadline) {
-			t.Fatal("the token of a deleted service account still authenticates 15s after the deletion")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testwait.Within(t, 15*time.Second, "the token of the deleted service account to stop authenticating", func() bool {
+		return !w.review(t, ownTok, pki.IstioAudience).Authenticated
+	})
 	admin.Invalidate(adminTok)
 	_, err = admin.Token(ctx)
 	want := `requesting a token for serviceaccount ` + w.ns + `/web: serviceaccounts "web" not found`

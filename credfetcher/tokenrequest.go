@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/internal/backoff"
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // Limits and defaults of TokenRequestConfig.
@@ -154,7 +155,7 @@ func NewTokenRequest(cfg TokenRequestConfig) (*TokenRequest, error) {
 		clock: cfg.Clock,
 		name:  name,
 		log: cfg.Logger.Named("credfetcher").With(
-			zap.String(keyServiceAccount, name), zap.String(keyPod, cfg.PodName)),
+			zap.String(logkeys.ServiceAccount, name), zap.String(logkeys.Pod, cfg.PodName)),
 	}, nil
 }
 
@@ -249,10 +250,10 @@ func (t *TokenRequest) request(f *flight) {
 		t.failures++
 		wait := retryDelay(t.failures)
 		t.retryAt = received.Add(wait)
-		fields := []zap.Field{zap.Int(keyFailures, t.failures), zap.Duration(keyRetryIn, wait), zap.Error(f.err)}
+		fields := []zap.Field{zap.Int(logkeys.Failures, t.failures), zap.Duration(logkeys.RetryIn, wait), zap.Error(f.err)}
 		if t.tok != "" && received.Before(t.expiry) {
 			t.log.Warn("token refresh failed; the current token is used until it expires",
-				append(fields, zap.Time(keyExpiry, t.expiry))...)
+				append(fields, zap.Time(logkeys.Expiry, t.expiry))...)
 		} else {
 			t.log.Error("token request failed; no valid token", fields...)
 		}
@@ -263,8 +264,8 @@ func (t *TokenRequest) request(f *flight) {
 	t.tok, t.expiry = f.tok, expiry
 	t.refreshAt = RefreshTime(received, expiry, t.cfg.RefreshRatio)
 	t.failures, t.retryAt, t.lastErr = 0, time.Time{}, nil
-	t.log.Info("token obtained", zap.Time(keyExpiry, expiry), zap.Time(keyRefreshAt, t.refreshAt),
-		zap.Strings(keyAudiences, t.cfg.Audiences))
+	t.log.Info("token obtained", zap.Time(logkeys.Expiry, expiry), zap.Time(logkeys.RefreshAt, t.refreshAt),
+		zap.Strings(logkeys.Audiences, t.cfg.Audiences))
 }
 
 func checkTokenResponse(resp *authenticationv1.TokenRequest) error {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
@@ -229,63 +230,67 @@ func TestTokenRequestInvalidate(t *testing.T) {
 }
 
 func TestTokenRequestSharesOneRequest(t *testing.T) {
-	f, stub := newStubFetcher(t, nil)
-	gate := make(chan struct{})
-	stub.gate = gate
-	const n = 16
-	var wg sync.WaitGroup
-	toks := make(chan string, n)
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tok, err := f.Token(context.Background())
-			if err != nil {
-				t.Error(err)
-			}
-			toks <- tok
-		}()
-	}
-	// Every caller is waiting on the one request once it has started and
-	// no caller has returned.
-	for stub.calls.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	close(gate)
-	wg.Wait()
-	close(toks)
-	for tok := range toks {
-		if tok != "token-1" {
-			t.Errorf("a caller got %q", tok)
+	synctest.Test(t, func(t *testing.T) {
+		f, stub := newStubFetcher(t, nil)
+		gate := make(chan struct{})
+		stub.gate = gate
+		const n = 16
+		var wg sync.WaitGroup
+		toks := make(chan string, n)
+		for range n {
+			wg.Go(func() {
+				tok, err := f.Token(context.Background())
+				if err != nil {
+					t.Error(err)
+				}
+				toks <- tok
+			})
 		}
-	}
-	if c := stub.calls.Load(); c != 1 {
-		t.Errorf("%d requests for %d concurrent callers", c, n)
-	}
+		// Every caller is blocked: one in the request, the others waiting
+		// for it.
+		synctest.Wait()
+		if c := stub.calls.Load(); c != 1 {
+			t.Fatalf("%d requests started for %d waiting callers", c, n)
+		}
+		close(gate)
+		wg.Wait()
+		close(toks)
+		for tok := range toks {
+			if tok != "token-1" {
+				t.Errorf("a caller got %q", tok)
+			}
+		}
+		if c := stub.calls.Load(); c != 1 {
+			t.Errorf("%d requests for %d concurrent callers", c, n)
+		}
+	})
 }
 
 func TestTokenRequestCallerGivesUpAlone(t *testing.T) {
-	f, stub := newStubFetcher(t, nil)
-	gate := make(chan struct{})
-	stub.gate = gate
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() {
-		_, err := f.Token(ctx)
-		errc <- err
-	}()
-	for stub.calls.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled caller: %v", err)
-	}
-	// The request goes on for the others.
-	go func() { close(gate) }()
-	if tok := mustToken(t, f); tok != "token-1" || stub.calls.Load() != 1 {
-		t.Fatalf("token %q after %d requests", tok, stub.calls.Load())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		f, stub := newStubFetcher(t, nil)
+		gate := make(chan struct{})
+		stub.gate = gate
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := f.Token(ctx)
+			errc <- err
+		}()
+		synctest.Wait() // the caller waits for the request it started
+		if c := stub.calls.Load(); c != 1 {
+			t.Fatalf("%d requests started, want 1", c)
+		}
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled caller: %v", err)
+		}
+		// The request goes on for the others.
+		go func() { close(gate) }()
+		if tok := mustToken(t, f); tok != "token-1" || stub.calls.Load() != 1 {
+			t.Fatalf("token %q after %d requests", tok, stub.calls.Load())
+		}
+	})
 }
 
 func TestTokenRequestFailures(t *testing.T) {

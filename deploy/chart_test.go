@@ -37,6 +37,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
@@ -45,6 +46,9 @@ const chartDir = "helm/meshagent"
 var kube *kubeenv.Env
 
 func TestMain(m *testing.M) {
+	if heavy.Short() { // every test here runs helm, which helm() skips
+		os.Exit(m.Run())
+	}
 	env, err := kubeenv.Start(context.Background(), kubeenv.Options{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -353,6 +357,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 // kubelet would): the agent must accept every value, and read every variable the
 // chart sets as one of its settings.
 func TestChartEnvIsAgentConfig(t *testing.T) {
+	heavy.Skip(t, "runs the built agent")
 	bin, err := agentproc.Binary()
 	if err != nil {
 		t.Fatal(err)
@@ -830,6 +835,7 @@ func (objs objects) serviceAccount(t *testing.T, who string) string {
 // render runs helm template for a release in namespace with the given values YAML.
 func render(t *testing.T, release, namespace, values string) (objects, error) {
 	t.Helper()
+	heavy.Skip(t, "uses the API server and helm")
 	out, err := helm(t, "template", release, chartDir, "--namespace", namespace, "--values", writeValues(t, values))
 	if err != nil {
 		return nil, fmt.Errorf("helm template: %w\n%s", err, out)
@@ -907,6 +913,7 @@ func deleteClusterScoped(objs objects) {
 // yes: RBAC objects just created reach the authorizer through its informers.
 func allowed(t *testing.T, ns, sa, verb, resource, subresource, namespace, name string, waitFor bool) bool {
 	t.Helper()
+	heavy.Skip(t, "uses the API server and helm")
 	ctx, cancel := context.WithTimeout(context.Background(), rbacPropagation)
 	defer cancel()
 	for {
@@ -938,6 +945,7 @@ const rbacPropagation = 10 * time.Second
 
 func newNamespace(t *testing.T, prefix string) string {
 	t.Helper()
+	heavy.Skip(t, "uses the API server and helm")
 	ns, err := kube.Client().CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"},
 	}, metav1.CreateOptions{})
@@ -963,6 +971,7 @@ func writeValues(t *testing.T, values string) string {
 // a temporary directory so nothing outside the test is read or written.
 func helm(t *testing.T, args ...string) ([]byte, error) {
 	t.Helper()
+	heavy.Skip(t, "runs helm")
 	bin, err := kubeenv.ToolPath("helm")
 	if err != nil {
 		t.Fatal(err)

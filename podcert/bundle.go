@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/backoff"
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/promreg"
 )
 
@@ -99,7 +100,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	p := &Publisher{
 		cfg:     cfg,
 		name:    BundleName(cfg.SignerName),
-		log:     cfg.Logger.Named("trust_publisher").With(zap.String(keySigner, cfg.SignerName)),
+		log:     cfg.Logger.Named("trust_publisher").With(zap.String(logkeys.Signer, cfg.SignerName)),
 		backoff: backoff.Policy{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_podcert_trust_bundle_writes_total",
@@ -128,8 +129,8 @@ func (p *Publisher) Run(ctx context.Context) error {
 			wait = p.backoff.Delay(failures, p.cfg.Rand())
 			failures++
 			p.writes.WithLabelValues(resultError).Inc()
-			p.log.Warn("cannot publish the trust bundle", zap.String(keyBundle, p.name),
-				zap.Duration(keyRetryIn, wait), zap.Error(err))
+			p.log.Warn("cannot publish the trust bundle", zap.String(logkeys.Bundle, p.name),
+				zap.Duration(logkeys.RetryIn, wait), zap.Error(err))
 		} else {
 			failures = 0
 		}
@@ -171,6 +172,6 @@ func (p *Publisher) ensure(ctx context.Context) error {
 		}
 	}
 	p.writes.WithLabelValues(resultSuccess).Inc()
-	p.log.Info("trust bundle published", zap.String(keyBundle, p.name), zap.Int(keyRoots, len(roots.Certs())))
+	p.log.Info("trust bundle published", zap.String(logkeys.Bundle, p.name), zap.Int(logkeys.Roots, len(roots.Certs())))
 	return nil
 }

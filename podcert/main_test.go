@@ -27,6 +27,7 @@ import (
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/kubeenv"
@@ -65,7 +66,11 @@ type cluster struct {
 	admin kubernetes.Interface
 	ns    string
 	sys   string
-	ca    *istioca.Server
+	// signer is the cluster's signer name, its own so that a signer never
+	// sees the requests of an earlier test (go test -count=2 included):
+	// namespaces are not emptied here, there is no controller manager.
+	signer string
+	ca     *istioca.Server
 	// agentToken is the agent's own token, bound to its pod on nodeA.
 	agentToken string
 	// podGate, when set, holds the pod index's list and watch until it is
@@ -103,6 +108,7 @@ func newCluster(t *testing.T, caCfg istioca.Config) *cluster {
 	env := kube.Env(t)
 	ctx := context.Background()
 	c := &cluster{t: t, env: env, admin: env.Client(), ns: uniq("pc"), sys: uniq("sys")}
+	c.signer = testSigner + "-" + c.ns
 	nodesOnce.Do(func() {
 		for _, n := range []string{nodeA, nodeB} {
 			_, err := c.admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{})
@@ -198,7 +204,7 @@ func (c *cluster) startSigner(edit func(*Config)) (*Signer, *secretmanager.Roots
 		c.t.Fatal(err)
 	}
 	cfg := Config{
-		SignerName: testSigner, NodeName: nodeA, API: api, Pods: idx, Roots: roots, CA: c.agentCA(),
+		SignerName: c.signer, NodeName: nodeA, API: api, Pods: idx, Roots: roots, CA: c.agentCA(),
 		BackoffBase: 10 * time.Millisecond, BackoffCap: 100 * time.Millisecond,
 	}
 	if edit != nil {
@@ -239,7 +245,7 @@ func (c *cluster) pod(name, sa, node string) *corev1.Pod {
 			Containers:         []corev1.Container{{Name: "app", Image: kubeenv.PodImage}},
 			Volumes: []corev1.Volume{{Name: "mesh-identity", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 				Sources: []corev1.VolumeProjection{{PodCertificate: &corev1.PodCertificateProjection{
-					SignerName: testSigner, KeyType: "ECDSAP256", CredentialBundlePath: "credentialbundle.pem",
+					SignerName: c.signer, KeyType: "ECDSAP256", CredentialBundlePath: "credentialbundle.pem",
 				}}},
 			}}}},
 		},
@@ -255,7 +261,16 @@ func (c *cluster) pod(name, sa, node string) *corev1.Pod {
 // does: through the node's own identity, with a stub CSR signed by key.
 func (c *cluster) request(pod *corev1.Pod, key crypto.Signer, maxExp int32, annotations map[string]string) *certsv1.PodCertificateRequest {
 	c.t.Helper()
-	req, err := c.requestAs(pod.Spec.NodeName, pod, key, maxExp, annotations)
+	// The API server's admission reads pods from its own cache, which
+	// may not hold a pod created a moment ago: it answers NotFound then.
+	var (
+		req *certsv1.PodCertificateRequest
+		err error
+	)
+	testwait.For(c.t, "the API server's admission to see pod "+pod.Name, func() bool {
+		req, err = c.requestAs(pod.Spec.NodeName, pod, key, maxExp, annotations)
+		return !apierrors.IsNotFound(err) && (err == nil || !strings.Contains(err.Error(), "not found"))
+	})
 	if err != nil {
 		c.t.Fatalf("the kubelet of %s cannot create the request: %v", pod.Spec.NodeName, err)
 	}
@@ -291,7 +306,7 @@ func (c *cluster) requestAs(kubeletNode string, pod *corev1.Pod, key crypto.Sign
 	return kubelet.CertificatesV1().PodCertificateRequests(pod.Namespace).Create(ctx, &certsv1.PodCertificateRequest{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: pod.Name + "-"},
 		Spec: certsv1.PodCertificateRequestSpec{
-			SignerName:                testSigner,
+			SignerName:                c.signer,
 			PodName:                   pod.Name,
 			PodUID:                    pod.UID,
 			ServiceAccountName:        sa.Name,

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -82,7 +83,7 @@ func (s *Signer) process(ctx context.Context, key string) (time.Duration, bool) 
 	if v.condition == "" {
 		return v.retry, ctx.Err() == nil
 	}
-	log := s.log.With(zap.String(keyRequest, key), zap.String(keyPod, req.Namespace+"/"+req.Spec.PodName))
+	log := s.log.With(zap.String(logkeys.Request, key), zap.String(logkeys.Pod, req.Namespace+"/"+req.Spec.PodName))
 	if err := s.write(ctx, req, v); err != nil {
 		if apierrors.IsNotFound(err) || ctx.Err() != nil {
 			return 0, false
@@ -94,18 +95,18 @@ func (s *Signer) process(ctx context.Context, key string) (time.Duration, bool) 
 			err = s.write(ctx, req, v)
 		}
 		if err != nil {
-			log.Warn("cannot write the request's status", zap.String(keyCondition, v.condition), zap.Error(err))
+			log.Warn("cannot write the request's status", zap.String(logkeys.Condition, v.condition), zap.Error(err))
 			return s.failedAttempt(key, ""), true
 		}
 	}
 	s.forget(key)
 	s.metrics.requests.WithLabelValues(strings.ToLower(v.condition)).Inc()
 	if v.condition == kubeclient.PodCertificateRequestIssued {
-		log.Info("pod certificate issued", zap.String(keyMessage, v.message),
-			zap.Time(keyNotAfter, v.chain[0].NotAfter), zap.Time(keyRefreshAt, v.refresh))
+		log.Info("pod certificate issued", zap.String(logkeys.Message, v.message),
+			zap.Time(logkeys.NotAfter, v.chain[0].NotAfter), zap.Time(logkeys.RefreshAt, v.refresh))
 	} else {
 		log.Warn("pod certificate request answered without a certificate",
-			zap.String(keyCondition, v.condition), zap.String(keyReason, v.reason), zap.String(keyMessage, v.message))
+			zap.String(logkeys.Condition, v.condition), zap.String(logkeys.Reason, v.reason), zap.String(logkeys.Message, v.message))
 	}
 	return 0, false
 }
@@ -264,8 +265,8 @@ func (s *Signer) caFailure(key string, id pki.Identity, err error, counted bool)
 		return fail(ReasonCAUnavailable, "no certificate for %s after %d CA requests: %v", id, n, err)
 	}
 	wait := s.failedAttempt("", id.String())
-	s.log.Warn("pod certificate request failed; retrying", zap.String(keyRequest, key), zap.String(keyIdentity, id.String()),
-		zap.Int(keyAttempt, n), zap.Duration(keyRetryIn, wait), zap.Error(err))
+	s.log.Warn("pod certificate request failed; retrying", zap.String(logkeys.Request, key), zap.String(logkeys.Identity, id.String()),
+		zap.Int(logkeys.Attempt, n), zap.Duration(logkeys.RetryIn, wait), zap.Error(err))
 	return retryAfter(wait)
 }
 
@@ -324,7 +325,7 @@ func (s *Signer) setBackdate(d time.Duration) {
 	defer s.mu.Unlock()
 	if d != s.backdate {
 		s.log.Info("the CA's backdating differs from the one expected; asking for validities adjusted to it",
-			zap.Duration(keyBackdate, d), zap.Duration(keyExpected, s.backdate))
+			zap.Duration(logkeys.Backdate, d), zap.Duration(logkeys.Expected, s.backdate))
 	}
 	s.backdate = d
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/backoff"
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // Signer signs the PodCertificateRequests of one node for one signer name.
@@ -55,7 +56,7 @@ func New(cfg Config) (*Signer, error) {
 	}
 	s := &Signer{
 		cfg:      cfg,
-		log:      cfg.Logger.Named("podcert").With(zap.String(keySigner, cfg.SignerName)),
+		log:      cfg.Logger.Named("podcert").With(zap.String(logkeys.Signer, cfg.SignerName)),
 		metrics:  m,
 		backoff:  backoff.Policy{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
 		attempts: map[string]int{},
@@ -116,7 +117,7 @@ func (s *Signer) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.podsSynced = s.cfg.Clock.Now()
 	s.mu.Unlock()
-	s.log.Info("signing pod certificate requests", zap.String(keyNode, s.cfg.NodeName), zap.Int(keyWorkers, s.cfg.MaxConcurrentCSRs))
+	s.log.Info("signing pod certificate requests", zap.String(logkeys.Node, s.cfg.NodeName), zap.Int(logkeys.Workers, s.cfg.MaxConcurrentCSRs))
 	for range s.cfg.MaxConcurrentCSRs {
 		wg.Go(func() { s.work(ctx, queue) })
 	}

@@ -82,7 +82,7 @@ func TestIssuesForPodsOfItsNodeOnly(t *testing.T) {
 	}
 
 	// The signer publishes no trust: that is the Publisher's.
-	if _, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(testSigner), metav1.GetOptions{}); err == nil {
+	if _, err := c.admin.CertificatesV1().ClusterTrustBundles().Get(context.Background(), BundleName(c.signer), metav1.GetOptions{}); err == nil {
 		t.Error("the signer published a ClusterTrustBundle")
 	}
 }
@@ -270,7 +270,7 @@ func TestRefuseDenies(t *testing.T) {
 // resync.
 func TestPublisherFollowsRoots(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
-	const pubSigner = "meshagent.io/publisher-test" // the other tests' signer has no bundle
+	pubSigner := "meshagent.io/publisher-" + c.ns // the other tests' signers have no bundle
 	roots, err := secretmanager.NewRoots(c.ca.RootPEM(), "test-ca")
 	if err != nil {
 		t.Fatal(err)

@@ -46,7 +46,8 @@
 // its identity; a caller the socket server did not resolve, a sidecar's, is
 // bounded by MaxStreams only); one more is refused with ResourceExhausted
 // naming the limit, counted in meshagent_sds_refused_total and logged. The RPC context carries the
-// caller (caller.FromContext) and is what the SecretSource is asked with.
+// caller (caller.FromContext); sds reads its identity once per stream or
+// fetch and asks the SecretSource with it explicitly.
 // File resources (file-cert:, file-root:) are held by the source while a
 // stream watches them, from a table of bounded size: so that no caller can
 // starve the others (MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER in

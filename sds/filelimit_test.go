@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/meshagent/meshagent/internal/files/fileprovider"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -144,8 +145,8 @@ type refuseOnce struct {
 	hook func()
 }
 
-func (r *refuseOnce) Watch(ctx context.Context, name string) (<-chan struct{}, func()) {
-	ch, cancel := r.SecretSource.Watch(ctx, name)
+func (r *refuseOnce) Watch(id pki.Identity, name string) (<-chan struct{}, func()) {
+	ch, cancel := r.SecretSource.Watch(id, name)
 	if ch == nil {
 		r.once.Do(r.hook)
 	}

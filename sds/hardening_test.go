@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -207,18 +208,18 @@ func newRootSource() *rootSource {
 	return &rootSource{versions: map[string]uint64{}, watchers: map[string][]chan struct{}{}}
 }
 
-func (r *rootSource) Secret(_ context.Context, name string) (*secretmanager.Secret, error) {
+func (r *rootSource) Secret(_ context.Context, _ pki.Identity, name string) (*secretmanager.Secret, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	v := r.versions[name]
 	return &secretmanager.Secret{Name: name, Roots: fmt.Appendf(nil, "%s/%d", name, v), Version: v}, nil
 }
 
-func (r *rootSource) Current(ctx context.Context, name string) (*secretmanager.Secret, error) {
-	return r.Secret(ctx, name)
+func (r *rootSource) Current(id pki.Identity, name string) (*secretmanager.Secret, error) {
+	return r.Secret(context.Background(), id, name)
 }
 
-func (r *rootSource) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
+func (r *rootSource) Watch(_ pki.Identity, name string) (<-chan struct{}, func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ch := make(chan struct{}, 1)

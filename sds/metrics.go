@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/internal/promreg"
+	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 )
 
 // Push reasons, the values of the "reason" label of pushes.
@@ -16,13 +17,13 @@ const (
 	pushFetch   = "fetch"
 )
 
-// Refusal reasons, the values of the "reason" label of refused.
+// Refusal reasons, the values of the "reason" label of refused: a stream
+// over a limit (streamlimit.Refusal's reason), or a file resource over the
+// caller's share (Config.MaxFileNamesPerCaller).
 const (
-	refusedStreams = "max_streams"
-	// refusedFileNames: a file resource over the caller's share
-	// (Config.MaxFileNamesPerCaller).
+	refusedStreams          = streamlimit.ReasonMaxStreams
+	refusedStreamsPerCaller = streamlimit.ReasonMaxStreamsPerCaller
 	refusedFileNames        = "max_file_names_per_caller"
-	refusedStreamsPerCaller = "max_streams_per_caller"
 )
 
 type metrics struct {

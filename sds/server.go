@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"k8s.io/utils/clock"
 
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -39,27 +40,26 @@ const (
 	DefaultMaxFileNamesPerCaller = 16
 )
 
-// SecretSource is what the server needs from the secret manager. ctx
-// carries the caller (caller.FromContext): what "default" means depends on
-// it, through the caller's Identity only, so streams of callers with one
-// identity share a watch (opened with the first stream's context, without
-// its cancellation). An error wrapping secretmanager.ErrUnknownResource or
+// SecretSource is what the server needs from the secret manager. id is the
+// caller's identity as the socket server resolved it (caller.Info.Identity;
+// zero for the agent's own): what "default" means depends on it only, so
+// streams of callers with one identity share a watch. An error wrapping secretmanager.ErrUnknownResource or
 // secretmanager.ErrNoIdentity means the name can never be served to this
 // caller; other errors mean not now.
 type SecretSource interface {
 	// Secret returns the current secret for name, waiting (bounded by ctx)
 	// while it is not available yet (FetchSecrets).
-	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
+	Secret(ctx context.Context, id pki.Identity, name string) (*secretmanager.Secret, error)
 	// Current returns the secret for name as it is now, never waiting
 	// (streams: no name waits for another).
-	Current(ctx context.Context, name string) (*secretmanager.Secret, error)
+	Current(id pki.Identity, name string) (*secretmanager.Secret, error)
 	// Watch signals, on a channel with a one-slot buffer, each time the secret
 	// under name is replaced; the function ends the subscription (a resource
 	// nobody watches may be released). A nil channel means the source
 	// refused to watch name (unknown, no identity, a bad file, over a
 	// limit): the name is then refused on the stream, whatever Secret
 	// answers later, so no name is served that is not watched.
-	Watch(ctx context.Context, name string) (<-chan struct{}, func())
+	Watch(id pki.Identity, name string) (<-chan struct{}, func())
 }
 
 // Config describes an SDS server. Zero values get the defaults noted.
@@ -156,7 +156,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.Named("sds"), metrics: m,
-		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers}}, nil
+		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers,
+			Service: "SDS", MaxSetting: "MESHAGENT_SDS_MAX_STREAMS"}}, nil
 }
 
 // Register adds the SDS service to gs.
@@ -183,7 +184,7 @@ func (s *Server) fetch(ctx context.Context, req *discoveryv3.DiscoveryRequest) (
 	if err != nil {
 		return nil, err
 	}
-	secrets, err := s.resolve(ctx, names)
+	secrets, err := s.resolve(ctx, identityOf(ctx), names)
 	if err != nil {
 		return nil, err
 	}
@@ -225,10 +226,10 @@ func checkType(typeURL string) error {
 // those not available yet. A name that can never be served fails with
 // InvalidArgument naming it; one still unavailable when ctx ends fails with
 // ctx's code naming it; any other failure with Unavailable naming it.
-func (s *Server) resolve(ctx context.Context, names []string) ([]*secretmanager.Secret, error) {
+func (s *Server) resolve(ctx context.Context, id pki.Identity, names []string) ([]*secretmanager.Secret, error) {
 	out := make([]*secretmanager.Secret, len(names))
 	for i, name := range names {
-		sec, err := s.cfg.Secrets.Secret(ctx, name)
+		sec, err := s.cfg.Secrets.Secret(ctx, id, name)
 		switch {
 		case err == nil:
 			out[i] = sec

@@ -35,6 +35,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
@@ -186,7 +187,7 @@ func (f *fixture) waitCert() {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := f.mgr.Secret(ctx, secretmanager.WorkloadCertName); err != nil {
+	if _, err := f.mgr.Secret(ctx, pki.Identity{}, secretmanager.WorkloadCertName); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -369,7 +370,7 @@ func TestACKNACKAndStaleNonce(t *testing.T) {
 		t.Errorf("nacks = %v, want 1", got)
 	}
 	nackLogs := f.logs.FilterMessage("client rejected secrets").All()
-	if len(nackLogs) != 1 || nackLogs[0].ContextMap()[keyErrorDetail] != "bad certificate" {
+	if len(nackLogs) != 1 || nackLogs[0].ContextMap()[logkeys.ErrorDetail] != "bad certificate" {
 		t.Errorf("NACK logs %v", nackLogs)
 	}
 
@@ -518,7 +519,7 @@ func newBigSource(names ...string) *bigSource {
 	return b
 }
 
-func (b *bigSource) Secret(_ context.Context, name string) (*secretmanager.Secret, error) {
+func (b *bigSource) Secret(_ context.Context, _ pki.Identity, name string) (*secretmanager.Secret, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	v, ok := b.version[name]
@@ -529,11 +530,11 @@ func (b *bigSource) Secret(_ context.Context, name string) (*secretmanager.Secre
 	return &secretmanager.Secret{Name: name, Roots: bytes.Repeat([]byte{byte('a' + v%26)}, bigSecret), Version: v}, nil
 }
 
-func (b *bigSource) Current(ctx context.Context, name string) (*secretmanager.Secret, error) {
-	return b.Secret(ctx, name)
+func (b *bigSource) Current(id pki.Identity, name string) (*secretmanager.Secret, error) {
+	return b.Secret(context.Background(), id, name)
 }
 
-func (b *bigSource) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
+func (b *bigSource) Watch(_ pki.Identity, name string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -695,15 +696,15 @@ func TestNACKWithNewNamesIsASubscriptionChange(t *testing.T) {
 
 type staticSource struct{}
 
-func (staticSource) Secret(_ context.Context, name string) (*secretmanager.Secret, error) {
+func (staticSource) Secret(context.Context, pki.Identity, string) (*secretmanager.Secret, error) {
 	return nil, secretmanager.ErrUnknownResource
 }
 
-func (staticSource) Current(ctx context.Context, name string) (*secretmanager.Secret, error) {
-	return staticSource{}.Secret(ctx, name)
+func (staticSource) Current(id pki.Identity, name string) (*secretmanager.Secret, error) {
+	return staticSource{}.Secret(context.Background(), id, name)
 }
 
-func (staticSource) Watch(context.Context, string) (<-chan struct{}, func()) { return nil, func() {} }
+func (staticSource) Watch(pki.Identity, string) (<-chan struct{}, func()) { return nil, func() {} }
 
 // TestNoPrivateKeyOnDisk serves a certificate and then reads every file in
 // the places the process may write: its working directory and the temporary

@@ -30,8 +30,8 @@ type countingSource struct {
 	opened int
 }
 
-func (c *countingSource) Watch(ctx context.Context, name string) (<-chan struct{}, func()) {
-	ch, cancel := c.SecretSource.Watch(ctx, name)
+func (c *countingSource) Watch(id pki.Identity, name string) (<-chan struct{}, func()) {
+	ch, cancel := c.SecretSource.Watch(id, name)
 	c.mu.Lock()
 	c.active[name]++
 	c.opened++
@@ -144,7 +144,7 @@ func TestSharedEncodingIsNotMutated(t *testing.T) {
 		r := next(t, s)
 		got = append(got, r.Raw.GetResources()[0].GetValue())
 	}
-	sec, err := f.mgr.Secret(context.Background(), secretmanager.WorkloadCertName)
+	sec, err := f.mgr.Secret(context.Background(), pki.Identity{}, secretmanager.WorkloadCertName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestStreamsGetNewestVersionInOrder(t *testing.T) {
 	// A renewal may still be on its way: the newest is what the manager
 	// holds when a stream has caught up with it.
 	newest := func() []byte {
-		sec, err := f.mgr.Secret(context.Background(), secretmanager.WorkloadCertName)
+		sec, err := f.mgr.Secret(context.Background(), pki.Identity{}, secretmanager.WorkloadCertName)
 		if err != nil {
 			t.Fatal(err)
 		}

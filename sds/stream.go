@@ -18,8 +18,9 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
-	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -112,7 +113,7 @@ func (st *stream) subscribe(requested, names []string) error {
 		if slices.Contains(state.names, n) {
 			continue
 		}
-		refused, err := st.srv.join(st.ctx, watchKey{identity: st.identity, name: n}, st)
+		refused, err := st.srv.join(watchKey{identity: st.identity, name: n}, st)
 		if err != nil {
 			for _, j := range joined {
 				st.srv.leave(watchKey{identity: st.identity, name: j}, st)
@@ -214,7 +215,7 @@ func (l streamLog) check(lvl zapcore.Level, msg string) *zapcore.CheckedEntry {
 }
 
 func (l streamLog) write(ce *zapcore.CheckedEntry, fields ...zap.Field) {
-	ce.Write(append(fields, zap.Uint64(keyStream, l.id))...)
+	ce.Write(append(fields, zap.Uint64(logkeys.Stream, l.id))...)
 }
 
 // stream is one StreamSecrets stream. The gRPC handler goroutine reads
@@ -227,8 +228,8 @@ type stream struct {
 	ctx      context.Context
 	grpc     secretv3.SecretDiscoveryService_StreamSecretsServer
 	log      streamLog
-	identity string // the caller's, which decides what a name means
-	caller   string // callerKey of the stream's context
+	identity pki.Identity // the caller's, which decides what a name means
+	caller   string       // callerKey of the stream's context
 
 	mu  sync.Mutex
 	st  streamState
@@ -265,7 +266,7 @@ func (s *Server) StreamSecrets(gs secretv3.SecretDiscoveryService_StreamSecretsS
 	if err != nil {
 		s.countError(err)
 		if c := status.Code(err); c != codes.Canceled {
-			st.log.Warn("SDS stream ended with an error", zap.String(keyCode, c.String()), zap.Error(err))
+			st.log.Warn("SDS stream ended with an error", zap.String(logkeys.Code, c.String()), zap.Error(err))
 		}
 	}
 	return err
@@ -346,23 +347,23 @@ func (s *Server) handleRequest(str *stream, req *discoveryv3.DiscoveryRequest) e
 	if req.GetErrorDetail() != nil && (act == actNACK || act == actRespond) {
 		s.metrics.nacks.Inc()
 		log.Warn("client rejected secrets",
-			zap.Strings(keyNames, req.GetResourceNames()),
-			zap.String(keyNonce, req.GetResponseNonce()),
-			zap.String(keyErrorDetail, req.GetErrorDetail().GetMessage()))
+			zap.Strings(logkeys.Names, req.GetResourceNames()),
+			zap.String(logkeys.Nonce, req.GetResponseNonce()),
+			zap.String(logkeys.ErrorDetail, req.GetErrorDetail().GetMessage()))
 	}
 	switch act {
 	case actBadType:
 		return checkType(req.GetTypeUrl())
 	case actStale:
 		s.metrics.stale.Inc()
-		log.Debug("stale SDS request ignored", zap.String(keyNonce, req.GetResponseNonce()))
+		log.Debug("stale SDS request ignored", zap.String(logkeys.Nonce, req.GetResponseNonce()))
 		return nil
 	case actNACK:
 		return nil
 	case actACK:
 		s.metrics.acks.Inc()
 		if ce := log.check(zap.DebugLevel, "secrets acknowledged"); ce != nil {
-			log.write(ce, zap.String(keyVersion, req.GetVersionInfo()), zap.String(keyNonce, req.GetResponseNonce()))
+			log.write(ce, zap.String(logkeys.Version, req.GetVersionInfo()), zap.String(logkeys.Nonce, req.GetResponseNonce()))
 		}
 		return nil
 	}
@@ -376,7 +377,7 @@ func (s *Server) handleRequest(str *stream, req *discoveryv3.DiscoveryRequest) e
 	// A name that can never be served ends the stream now; the answer
 	// itself is sent by the push goroutine, whose stack the encoding and
 	// sending grow, not this one's, which the stream keeps while it waits.
-	if _, err := s.available(str.ctx, st, names, log); err != nil {
+	if _, err := s.available(str.identity, st, names, log); err != nil {
 		return err
 	}
 	st.respond = true
@@ -391,7 +392,7 @@ func (s *Server) push(str *stream) error {
 		return status.FromContextError(err).Err()
 	}
 	st := &str.st
-	secrets, err := s.available(str.ctx, st, st.names, str.log)
+	secrets, err := s.available(str.identity, st, st.names, str.log)
 	if err != nil {
 		return err
 	}
@@ -415,10 +416,10 @@ func (s *Server) push(str *stream) error {
 // name whose watch the source refused, even if Secret would serve it now
 // (the refusal's reason, when Secret still gives it, or the source's log
 // says which limit or file was at fault): a name is never served unwatched.
-func (s *Server) available(ctx context.Context, st *streamState, names []string, log streamLog) ([]*secretmanager.Secret, error) {
+func (s *Server) available(id pki.Identity, st *streamState, names []string, log streamLog) ([]*secretmanager.Secret, error) {
 	out := make([]*secretmanager.Secret, len(names))
 	for i, name := range names {
-		sec, err := s.cfg.Secrets.Current(ctx, name)
+		sec, err := s.cfg.Secrets.Current(id, name)
 		if permanent(err) {
 			return nil, status.Errorf(codes.InvalidArgument, "resource %.200q cannot be served: %v", name, err)
 		}
@@ -438,7 +439,7 @@ func (s *Server) available(ctx context.Context, st *streamState, names []string,
 			st.missing[name] = true
 			s.metrics.unavailable.Inc()
 			log.Info("resource not available yet; the others are served and it is pushed once it is",
-				zap.String(keyName, name), zap.Error(err))
+				zap.String(logkeys.Name, name), zap.Error(err))
 		}
 	}
 	return out, nil
@@ -484,8 +485,8 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 		if counter == s.metrics.pushRequest {
 			reason = pushRequest
 		}
-		log.write(ce, zap.Strings(keyNames, names), zap.String(keyVersion, version),
-			zap.String(keyNonce, nonce), zap.String(keyReason, reason))
+		log.write(ce, zap.Strings(logkeys.Names, names), zap.String(logkeys.Version, version),
+			zap.String(logkeys.Nonce, nonce), zap.String(logkeys.Reason, reason))
 	}
 	return nil
 }
@@ -494,18 +495,11 @@ func (s *Server) send(str *stream, secrets []*secretmanager.Secret, counter prom
 // socket server resolved (node mode), MaxStreamsPerCaller, or refuses it
 // with ResourceExhausted naming the limit; release gives the place back.
 func (s *Server) admit(ctx context.Context) (release func(), err error) {
-	info, _ := caller.FromContext(ctx)
-	key := info.Key()
-	release, err = s.streams.Acquire(key)
-	switch {
-	case errors.Is(err, streamlimit.ErrTotal):
-		s.metrics.refused.WithLabelValues(refusedStreams).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many SDS streams: at most %d are served at once (MESHAGENT_SDS_MAX_STREAMS)", s.cfg.MaxStreams)
-		s.log.Warn("SDS stream refused: too many streams", zap.String(keyCaller, key), zap.Int(keyMaxStreams, s.cfg.MaxStreams), zap.Error(err))
-	case errors.Is(err, streamlimit.ErrPerCaller):
-		s.metrics.refused.WithLabelValues(refusedStreamsPerCaller).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many streams from this caller: at most %d SDS and Workload API streams are served at once (MESHAGENT_SDS_MAX_STREAMS_PER_POD)", s.cfg.MaxStreamsPerCaller)
-		s.log.Warn("SDS stream refused: too many streams from this caller", zap.String(keyCaller, key), zap.Int(keyMaxStreamsPerCaller, s.cfg.MaxStreamsPerCaller), zap.Error(err))
+	release, r, err := s.streams.Admit(ctx)
+	if err != nil {
+		info, _ := caller.FromContext(ctx)
+		s.metrics.refused.WithLabelValues(r.Reason).Inc()
+		s.log.Warn("SDS stream refused: "+r.Cause.Error(), zap.String(logkeys.Caller, info.Key()), zap.Int(r.Reason, r.Limit), zap.Error(err))
 	}
 	return release, err
 }

@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -17,7 +19,7 @@ import (
 // one identity. A source's answer for a name depends on the caller's
 // identity only (SecretSource), so streams of one identity share a watch.
 type watchKey struct {
-	identity string
+	identity pki.Identity
 	name     string
 }
 
@@ -35,11 +37,11 @@ type sharedWatch struct {
 
 // join adds st to the shared watch of key, subscribing to the source first
 // when it is the first member: a change published after join returns kicks
-// st. ctx is st's context (it carries the caller). It reports whether the
+// st. It reports whether the
 // source refused to watch the name, in which case the stream must refuse
 // it too. A file resource over the caller's share is refused before the
 // source is asked: the error is the stream's end.
-func (s *Server) join(ctx context.Context, key watchKey, st *stream) (refused bool, err error) {
+func (s *Server) join(key watchKey, st *stream) (refused bool, err error) {
 	s.watchMu.Lock()
 	defer s.watchMu.Unlock()
 	if err := s.holdFileNameLocked(st, key.name); err != nil {
@@ -49,9 +51,8 @@ func (s *Server) join(ctx context.Context, key watchKey, st *stream) (refused bo
 		w.members[st] = struct{}{}
 		return w.refused, nil
 	}
-	// The subscription outlives the stream that opened it: keep the
-	// caller, drop the stream's cancellation.
-	ch, cancel := s.cfg.Secrets.Watch(context.WithoutCancel(ctx), key.name)
+	// The subscription outlives the stream that opened it.
+	ch, cancel := s.cfg.Secrets.Watch(key.identity, key.name)
 	w := &sharedWatch{members: map[*stream]struct{}{st: {}}, cancel: cancel, stop: make(chan struct{}), refused: ch == nil}
 	if s.watches == nil {
 		s.watches = make(map[watchKey]*sharedWatch)
@@ -80,7 +81,7 @@ func (s *Server) holdFileNameLocked(st *stream, name string) error {
 	if held[name] == 0 && len(held) >= s.cfg.MaxFileNamesPerCaller {
 		s.metrics.refused.WithLabelValues(refusedFileNames).Inc()
 		st.log.Warn("file resource refused: the caller holds its share already",
-			zap.String(keyName, name), zap.String(keyCaller, st.caller), zap.Int(keyMaxFiles, s.cfg.MaxFileNamesPerCaller))
+			zap.String(logkeys.Name, name), zap.String(logkeys.Caller, st.caller), zap.Int(logkeys.MaxFileNamesPerCaller, s.cfg.MaxFileNamesPerCaller))
 		return status.Errorf(codes.ResourceExhausted,
 			"resource %.200q refused: a caller holds at most %d file resources at once (MaxFileNamesPerCaller)",
 			name, s.cfg.MaxFileNamesPerCaller)
@@ -163,9 +164,9 @@ func callerKey(ctx context.Context) string {
 	return "uid:" + strconv.FormatUint(uint64(info.Cred.UID), 10) + " pid:" + strconv.FormatInt(int64(info.Cred.PID), 10)
 }
 
-// identityOf returns the caller identity ctx carries ("" for the agent's
-// own).
-func identityOf(ctx context.Context) string {
+// identityOf returns the caller identity ctx carries, as the socket server
+// resolved it (zero for the agent's own): the one place sds reads it.
+func identityOf(ctx context.Context) pki.Identity {
 	info, _ := caller.FromContext(ctx)
-	return info.Identity.String()
+	return info.Identity
 }

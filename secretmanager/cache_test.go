@@ -21,9 +21,9 @@ import (
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
-	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/test/istioca"
 )
 
@@ -185,18 +185,17 @@ func ident(n int) pki.Identity {
 	return pki.SPIFFEIdentity("cluster.local", "ns", fmt.Sprintf("sa%d", n))
 }
 
-func callerCtx(ctx context.Context, id pki.Identity) context.Context {
-	return caller.NewContext(ctx, caller.Info{Identity: id})
-}
+// own asks the manager for its own identity.
+var own pki.Identity
 
 // wait blocks in Secret("default") for id in a goroutine; the result arrives
 // on the returned channel.
 func (c *cache) wait(id pki.Identity) <-chan *Secret {
 	out := make(chan *Secret, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(callerCtx(context.Background(), id), 20*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		s, err := c.m.Secret(ctx, WorkloadCertName)
+		s, err := c.m.Secret(ctx, id, WorkloadCertName)
 		if err != nil {
 			c.t.Errorf("Secret for %s: %v", id, err)
 		}
@@ -226,7 +225,7 @@ func (c *cache) held(id pki.Identity) bool {
 
 func (c *cache) cert(id pki.Identity) *Secret {
 	c.t.Helper()
-	s, err := c.m.Secret(callerCtx(context.Background(), id), WorkloadCertName)
+	s, err := c.m.Secret(context.Background(), id, WorkloadCertName)
 	if err != nil {
 		c.t.Fatalf("Secret for %s: %v", id, err)
 	}
@@ -384,13 +383,13 @@ func TestCacheFailingIdentityDoesNotDelayOthers(t *testing.T) {
 			return len(logs) == attempt
 		})
 		entry := logs[attempt-1].ContextMap()
-		if entry[keyIdentity] != bad.String() {
-			t.Fatalf("failure logged for %v", entry[keyIdentity])
+		if entry[logkeys.Identity] != bad.String() {
+			t.Fatalf("failure logged for %v", entry[logkeys.Identity])
 		}
 		if n := c.signer.requests(bad); n != attempt {
 			t.Fatalf("%d CSRs after %d scheduled attempts", n, attempt)
 		}
-		d := entry[keyRetryIn].(time.Duration)
+		d := entry[logkeys.RetryIn].(time.Duration)
 		delays = append(delays, d)
 		c.step(d - time.Millisecond)
 		c.waitFor("the backoff timer", c.clock.HasWaiters)
@@ -442,7 +441,7 @@ func TestCacheSubscriberKeepsIdentity(t *testing.T) {
 	c := newCache(t, func(cfg *Config) { cfg.IdleGrace = time.Minute })
 	id := ident(0)
 	c.signer.setMode(id, signOK)
-	ch, cancel := c.m.Watch(callerCtx(context.Background(), id), WorkloadCertName)
+	ch, cancel := c.m.Watch(id, WorkloadCertName)
 	defer cancel()
 	waitSignal(t, ch, "first certificate")
 	first := c.cert(id)
@@ -477,7 +476,7 @@ func TestCacheRootChangeDoesNotWaitForLeaves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rootCh, cancel := m.Watch(context.Background(), RootCertName)
+	rootCh, cancel := m.Watch(own, RootCertName)
 	defer cancel()
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -491,7 +490,7 @@ func TestCacheRootChangeDoesNotWaitForLeaves(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitSignal(t, rootCh, "ROOTCA after a root change")
-	r, err := m.Secret(context.Background(), RootCertName)
+	r, err := m.Secret(context.Background(), own, RootCertName)
 	if err != nil || string(r.Roots) != string(both) {
 		t.Fatalf("ROOTCA %v", err)
 	}
@@ -546,7 +545,7 @@ func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 		if n := ca.Requests(); n != attempt {
 			t.Fatalf("the CA received %d CSRs after %d attempts, want one per attempt", n, attempt)
 		}
-		d := entries[attempt-1].ContextMap()[keyRetryIn].(time.Duration)
+		d := entries[attempt-1].ContextMap()[logkeys.RetryIn].(time.Duration)
 		if d <= last {
 			t.Fatalf("attempt %d waits %s after %s: the backoff does not grow", attempt, d, last)
 		}
@@ -581,7 +580,7 @@ func BenchmarkCache10000Identities(b *testing.B) {
 		var wg sync.WaitGroup
 		for i := range n {
 			wg.Go(func() {
-				if _, err := m.Secret(callerCtx(ctx, ident(i)), WorkloadCertName); err != nil {
+				if _, err := m.Secret(ctx, ident(i), WorkloadCertName); err != nil {
 					b.Error(err)
 				}
 			})

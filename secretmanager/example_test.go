@@ -7,7 +7,6 @@ import (
 
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -32,7 +31,7 @@ func Example() {
 		panic(err)
 	}
 	// Subscribe before Run, so no publication is missed.
-	changed, stop := m.Watch(context.Background(), secretmanager.WorkloadCertName)
+	changed, stop := m.Watch(pki.Identity{}, secretmanager.WorkloadCertName) // zero: the own identity
 	defer stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
@@ -40,7 +39,7 @@ func Example() {
 
 	wait, cancelWait := context.WithTimeout(ctx, 10*time.Second)
 	defer cancelWait()
-	s, err := m.Secret(wait, secretmanager.WorkloadCertName)
+	s, err := m.Secret(wait, pki.Identity{}, secretmanager.WorkloadCertName)
 	if err != nil {
 		panic(err)
 	}
@@ -86,9 +85,9 @@ func ExampleManager_Prefetch() {
 	defer m.Release(web) // its last pod is gone
 
 	for _, sa := range []string{"web", "db"} {
-		call := caller.NewContext(ctx, caller.Info{Identity: pki.SPIFFEIdentity("cluster.local", "shop", sa)})
-		wait, cancelWait := context.WithTimeout(call, 10*time.Second)
-		s, err := m.Secret(wait, secretmanager.WorkloadCertName)
+		id := pki.SPIFFEIdentity("cluster.local", "shop", sa) // as sds or workloadapi resolved the caller
+		wait, cancelWait := context.WithTimeout(ctx, 10*time.Second)
+		s, err := m.Secret(wait, id, secretmanager.WorkloadCertName)
 		cancelWait()
 		if err != nil {
 			panic(err)

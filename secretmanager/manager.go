@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/internal/backoff"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -55,7 +56,7 @@ var (
 // Config describes a Manager. Zero values get the defaults noted.
 type Config struct {
 	// Identity is the agent's own workload identity: what "default" means
-	// for a caller that carries none (caller.Info.Identity zero). It is
+	// for a caller asked for with the zero Identity. It is
 	// kept fresh whether or not anyone asks, and never dropped. Zero with a
 	// CA means the manager serves only callers that carry an identity (node
 	// mode).
@@ -161,79 +162,9 @@ type Manager struct {
 
 // New checks cfg, fills in defaults and returns a Manager. It starts nothing.
 func New(cfg Config) (*Manager, error) {
-	if cfg.Roots == nil {
-		return nil, errors.New("secret manager: no trust roots")
-	}
-	if !cfg.Identity.IsZero() {
-		if err := cfg.Identity.Validate(); err != nil {
-			return nil, fmt.Errorf("secret manager: workload identity: %w", err)
-		}
-	}
-	if cfg.TTL == 0 {
-		cfg.TTL = DefaultTTL
-	}
-	if cfg.TTL < time.Second {
-		return nil, fmt.Errorf("secret manager: TTL %s is shorter than a second", cfg.TTL)
-	}
-	if cfg.GraceRatio == 0 {
-		cfg.GraceRatio = DefaultGraceRatio
-	}
-	switch {
-	case cfg.GraceJitter == 0:
-		cfg.GraceJitter = DefaultGraceJitter
-	case cfg.GraceJitter < 0:
-		cfg.GraceJitter = 0
-	}
-	if !(cfg.GraceRatio > 0 && cfg.GraceRatio <= 1) {
-		return nil, fmt.Errorf("secret manager: grace ratio %v is outside (0, 1]", cfg.GraceRatio)
-	}
-	if !(cfg.GraceJitter <= 1) {
-		return nil, fmt.Errorf("secret manager: grace jitter %v is outside [0, 1]", cfg.GraceJitter)
-	}
-	if cfg.MinRenewDelay < 0 || cfg.MaxRenewDelay < 0 || (cfg.MaxRenewDelay > 0 && cfg.MaxRenewDelay < cfg.MinRenewDelay) {
-		return nil, fmt.Errorf("secret manager: renewal delay clamp [%s, %s] is not a range", cfg.MinRenewDelay, cfg.MaxRenewDelay)
-	}
-	if cfg.BackoffBase <= 0 {
-		cfg.BackoffBase = DefaultBackoffBase
-	}
-	if cfg.BackoffCap <= 0 {
-		cfg.BackoffCap = DefaultBackoffCap
-	}
-	cfg.BackoffCap = max(cfg.BackoffCap, cfg.BackoffBase)
-	switch {
-	case cfg.SignTimeout == 0:
-		cfg.SignTimeout = DefaultSignTimeout
-	case cfg.SignTimeout < 0:
-		cfg.SignTimeout = 0
-	}
-	if cfg.MaxConcurrentCSRs <= 0 {
-		cfg.MaxConcurrentCSRs = DefaultMaxConcurrentCSRs
-	}
-	if cfg.IdleGrace <= 0 {
-		cfg.IdleGrace = DefaultIdleGrace
-	}
-	for prefix, p := range cfg.Providers {
-		if prefix == "" || p == nil {
-			return nil, fmt.Errorf("secret manager: provider for prefix %q: empty prefix or nil provider", prefix)
-		}
-		if prefix == WorkloadCertName || prefix == RootCertName {
-			return nil, fmt.Errorf("secret manager: provider prefix %q shadows a built-in resource", prefix)
-		}
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
-	if cfg.Rand == nil {
-		cfg.Rand = rand.Float64
-	}
-	if cfg.Source == "" {
-		cfg.Source = "ca"
-		if cfg.CA == nil {
-			cfg.Source = "file"
-		}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = zap.NewNop()
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	met, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -277,10 +208,90 @@ func New(cfg Config) (*Manager, error) {
 	return m, nil
 }
 
+// withDefaults checks cfg and returns it with its zero values replaced by
+// the defaults.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.Roots == nil {
+		return cfg, errors.New("secret manager: no trust roots")
+	}
+	if !cfg.Identity.IsZero() {
+		if err := cfg.Identity.Validate(); err != nil {
+			return cfg, fmt.Errorf("secret manager: workload identity: %w", err)
+		}
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.TTL < time.Second {
+		return cfg, fmt.Errorf("secret manager: TTL %s is shorter than a second", cfg.TTL)
+	}
+	if cfg.GraceRatio == 0 {
+		cfg.GraceRatio = DefaultGraceRatio
+	}
+	switch {
+	case cfg.GraceJitter == 0:
+		cfg.GraceJitter = DefaultGraceJitter
+	case cfg.GraceJitter < 0:
+		cfg.GraceJitter = 0
+	}
+	if !(cfg.GraceRatio > 0 && cfg.GraceRatio <= 1) {
+		return cfg, fmt.Errorf("secret manager: grace ratio %v is outside (0, 1]", cfg.GraceRatio)
+	}
+	if !(cfg.GraceJitter <= 1) {
+		return cfg, fmt.Errorf("secret manager: grace jitter %v is outside [0, 1]", cfg.GraceJitter)
+	}
+	if cfg.MinRenewDelay < 0 || cfg.MaxRenewDelay < 0 || (cfg.MaxRenewDelay > 0 && cfg.MaxRenewDelay < cfg.MinRenewDelay) {
+		return cfg, fmt.Errorf("secret manager: renewal delay clamp [%s, %s] is not a range", cfg.MinRenewDelay, cfg.MaxRenewDelay)
+	}
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = DefaultBackoffBase
+	}
+	if cfg.BackoffCap <= 0 {
+		cfg.BackoffCap = DefaultBackoffCap
+	}
+	cfg.BackoffCap = max(cfg.BackoffCap, cfg.BackoffBase)
+	switch {
+	case cfg.SignTimeout == 0:
+		cfg.SignTimeout = DefaultSignTimeout
+	case cfg.SignTimeout < 0:
+		cfg.SignTimeout = 0
+	}
+	if cfg.MaxConcurrentCSRs <= 0 {
+		cfg.MaxConcurrentCSRs = DefaultMaxConcurrentCSRs
+	}
+	if cfg.IdleGrace <= 0 {
+		cfg.IdleGrace = DefaultIdleGrace
+	}
+	for prefix, p := range cfg.Providers {
+		if prefix == "" || p == nil {
+			return cfg, fmt.Errorf("secret manager: provider for prefix %q: empty prefix or nil provider", prefix)
+		}
+		if prefix == WorkloadCertName || prefix == RootCertName {
+			return cfg, fmt.Errorf("secret manager: provider prefix %q shadows a built-in resource", prefix)
+		}
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Float64
+	}
+	if cfg.Source == "" {
+		cfg.Source = "ca"
+		if cfg.CA == nil {
+			cfg.Source = "file"
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	return cfg, nil
+}
+
 func (m *Manager) loadInitial(in *Secret) {
 	h, err := m.checkPair(in.CertChain, in.PrivateKey, m.cfg.CA != nil)
 	if err != nil {
-		m.log.Warn("initial certificate ignored", zap.String(keySource, in.Source), zap.String(keyReason, pki.Reason(err)), zap.Error(err))
+		m.log.Warn("initial certificate ignored", zap.String(logkeys.Source, in.Source), zap.String(logkeys.Reason, pki.Reason(err)), zap.Error(err))
 		return
 	}
 	if in.Source != "" {

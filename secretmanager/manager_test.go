@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
 )
@@ -199,7 +201,7 @@ func (e *env) secret(name string) *Secret {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := e.m.Secret(ctx, name)
+	s, err := e.m.Secret(ctx, own, name)
 	if err != nil {
 		e.t.Fatalf("Secret(%q): %v", name, err)
 	}
@@ -304,7 +306,7 @@ func TestFirstCertificateAndRoots(t *testing.T) {
 	if !r.IsRoot() || !bytes.Equal(r.Roots, e.ca.ca.RootPEM()) {
 		t.Fatal("ROOTCA does not hold the CA root")
 	}
-	if cur, err := e.m.Current(context.Background(), WorkloadCertName); err != nil || cur != s {
+	if cur, err := e.m.Current(own, WorkloadCertName); err != nil || cur != s {
 		t.Fatalf("Current = %v, %v; want the certificate Secret returned", cur, err)
 	}
 	if err := e.m.Ready(); err != nil {
@@ -313,9 +315,10 @@ func TestFirstCertificateAndRoots(t *testing.T) {
 	if err := e.m.Live(); err != nil {
 		t.Fatalf("Live: %v", err)
 	}
-	if got := metricValue(t, e.reg, "meshagent_secretmanager_renewals_total", map[string]string{"result": "success"}); got != 1 {
-		t.Errorf("renewals{success} = %v, want 1", got)
-	}
+	// The signing goroutine counts the renewal after it publishes.
+	testwait.For(t, "renewals{success} = 1", func() bool {
+		return metricValue(t, e.reg, "meshagent_secretmanager_renewals_total", map[string]string{"result": "success"}) == 1
+	})
 	if got := metricValue(t, e.reg, "meshagent_secretmanager_cert_expiry_timestamp_seconds", map[string]string{"name": "default"}); got != float64(s.NotAfter.Unix()) {
 		t.Errorf("expiry gauge = %v, want %d", got, s.NotAfter.Unix())
 	}
@@ -328,7 +331,7 @@ func TestFirstCertificateAndRoots(t *testing.T) {
 
 func TestRotationBeforeExpiry(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.TTL = 30 * time.Second })
-	ch, cancel := e.m.Watch(context.Background(), WorkloadCertName)
+	ch, cancel := e.m.Watch(own, WorkloadCertName)
 	defer cancel()
 	e.start()
 	first := e.secret(WorkloadCertName)
@@ -358,7 +361,7 @@ func TestRotationBeforeExpiry(t *testing.T) {
 
 func TestCAOutageKeepsCertificate(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.TTL = time.Minute })
-	ch, cancel := e.m.Watch(context.Background(), WorkloadCertName)
+	ch, cancel := e.m.Watch(own, WorkloadCertName)
 	defer cancel()
 	e.start()
 	first := e.secret(WorkloadCertName)
@@ -383,7 +386,7 @@ func TestCAOutageKeepsCertificate(t *testing.T) {
 	}
 	var delays []time.Duration
 	for _, entry := range e.logs.FilterMessage("certificate request failed").All() {
-		delays = append(delays, entry.ContextMap()[keyRetryIn].(time.Duration))
+		delays = append(delays, entry.ContextMap()[logkeys.RetryIn].(time.Duration))
 	}
 	if len(delays) != failures {
 		t.Fatalf("%d failure logs for %d failures", len(delays), failures)
@@ -400,6 +403,7 @@ func TestCAOutageKeepsCertificate(t *testing.T) {
 	e.ca.setMode(modeOK)
 	for range 60 {
 		e.step(time.Second)
+		e.waitTimer() // the manager has acted on the step: renewed, or set its next retry
 		select {
 		case <-ch:
 			second := e.secret(WorkloadCertName)
@@ -408,7 +412,7 @@ func TestCAOutageKeepsCertificate(t *testing.T) {
 			}
 			checkWorkloadSecret(t, second, e.ca.ca.Pool(), e.clock.Now())
 			return
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
 	}
 	t.Fatal("renewal did not resume after the CA came back")
@@ -428,7 +432,7 @@ func TestBadAnswersRejected(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.mode, func(t *testing.T) {
 			e := newEnv(t, nil)
-			ch, cancel := e.m.Watch(context.Background(), WorkloadCertName)
+			ch, cancel := e.m.Watch(own, WorkloadCertName)
 			defer cancel()
 			e.start()
 			first := e.secret(WorkloadCertName)
@@ -442,7 +446,7 @@ func TestBadAnswersRejected(t *testing.T) {
 				t.Fatal("a bad answer replaced the certificate")
 			}
 			logs := e.logs.FilterMessage("CA answer rejected").All()
-			if len(logs) != 1 || logs[0].ContextMap()[keyReason] != tt.reason {
+			if len(logs) != 1 || logs[0].ContextMap()[logkeys.Reason] != tt.reason {
 				t.Fatalf("rejection logs %v, want one with reason %s", logs, tt.reason)
 			}
 			if got := metricValue(t, e.reg, "meshagent_ca_answers_rejected_total", map[string]string{"reason": tt.reason}); got != 1 {
@@ -469,18 +473,18 @@ func TestBadFirstAnswerKeepsNotReady(t *testing.T) {
 	if e.m.Live() != nil {
 		t.Fatal("not live while waiting for the first certificate")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now()) // already over: Secret must not wait
 	defer cancel()
-	_, err = e.m.Secret(ctx, WorkloadCertName)
+	_, err = e.m.Secret(ctx, own, WorkloadCertName)
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrRejected) || !errors.Is(err, pki.ErrIdentityMismatch) {
 		t.Fatalf("Secret = %v, want a deadline error wrapping the last rejection", err)
 	}
 	// Current never waits, whatever its context: it says why there is none.
-	_, err = e.m.Current(context.Background(), WorkloadCertName)
+	_, err = e.m.Current(own, WorkloadCertName)
 	if !errors.Is(err, ErrNoCertificate) || !errors.Is(err, ErrRejected) {
 		t.Fatalf("Current = %v, want ErrNoCertificate wrapping the last rejection", err)
 	}
-	if r, err := e.m.Current(context.Background(), RootCertName); err != nil || !r.IsRoot() {
+	if r, err := e.m.Current(own, RootCertName); err != nil || !r.IsRoot() {
 		t.Fatalf("Current(ROOTCA) = %v, %v", r, err)
 	}
 }
@@ -501,20 +505,14 @@ func TestConcurrentCallersShareOneRequest(t *testing.T) {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			s, err := e.m.Secret(ctx, WorkloadCertName)
+			s, err := e.m.Secret(ctx, own, WorkloadCertName)
 			if err != nil {
 				t.Error(err)
 			}
 			results <- s
 		})
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for e.m.waiting(testID) < callers {
-		if time.Now().After(deadline) {
-			t.Fatal("callers did not start waiting")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, "every caller waiting", func() bool { return e.m.waiting(testID) == callers })
 	release()
 	wg.Wait()
 	close(results)
@@ -534,9 +532,9 @@ func TestConcurrentCallersShareOneRequest(t *testing.T) {
 
 func TestRootChange(t *testing.T) {
 	e := newEnv(t, nil)
-	rootCh, cancelRoot := e.m.Watch(context.Background(), RootCertName)
+	rootCh, cancelRoot := e.m.Watch(own, RootCertName)
 	defer cancelRoot()
-	certCh, cancelCert := e.m.Watch(context.Background(), WorkloadCertName)
+	certCh, cancelCert := e.m.Watch(own, WorkloadCertName)
 	defer cancelCert()
 	e.start()
 	first := e.secret(WorkloadCertName)
@@ -576,7 +574,7 @@ func TestRootChange(t *testing.T) {
 // later root change keeps it.
 func TestRootCRLChange(t *testing.T) {
 	e := newEnv(t, nil)
-	rootCh, cancelRoot := e.m.Watch(context.Background(), RootCertName)
+	rootCh, cancelRoot := e.m.Watch(own, RootCertName)
 	defer cancelRoot()
 	e.start()
 	old := e.secret(RootCertName)
@@ -626,7 +624,7 @@ func TestInitialCertificate(t *testing.T) {
 			chain, key := issuePair(t, ca.ca, testID, now.Add(-10*time.Minute), now.Add(50*time.Minute))
 			c.Initial = &Secret{CertChain: chain, PrivateKey: key, Source: "output-certs"}
 		})
-		ch, cancel := e.m.Watch(context.Background(), WorkloadCertName)
+		ch, cancel := e.m.Watch(own, WorkloadCertName)
 		defer cancel()
 		e.start()
 		s := e.secret(WorkloadCertName)
@@ -690,7 +688,7 @@ func TestPublishWithoutCA(t *testing.T) {
 		c.Identity = pki.Identity{}
 		c.OnPublish = func(s *Secret) { pmu.Lock(); published = append(published, s); pmu.Unlock() }
 	})
-	ch, cancel := e.m.Watch(context.Background(), WorkloadCertName)
+	ch, cancel := e.m.Watch(own, WorkloadCertName)
 	defer cancel()
 	e.start()
 	now := e.clock.Now()
@@ -733,13 +731,18 @@ func TestPublishWithoutCA(t *testing.T) {
 	if err := e.m.Ready(); !errors.Is(err, ErrExpired) {
 		t.Fatalf("Ready after expiry = %v", err)
 	}
-	ctx, cancelCtx := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	ctx, cancelCtx := context.WithDeadline(context.Background(), time.Now())
 	defer cancelCtx()
-	if _, err := e.m.Secret(ctx, WorkloadCertName); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := e.m.Secret(ctx, own, WorkloadCertName); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Secret of an expired certificate = %v", err)
 	}
 	// Run announces what it holds when it starts, which may come before or
 	// after the Publish above; nothing else may be handed over.
+	testwait.For(t, "Run announcing the roots", func() bool {
+		pmu.Lock()
+		defer pmu.Unlock()
+		return slices.ContainsFunc(published, func(p *Secret) bool { return p.Name == RootCertName })
+	})
 	pmu.Lock()
 	defer pmu.Unlock()
 	var sawCert, sawRoots bool
@@ -786,25 +789,25 @@ func TestNamesAndProviders(t *testing.T) {
 	p := &staticProvider{secrets: map[string]*Secret{fileRoot.Name: fileRoot}}
 	e := newEnv(t, func(c *Config) { c.Providers = map[string]Provider{FileRootPrefix: p} })
 	ctx := context.Background()
-	if s, err := e.m.Secret(ctx, fileRoot.Name); err != nil || s != fileRoot {
+	if s, err := e.m.Secret(ctx, own, fileRoot.Name); err != nil || s != fileRoot {
 		t.Fatalf("provider secret: %v", err)
 	}
-	if s, err := e.m.Current(ctx, fileRoot.Name); err != nil || s != fileRoot {
+	if s, err := e.m.Current(own, fileRoot.Name); err != nil || s != fileRoot {
 		t.Fatalf("provider's current secret: %v", err)
 	}
-	ch, cancel := e.m.Watch(context.Background(), fileRoot.Name)
+	ch, cancel := e.m.Watch(own, fileRoot.Name)
 	defer cancel()
 	p.h.notify()
 	waitSignal(t, ch, "provider watch")
 	for _, name := range []string{"", "Default", "rootca", "file-cert:/a~/b", "file-root:/missing", "default ", string([]byte{0xff, 0})} {
-		if _, err := e.m.Secret(ctx, name); !errors.Is(err, ErrUnknownResource) {
+		if _, err := e.m.Secret(ctx, own, name); !errors.Is(err, ErrUnknownResource) {
 			t.Errorf("Secret(%q) = %v, want ErrUnknownResource", name, err)
 		}
-		if _, err := e.m.Current(ctx, name); !errors.Is(err, ErrUnknownResource) {
+		if _, err := e.m.Current(own, name); !errors.Is(err, ErrUnknownResource) {
 			t.Errorf("Current(%q) = %v, want ErrUnknownResource", name, err)
 		}
 	}
-	if ch, cancel := e.m.Watch(context.Background(), "nope"); ch != nil {
+	if ch, cancel := e.m.Watch(own, "nope"); ch != nil {
 		t.Error("Watch of an unknown name returned a channel")
 	} else {
 		cancel()
@@ -886,7 +889,7 @@ func FuzzPublish(f *testing.F) {
 		if err != nil {
 			return
 		}
-		s, err := m.Secret(context.Background(), WorkloadCertName)
+		s, err := m.Secret(context.Background(), own, WorkloadCertName)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -83,7 +84,7 @@ func (m *Manager) refreshRoots() bool {
 	if pub == nil {
 		return false
 	}
-	m.log.Info("trust roots changed", zap.Int(keyRoots, len(b.Certs())), zap.String(keySource, source))
+	m.log.Info("trust roots changed", zap.Int(logkeys.Roots, len(b.Certs())), zap.String(logkeys.Source, source))
 	return true
 }
 
@@ -131,7 +132,7 @@ func (m *Manager) recheckLeaves() {
 	m.mu.Unlock()
 	m.poke()
 	for _, id := range renewing {
-		m.log.Warn("certificate does not chain to the new roots; renewing", zap.String(keyIdentity, id.String()))
+		m.log.Warn("certificate does not chain to the new roots; renewing", zap.String(logkeys.Identity, id.String()))
 	}
 }
 
@@ -153,7 +154,7 @@ func (m *Manager) Publish(s *Secret) error {
 	}
 	h, err := m.checkPair(s.CertChain, s.PrivateKey, false)
 	if err != nil {
-		m.log.Warn("certificate not published", zap.String(keySource, s.Source), zap.String(keyReason, pki.Reason(err)), zap.Error(err))
+		m.log.Warn("certificate not published", zap.String(logkeys.Source, s.Source), zap.String(logkeys.Reason, pki.Reason(err)), zap.Error(err))
 		return err
 	}
 	if s.Source != "" {
@@ -212,17 +213,17 @@ func (m *Manager) checkPair(chainPEM, keyPEM []byte, verify bool) (*held, error)
 
 func certFields(s *Secret) []zap.Field {
 	f := []zap.Field{
-		zap.String(keyName, s.Name),
-		zap.String(keyIdentity, s.Identity.String()),
-		zap.Time(keyNotAfter, s.NotAfter),
-		zap.String(keySource, s.Source),
-		zap.Uint64(keyVersion, s.Version),
+		zap.String(logkeys.Name, s.Name),
+		zap.String(logkeys.Identity, s.Identity.String()),
+		zap.Time(logkeys.NotAfter, s.NotAfter),
+		zap.String(logkeys.Source, s.Source),
+		zap.Uint64(logkeys.Version, s.Version),
 	}
 	if s.Leaf != nil {
-		f = append(f, zap.String(keySerial, s.Leaf.SerialNumber.Text(16)))
+		f = append(f, zap.String(logkeys.Serial, s.Leaf.SerialNumber.Text(16)))
 	}
 	if !s.RenewAt.IsZero() {
-		f = append(f, zap.Time(keyRenewAt, s.RenewAt))
+		f = append(f, zap.Time(logkeys.RenewAt, s.RenewAt))
 	}
 	return f
 }

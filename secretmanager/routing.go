@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
 // Provider serves the resource names under a prefix that the manager does not
@@ -29,11 +28,12 @@ type Provider interface {
 	Watch(name string) (<-chan struct{}, func())
 }
 
-// identityFor returns the identity "default" means for the caller of ctx:
-// caller.Info.Identity when set, else the configured identity.
-func (m *Manager) identityFor(ctx context.Context) (pki.Identity, error) {
-	if info, ok := caller.FromContext(ctx); ok && !info.Identity.IsZero() {
-		id := info.Identity
+// identityFor returns the identity "default" means for a caller the edge
+// (sds, workloadapi) resolved to id: id when set, else the configured
+// identity. The manager never looks at the transport: whoever serves a
+// caller resolves it and passes the identity in.
+func (m *Manager) identityFor(id pki.Identity) (pki.Identity, error) {
+	if !id.IsZero() {
 		if m.cfg.CA == nil && (m.own == nil || m.own.id != id) {
 			return pki.Identity{}, fmt.Errorf("%w: no CA to sign for %s", ErrNoIdentity, id)
 		}
@@ -46,14 +46,15 @@ func (m *Manager) identityFor(ctx context.Context) (pki.Identity, error) {
 }
 
 // Secret returns the current secret for name. "default" is the workload
-// certificate of the caller's identity (see identityFor); Secret waits,
+// certificate of id, the caller's identity as the edge resolved it (the
+// zero Identity: the configured one; see identityFor); Secret waits,
 // bounded by ctx, while none is held for it or the held one has expired.
 // Names nobody serves give an error wrapping ErrUnknownResource. To read
 // without waiting, use Current.
-func (m *Manager) Secret(ctx context.Context, name string) (*Secret, error) {
+func (m *Manager) Secret(ctx context.Context, id pki.Identity, name string) (*Secret, error) {
 	switch name {
 	case WorkloadCertName:
-		id, err := m.identityFor(ctx)
+		id, err := m.identityFor(id)
 		if err != nil {
 			return nil, err
 		}
@@ -70,15 +71,15 @@ func (m *Manager) Secret(ctx context.Context, name string) (*Secret, error) {
 // Current returns the secret held now for name and never waits: without
 // one (no certificate yet for the caller's identity, or it expired; a file
 // not loaded yet) it returns an error saying why (wrapping ErrNoCertificate
-// or ErrExpired for "default"). ctx only carries the caller, as in Secret;
-// whether it is done does not matter. Asking for an identity not held yet
+// or ErrExpired for "default"); id is the caller's identity, as in Secret.
+// Asking for an identity not held yet
 // holds it for the idle grace period and requests its certificate. Errors
 // that mean the name can never be served wrap ErrUnknownResource or
 // ErrNoIdentity, as Secret's.
-func (m *Manager) Current(ctx context.Context, name string) (*Secret, error) {
+func (m *Manager) Current(id pki.Identity, name string) (*Secret, error) {
 	switch name {
 	case WorkloadCertName:
-		id, err := m.identityFor(ctx)
+		id, err := m.identityFor(id)
 		if err != nil {
 			return nil, err
 		}
@@ -101,7 +102,7 @@ func (m *Manager) currentRoots() *Secret {
 }
 
 // Watch returns a channel that receives a value whenever the secret under
-// name (for "default": the caller's identity, as in Secret) is replaced, and
+// name (for "default": the certificate of id, as in Secret) is replaced, and
 // a function that ends the subscription. The channel has a one-slot buffer
 // and signals merge: after a signal, call Secret for the newest version.
 // Watching "default" holds the identity: it is kept fresh, and dropped only
@@ -109,10 +110,10 @@ func (m *Manager) currentRoots() *Secret {
 // with no identity, or a provider's name it refused to hold, the channel is
 // nil (Secret says why, unless a provider's limit freed up meanwhile): the
 // name must then be refused, never served unwatched.
-func (m *Manager) Watch(ctx context.Context, name string) (<-chan struct{}, func()) {
+func (m *Manager) Watch(id pki.Identity, name string) (<-chan struct{}, func()) {
 	switch name {
 	case WorkloadCertName:
-		id, err := m.identityFor(ctx)
+		id, err := m.identityFor(id)
 		if err != nil {
 			return nil, func() {}
 		}

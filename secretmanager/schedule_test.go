@@ -7,6 +7,7 @@ import (
 )
 
 func TestRenewAt(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	tests := []struct {
 		name     string
@@ -47,6 +48,7 @@ func TestRenewAt(t *testing.T) {
 // The default policy renews a 24h certificate at 12h give or take 15 minutes
 // (FACTS: ratio 0.5, jitter 0.01).
 func TestRenewAtDefaultSpread(t *testing.T) {
+	t.Parallel()
 	t0 := time.Now()
 	p := Policy{GraceRatio: DefaultGraceRatio, GraceJitter: DefaultGraceJitter}
 	lo := RenewAt(t0, t0.Add(24*time.Hour), p, 0.999999).Sub(t0)
@@ -57,6 +59,7 @@ func TestRenewAtDefaultSpread(t *testing.T) {
 }
 
 func TestRenewalFloor(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct{ life, want time.Duration }{
 		{24 * time.Hour, 864 * time.Second},
 		{time.Hour, 36 * time.Second},

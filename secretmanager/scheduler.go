@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -121,7 +122,7 @@ func (m *Manager) schedule(ctx context.Context, wg *sync.WaitGroup) (next time.T
 	}
 	m.mu.Unlock()
 	for _, id := range dropped {
-		m.log.Debug("identity dropped: unused", zap.String(keyIdentity, id.String()))
+		m.log.Debug("identity dropped: unused", zap.String(logkeys.Identity, id.String()))
 	}
 	return next, ok
 }
@@ -253,7 +254,7 @@ func (m *Manager) request(ctx context.Context, id pki.Identity) (*Secret, *held,
 	s := CertSecret(WorkloadCertName, chain, keyPEM, m.cfg.Source)
 	s.Identity = id
 	s.RenewAt = RenewAt(now, s.NotAfter, m.policy, m.rand())
-	m.log.Debug("CA answered", zap.String(keyIdentity, id.String()), zap.Duration(keyLatency, latency))
+	m.log.Debug("CA answered", zap.String(logkeys.Identity, id.String()), zap.Duration(logkeys.Latency, latency))
 	return s, &held{secret: s, chain: chain}, nil
 }
 
@@ -282,7 +283,7 @@ func (m *Manager) finish(e *entry, s *Secret, h *held, err error) {
 	})
 	if pub == nil {
 		m.metrics.renewals.WithLabelValues(resultDiscarded).Inc()
-		m.log.Debug("CA answer discarded: identity dropped meanwhile", zap.String(keyIdentity, e.id.String()))
+		m.log.Debug("CA answer discarded: identity dropped meanwhile", zap.String(logkeys.Identity, e.id.String()))
 		return
 	}
 	m.metrics.renewals.WithLabelValues(resultSuccess).Inc()
@@ -296,7 +297,7 @@ func (m *Manager) fail(e *entry, err error) {
 	m.doneLocked(e)
 	if m.entries[e.id] != e {
 		m.mu.Unlock()
-		m.log.Debug("CA answer discarded: identity dropped meanwhile", zap.String(keyIdentity, e.id.String()))
+		m.log.Debug("CA answer discarded: identity dropped meanwhile", zap.String(logkeys.Identity, e.id.String()))
 		return
 	}
 	e.lastErr = err
@@ -310,9 +311,9 @@ func (m *Manager) fail(e *entry, err error) {
 }
 
 func (m *Manager) logFailure(id pki.Identity, err error, attempt int, retryIn time.Duration) {
-	fields := []zap.Field{zap.String(keyIdentity, id.String()), zap.Int(keyAttempt, attempt), zap.Duration(keyRetryIn, retryIn), zap.Error(err)}
+	fields := []zap.Field{zap.String(logkeys.Identity, id.String()), zap.Int(logkeys.Attempt, attempt), zap.Duration(logkeys.RetryIn, retryIn), zap.Error(err)}
 	if errors.Is(err, ErrRejected) {
-		m.log.Warn("CA answer rejected", append([]zap.Field{zap.String(keyReason, pki.Reason(err))}, fields...)...)
+		m.log.Warn("CA answer rejected", append([]zap.Field{zap.String(logkeys.Reason, pki.Reason(err))}, fields...)...)
 		return
 	}
 	m.log.Warn("certificate request failed", fields...)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/istioca"
 )
 
@@ -58,6 +59,7 @@ func TestGraceRatioOneDoesNotLoop(t *testing.T) {
 // SECRET_GRACE_PERIOD_RATIO=0 would renew only after expiry: refused at
 // start-up with exit 2 and a line saying what is accepted.
 func TestGraceRatioZeroRefused(t *testing.T) {
+	heavy.Skip(t, "runs the built agent")
 	bin, err := agentproc.Binary()
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	gsworkloadapi "github.com/spiffe/go-spiffe/v2/workloadapi"
 
 	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/kubeenv"
 	"github.com/meshagent/meshagent/test/podproc"
@@ -82,6 +83,7 @@ func svidAsPod(t *testing.T, socket, uid string) string {
 // their own SVID over the one socket and only that one, and a process in no
 // pod is refused.
 func TestNodeModeWorkloadAPIGivesEachPodItsSVID(t *testing.T) {
+	heavy.Skip(t, "starts etcd and kube-apiserver")
 	ctx := context.Background()
 	kube, err := kubeenv.Start(ctx, kubeenv.Options{})
 	if err != nil {

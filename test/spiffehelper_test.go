@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
 
@@ -79,6 +80,7 @@ func readHelperFiles(dir string) (*helperFiles, error) {
 // spiffe-helper v0.11.0, pointed at the agent binary's socket, writes the
 // SVID, its key and the bundle, and writes them again on every rotation.
 func TestSpiffeHelperWritesAndRewritesFiles(t *testing.T) {
+	heavy.Skip(t, "runs spiffe-helper and the built agent")
 	helper, err := kubeenv.ToolPath("spiffe-helper")
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/internal/testwait"
+	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
@@ -99,6 +100,7 @@ func (p *xeProc) alive(t *testing.T) {
 
 func buildXdsecho(t *testing.T) string {
 	t.Helper()
+	heavy.Skip(t, "builds and runs xdsecho")
 	bin := filepath.Join(t.TempDir(), "xdsecho")
 	cmd := exec.Command("go", "build", "-o", bin, "github.com/meshagent/meshagent/test/e2e/images/xdsecho")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

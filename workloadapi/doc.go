@@ -12,11 +12,11 @@
 // Every call must carry the gRPC metadata workload.spiffe.io: true exactly
 // once; otherwise it is refused with InvalidArgument, as SPIRE does.
 //
-// It does not own the secrets nor who the caller is: it asks a SecretSource
-// (Secret and Watch) for "default" and "ROOTCA" with the RPC's context,
-// which carries the caller (caller.FromContext) that udsserver put there;
-// the source decides which identity "default" is (the agent's own in a
-// sidecar, the caller's pod's in node mode). A certificate whose identity is
+// It does not own the secrets nor who the caller is: it reads the identity
+// of the caller that udsserver put on the RPC's context (caller.FromContext)
+// once per call and asks a SecretSource (Secret and Watch) for "default" and
+// "ROOTCA" with it explicitly (zero: the agent's own, in a sidecar; the
+// caller's pod's identity in node mode). A certificate whose identity is
 // not a SPIFFE ID (CA_PROVIDER=Linkerd issues DNS names, and its CA signs
 // only the DNS SAN that was asked for) cannot be an X.509-SVID. Failures
 // carry the codes of the SPIFFE Workload Endpoint standard: a caller that

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -44,8 +45,8 @@ func FuzzSecurityHeader(f *testing.F) {
 // nopSource serves nothing: the header is checked before any secret is read.
 type nopSource struct{}
 
-func (nopSource) Secret(context.Context, string) (*secretmanager.Secret, error) {
+func (nopSource) Secret(context.Context, pki.Identity, string) (*secretmanager.Secret, error) {
 	return nil, secretmanager.ErrUnknownResource
 }
 
-func (nopSource) Watch(context.Context, string) (<-chan struct{}, func()) { return nil, func() {} }
+func (nopSource) Watch(pki.Identity, string) (<-chan struct{}, func()) { return nil, func() {} }

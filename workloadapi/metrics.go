@@ -21,12 +21,10 @@ const (
 	pushUpdate = "update"
 )
 
-// Refusal reasons, the values of the "reason" label of refused.
-const (
-	refusedHeader       = "header"
-	refusedMaxStreams   = "max_streams"
-	refusedMaxPerCaller = "max_streams_per_caller"
-)
+// Refusal reasons, the values of the "reason" label of refused: the
+// missing security header, or a stream over a limit (streamlimit.Refusal's
+// reason).
+const refusedHeader = "header"
 
 type metrics struct {
 	streams *prometheus.GaugeVec

@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -34,16 +36,17 @@ const (
 	headerValue = "true"
 )
 
-// SecretSource is what the server needs from the secret manager. ctx is the
-// RPC's context and carries the caller (caller.FromContext): "default" is the
-// certificate of the caller's identity, "ROOTCA" the trust bundle.
+// SecretSource is what the server needs from the secret manager. id is the
+// caller's identity, as the socket server resolved it (caller.Info.Identity;
+// zero for the agent's own): "default" is its certificate, "ROOTCA" the
+// trust bundle.
 type SecretSource interface {
 	// Secret returns the current secret for name, waiting (bounded by ctx)
 	// while it is not available yet.
-	Secret(ctx context.Context, name string) (*secretmanager.Secret, error)
+	Secret(ctx context.Context, id pki.Identity, name string) (*secretmanager.Secret, error)
 	// Watch signals, on a channel with a one-slot buffer, each time the secret
 	// under name is replaced; the function ends the subscription.
-	Watch(ctx context.Context, name string) (<-chan struct{}, func())
+	Watch(id pki.Identity, name string) (<-chan struct{}, func())
 }
 
 // Config describes a Workload API server. Zero values get the defaults noted.
@@ -104,7 +107,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.Named("workloadapi"), metrics: m,
-		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers}}, nil
+		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers,
+			Service: "Workload API", MaxSetting: "MESHAGENT_WORKLOAD_API_MAX_STREAMS"}}, nil
 }
 
 // Register adds the SpiffeWorkloadAPI service to gs.
@@ -125,7 +129,7 @@ func (s *Server) FetchX509SVID(_ *workload.X509SVIDRequest, stream grpc.ServerSt
 		return err
 	}
 	defer release()
-	return s.ended(methodX509SVID, s.follow(ctx, methodX509SVID, []string{secretmanager.WorkloadCertName, secretmanager.RootCertName},
+	return s.ended(methodX509SVID, s.follow(ctx, identityOf(ctx), methodX509SVID, []string{secretmanager.WorkloadCertName, secretmanager.RootCertName},
 		func(secrets []*secretmanager.Secret) error {
 			resp, err := svidResponse(secrets[0], secrets[1])
 			if err != nil {
@@ -149,7 +153,8 @@ func (s *Server) FetchX509Bundles(_ *workload.X509BundlesRequest, stream grpc.Se
 	defer release()
 	// The trust domain is the caller's: that of its identity, which does
 	// not change while the stream lasts.
-	cert, err := s.read(ctx, secretmanager.WorkloadCertName)
+	id := identityOf(ctx)
+	cert, err := s.read(ctx, id, secretmanager.WorkloadCertName)
 	if err != nil {
 		return s.ended(methodX509Bundles, err)
 	}
@@ -157,7 +162,7 @@ func (s *Server) FetchX509Bundles(_ *workload.X509BundlesRequest, stream grpc.Se
 	if err != nil {
 		return s.ended(methodX509Bundles, err)
 	}
-	return s.ended(methodX509Bundles, s.follow(ctx, methodX509Bundles, []string{secretmanager.RootCertName},
+	return s.ended(methodX509Bundles, s.follow(ctx, id, methodX509Bundles, []string{secretmanager.RootCertName},
 		func(secrets []*secretmanager.Secret) error {
 			resp, err := bundlesResponse(td, secrets[0])
 			if err != nil {
@@ -223,8 +228,15 @@ func (s *Server) checkHeader(ctx context.Context, method string) error {
 		return nil
 	}
 	s.metrics.refused.WithLabelValues(refusedHeader).Inc()
-	s.log.Warn("workload API call refused: security header missing", zap.String(keyMethod, method), callerField(ctx))
+	s.log.Warn("workload API call refused: security header missing", zap.String(logkeys.Method, method), callerField(ctx))
 	return status.Error(codes.InvalidArgument, "security header missing from request: the Workload API needs the gRPC metadata workload.spiffe.io: true")
+}
+
+// identityOf returns the caller identity ctx carries, as the socket server
+// resolved it (zero for the agent's own): the one place the server reads it.
+func identityOf(ctx context.Context) pki.Identity {
+	info, _ := caller.FromContext(ctx)
+	return info.Identity
 }
 
 func callerField(ctx context.Context) zap.Field {
@@ -232,24 +244,16 @@ func callerField(ctx context.Context) zap.Field {
 	if !ok {
 		return zap.Skip()
 	}
-	return zap.Stringer(keyCaller, info.Cred)
+	return zap.Stringer(logkeys.Cred, info.Cred)
 }
 
 // acquire takes a stream's place within the limits, or refuses the stream
 // with ResourceExhausted naming the limit. The function gives it back.
 func (s *Server) acquire(ctx context.Context, method string) (func(), error) {
-	info, _ := caller.FromContext(ctx)
-	release, err := s.streams.Acquire(info.Key())
-	switch {
-	case errors.Is(err, streamlimit.ErrTotal):
-		s.metrics.refused.WithLabelValues(refusedMaxStreams).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many Workload API streams: at most %d are served at once (MESHAGENT_WORKLOAD_API_MAX_STREAMS)", s.cfg.MaxStreams)
-	case errors.Is(err, streamlimit.ErrPerCaller):
-		s.metrics.refused.WithLabelValues(refusedMaxPerCaller).Inc()
-		err = status.Errorf(codes.ResourceExhausted, "too many streams from this caller: at most %d SDS and Workload API streams are served at once (MESHAGENT_SDS_MAX_STREAMS_PER_POD)", s.cfg.MaxStreamsPerCaller)
-	}
+	release, r, err := s.streams.Admit(ctx)
 	if err != nil {
-		s.log.Warn("workload API stream refused", zap.String(keyMethod, method), callerField(ctx), zap.Error(err))
+		s.metrics.refused.WithLabelValues(r.Reason).Inc()
+		s.log.Warn("workload API stream refused", zap.String(logkeys.Method, method), callerField(ctx), zap.Error(err))
 		return nil, err
 	}
 	s.metrics.streams.WithLabelValues(method).Inc()
@@ -264,11 +268,11 @@ func (s *Server) acquire(ctx context.Context, method string) (func(), error) {
 // It returns when ctx ends or a send fails. A first read that fails ends the
 // stream; a later one is logged and the client keeps what it holds until the
 // next change.
-func (s *Server) follow(ctx context.Context, method string, names []string, send func([]*secretmanager.Secret) error) error {
+func (s *Server) follow(ctx context.Context, ident pki.Identity, method string, names []string, send func([]*secretmanager.Secret) error) error {
 	// Watch before reading, so no change slips between the two.
 	var w0, w1 <-chan struct{} // one or two names, as the methods use
 	for i, name := range names {
-		ch, cancel := s.cfg.Secrets.Watch(ctx, name)
+		ch, cancel := s.cfg.Secrets.Watch(ident, name)
 		defer cancel()
 		if i == 0 {
 			w0 = ch
@@ -279,7 +283,7 @@ func (s *Server) follow(ctx context.Context, method string, names []string, send
 	id := s.streamIDs.Add(1)
 	var sent []uint64
 	for {
-		secrets, err := s.readAll(ctx, names)
+		secrets, err := s.readAll(ctx, ident, names)
 		switch {
 		case err != nil && sent == nil:
 			return err
@@ -287,7 +291,7 @@ func (s *Server) follow(ctx context.Context, method string, names []string, send
 			if ctx.Err() != nil {
 				return status.FromContextError(ctx.Err()).Err()
 			}
-			s.log.Warn("workload API update not sent", zap.Uint64(keyStream, id), zap.String(keyMethod, method), zap.Error(err))
+			s.log.Warn("workload API update not sent", zap.Uint64(logkeys.Stream, id), zap.String(logkeys.Method, method), zap.Error(err))
 		case !sameVersions(secrets, sent):
 			if err := send(secrets); err != nil {
 				return err
@@ -301,8 +305,8 @@ func (s *Server) follow(ctx context.Context, method string, names []string, send
 				sent = append(sent, sec.Version)
 			}
 			s.metrics.pushes.WithLabelValues(method, reason).Inc()
-			s.log.Debug("workload API response sent", zap.Uint64(keyStream, id), zap.String(keyMethod, method),
-				zap.String(keyReason, reason), callerField(ctx))
+			s.log.Debug("workload API response sent", zap.Uint64(logkeys.Stream, id), zap.String(logkeys.Method, method),
+				zap.String(logkeys.Reason, reason), callerField(ctx))
 		}
 		select {
 		case <-ctx.Done():
@@ -325,10 +329,10 @@ func sameVersions(secrets []*secretmanager.Secret, sent []uint64) bool {
 	return true
 }
 
-func (s *Server) readAll(ctx context.Context, names []string) ([]*secretmanager.Secret, error) {
+func (s *Server) readAll(ctx context.Context, ident pki.Identity, names []string) ([]*secretmanager.Secret, error) {
 	out := make([]*secretmanager.Secret, len(names))
 	for i, name := range names {
-		sec, err := s.read(ctx, name)
+		sec, err := s.read(ctx, ident, name)
 		if err != nil {
 			return nil, err
 		}
@@ -346,8 +350,8 @@ func (s *Server) readAll(ctx context.Context, names []string) ([]*secretmanager.
 // SPIRE and go-spiffe's own test server answer so); any other failure is
 // Unavailable (the agent cannot answer now: retry); the end of ctx keeps
 // ctx's code.
-func (s *Server) read(ctx context.Context, name string) (*secretmanager.Secret, error) {
-	sec, err := s.cfg.Secrets.Secret(ctx, name)
+func (s *Server) read(ctx context.Context, ident pki.Identity, name string) (*secretmanager.Secret, error) {
+	sec, err := s.cfg.Secrets.Secret(ctx, ident, name)
 	if err == nil {
 		return sec, nil
 	}
@@ -371,6 +375,6 @@ func (s *Server) ended(method string, err error) error {
 		return err
 	}
 	s.metrics.errors.WithLabelValues(method, code.String()).Inc()
-	s.log.Warn("workload API stream ended with an error", zap.String(keyMethod, method), zap.String(keyCode, code.String()), zap.Error(err))
+	s.log.Warn("workload API stream ended with an error", zap.String(logkeys.Method, method), zap.String(logkeys.Code, code.String()), zap.Error(err))
 	return err
 }

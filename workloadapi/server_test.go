@@ -51,14 +51,6 @@ func shortDir(t testing.TB) string {
 	return dir
 }
 
-// managerSource gives the secret manager the source interface of both
-// services.
-type managerSource struct{ *secretmanager.Manager }
-
-func (m managerSource) Watch(ctx context.Context, name string) (<-chan struct{}, func()) {
-	return m.Manager.Watch(ctx, name)
-}
-
 // agent is the serving half of the agent in process: a secret manager on a
 // fake clock with an in-process CA, and one socket serving SDS and the
 // Workload API.
@@ -101,7 +93,7 @@ func startAgent(t testing.TB, ttl time.Duration, adjust func(*workloadapi.Config
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.wl = newWorkloadAPI(t, managerSource{a.mgr}, a.reg, log, adjust)
+	a.wl = newWorkloadAPI(t, a.mgr, a.reg, log, adjust)
 	sdsSrv, err := sds.New(sds.Config{Secrets: a.mgr, Logger: log, Registerer: a.reg})
 	if err != nil {
 		t.Fatal(err)

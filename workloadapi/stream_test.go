@@ -303,7 +303,7 @@ func newTestSource(t *testing.T, id pki.Identity) *testSource {
 	}
 }
 
-func (s *testSource) Secret(_ context.Context, name string) (*secretmanager.Secret, error) {
+func (s *testSource) Secret(_ context.Context, _ pki.Identity, name string) (*secretmanager.Secret, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
@@ -320,7 +320,7 @@ func (s *testSource) Secret(_ context.Context, name string) (*secretmanager.Secr
 	return nil, secretmanager.ErrUnknownResource
 }
 
-func (s *testSource) Watch(_ context.Context, name string) (<-chan struct{}, func()) {
+func (s *testSource) Watch(_ pki.Identity, name string) (<-chan struct{}, func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ch := make(chan struct{}, 1)
@@ -600,7 +600,7 @@ func TestNoIdentityIsPermissionDenied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	socket, _ := serve(t, managerSource{mgr}, nil)
+	socket, _ := serve(t, mgr, nil)
 	ctx := callCtx(t)
 	c, err := gsworkloadapi.New(ctx, gsworkloadapi.WithAddr("unix://"+socket),
 		// The socket may not listen yet: wait for it rather than fail.

@@ -9,8 +9,11 @@ import (
 	"go.uber.org/zap"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // Subscription is a resource type the proxy asks the control plane for on
@@ -63,15 +66,7 @@ func (s *session) subscribeOwn() {
 		if o.gen == s.gen {
 			continue
 		}
-		var req proto.Message = &discovery.DiscoveryRequest{TypeUrl: o.sub.TypeURL, VersionInfo: o.version}
-		if s.proto.name == protoDelta {
-			versions := make(map[string]string, len(o.res))
-			for name, r := range o.res {
-				versions[name] = r.GetVersion()
-			}
-			req = &discovery.DeltaDiscoveryRequest{TypeUrl: o.sub.TypeURL, InitialResourceVersions: versions}
-		}
-		b, err := proto.Marshal(req)
+		b, err := proto.Marshal(s.proto.ownSubscription(o))
 		if err != nil {
 			s.log.Error("encoding the proxy's own subscription", zap.Error(err))
 			continue
@@ -85,19 +80,9 @@ func (s *session) subscribeOwn() {
 // then ACKed or NACKed on snd's stream, never forwarded. handled is false for
 // any other type.
 func (s *session) ownResponse(f *frame, snd *sender) (handled bool, err error) {
-	var typeURL string
-	if s.proto.name == protoDelta {
-		info, err := scanDeltaResponse(f.data)
-		if err != nil {
-			return false, err
-		}
-		typeURL = info.typeURL
-	} else {
-		info, err := scanSotwResponse(f.data)
-		if err != nil {
-			return false, err
-		}
-		typeURL = info.typeURL
+	typeURL, err := s.proto.responseType(f.data)
+	if err != nil {
+		return false, err
 	}
 	var o *ownSub
 	for _, c := range s.own {
@@ -108,64 +93,21 @@ func (s *session) ownResponse(f *frame, snd *sender) (handled bool, err error) {
 	if o == nil {
 		return false, nil
 	}
-	var (
-		ack      proto.Message
-		applyErr error
-		version  string
-		next     map[string]*discovery.Resource
-	)
-	if s.proto.name == protoDelta {
-		var resp discovery.DeltaDiscoveryResponse
-		if err := proto.Unmarshal(f.data.Materialize(), &resp); err != nil {
-			return true, fmt.Errorf("decoding DeltaDiscoveryResponse: %w", err)
-		}
-		next = maps.Clone(o.res)
-		if next == nil {
-			next = map[string]*discovery.Resource{}
-		}
-		for _, name := range resp.RemovedResources {
-			delete(next, name)
-		}
-		for _, r := range resp.Resources {
-			next[r.GetName()] = r
-		}
-		var all []*anypb.Any
-		for _, name := range slices.Sorted(maps.Keys(next)) {
-			if a := next[name].GetResource(); a != nil {
-				all = append(all, a)
-			}
-		}
-		applyErr = o.sub.Apply(all)
-		req := &discovery.DeltaDiscoveryRequest{TypeUrl: o.sub.TypeURL, ResponseNonce: resp.Nonce}
-		if applyErr != nil {
-			req.ErrorDetail = errorDetail(applyErr)
-		}
-		ack, version = req, resp.SystemVersionInfo
-	} else {
-		var resp discovery.DiscoveryResponse
-		if err := proto.Unmarshal(f.data.Materialize(), &resp); err != nil {
-			return true, fmt.Errorf("decoding DiscoveryResponse: %w", err)
-		}
-		applyErr = o.sub.Apply(resp.Resources)
-		req := &discovery.DiscoveryRequest{TypeUrl: o.sub.TypeURL, ResponseNonce: resp.Nonce, VersionInfo: o.version}
-		if applyErr != nil {
-			req.ErrorDetail = errorDetail(applyErr)
-		} else {
-			req.VersionInfo = resp.VersionInfo
-		}
-		ack, version = req, resp.VersionInfo
+	a, err := s.proto.applyOwn(o, f.data.Materialize())
+	if err != nil {
+		return true, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if applyErr != nil {
+	if a.applyErr != nil {
 		s.p.metrics.ownResponses.WithLabelValues(o.sub.TypeURL, "nack").Inc()
 		s.log.Warn("NACKed the control plane's response to the proxy's own subscription",
-			zap.String(keyTypeURL, o.sub.TypeURL), zap.String(keyVersion, version), zap.Error(applyErr))
+			zap.String(logkeys.TypeURL, o.sub.TypeURL), zap.String(logkeys.Version, a.version), zap.Error(a.applyErr))
 	} else {
 		s.p.metrics.ownResponses.WithLabelValues(o.sub.TypeURL, "ack").Inc()
-		o.version, o.res = version, next
+		o.version, o.res = a.version, a.res
 	}
-	b, err := proto.Marshal(ack)
+	b, err := proto.Marshal(a.ack)
 	if err != nil {
 		return true, fmt.Errorf("encoding the answer to the control plane: %w", err)
 	}
@@ -173,6 +115,87 @@ func (s *session) ownResponse(f *frame, snd *sender) (handled bool, err error) {
 		snd.enqueue(bytesFrame(b))
 	}
 	return true, nil
+}
+
+// ownAnswer is what applying a response to an own subscription gave: the
+// ACK or NACK to send, and on success the version and resources now held.
+type ownAnswer struct {
+	ack      proto.Message
+	applyErr error // the subscription refused the resources: ack is a NACK
+	version  string
+	res      map[string]*discovery.Resource // delta only
+}
+
+// sotwOwnSubscription asks for o's type, from the version last accepted.
+func sotwOwnSubscription(o *ownSub) proto.Message {
+	return &discovery.DiscoveryRequest{TypeUrl: o.sub.TypeURL, VersionInfo: o.version}
+}
+
+// deltaOwnSubscription asks for o's type, with the resources held.
+func deltaOwnSubscription(o *ownSub) proto.Message {
+	versions := make(map[string]string, len(o.res))
+	for name, r := range o.res {
+		versions[name] = r.GetVersion()
+	}
+	return &discovery.DeltaDiscoveryRequest{TypeUrl: o.sub.TypeURL, InitialResourceVersions: versions}
+}
+
+func sotwResponseType(data mem.BufferSlice) (string, error) {
+	info, err := scanSotwResponse(data)
+	return info.typeURL, err
+}
+
+func deltaResponseType(data mem.BufferSlice) (string, error) {
+	info, err := scanDeltaResponse(data)
+	return info.typeURL, err
+}
+
+// sotwApplyOwn applies a DiscoveryResponse (every resource of the type) to
+// o; the ACK carries the new version, a NACK the one held.
+func sotwApplyOwn(o *ownSub, data []byte) (ownAnswer, error) {
+	var resp discovery.DiscoveryResponse
+	if err := proto.Unmarshal(data, &resp); err != nil {
+		return ownAnswer{}, fmt.Errorf("decoding DiscoveryResponse: %w", err)
+	}
+	applyErr := o.sub.Apply(resp.Resources)
+	req := &discovery.DiscoveryRequest{TypeUrl: o.sub.TypeURL, ResponseNonce: resp.Nonce, VersionInfo: o.version}
+	if applyErr != nil {
+		req.ErrorDetail = errorDetail(applyErr)
+	} else {
+		req.VersionInfo = resp.VersionInfo
+	}
+	return ownAnswer{ack: req, applyErr: applyErr, version: resp.VersionInfo}, nil
+}
+
+// deltaApplyOwn applies a DeltaDiscoveryResponse (changes and removals) to
+// the resources o holds, and gives o every resource of the type, by name.
+func deltaApplyOwn(o *ownSub, data []byte) (ownAnswer, error) {
+	var resp discovery.DeltaDiscoveryResponse
+	if err := proto.Unmarshal(data, &resp); err != nil {
+		return ownAnswer{}, fmt.Errorf("decoding DeltaDiscoveryResponse: %w", err)
+	}
+	next := maps.Clone(o.res)
+	if next == nil {
+		next = map[string]*discovery.Resource{}
+	}
+	for _, name := range resp.RemovedResources {
+		delete(next, name)
+	}
+	for _, r := range resp.Resources {
+		next[r.GetName()] = r
+	}
+	var all []*anypb.Any
+	for _, name := range slices.Sorted(maps.Keys(next)) {
+		if a := next[name].GetResource(); a != nil {
+			all = append(all, a)
+		}
+	}
+	applyErr := o.sub.Apply(all)
+	req := &discovery.DeltaDiscoveryRequest{TypeUrl: o.sub.TypeURL, ResponseNonce: resp.Nonce}
+	if applyErr != nil {
+		req.ErrorDetail = errorDetail(applyErr)
+	}
+	return ownAnswer{ack: req, applyErr: applyErr, version: resp.SystemVersionInfo, res: next}, nil
 }
 
 // errorDetail is a NACK's reason.

@@ -12,8 +12,11 @@ import (
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 	"github.com/meshagent/meshagent/internal/uds/udslisten"
 )
@@ -54,6 +57,11 @@ type protocol struct {
 	method     string
 	desc       *grpc.StreamDesc
 	newTracker func() tracker
+	// The proxy's own subscriptions (own.go): the request that subscribes,
+	// the type URL of a response, and applying a response.
+	ownSubscription func(*ownSub) proto.Message
+	responseType    func(mem.BufferSlice) (string, error)
+	applyOwn        func(*ownSub, []byte) (ownAnswer, error)
 }
 
 var (
@@ -62,12 +70,20 @@ var (
 		method:     discovery.AggregatedDiscoveryService_StreamAggregatedResources_FullMethodName,
 		desc:       &discovery.AggregatedDiscoveryService_ServiceDesc.Streams[0],
 		newTracker: func() tracker { return newSotwTracker() },
+
+		ownSubscription: sotwOwnSubscription,
+		responseType:    sotwResponseType,
+		applyOwn:        sotwApplyOwn,
 	}
 	deltaProtocol = protocol{
 		name:       protoDelta,
 		method:     discovery.AggregatedDiscoveryService_DeltaAggregatedResources_FullMethodName,
 		desc:       &discovery.AggregatedDiscoveryService_ServiceDesc.Streams[1],
 		newTracker: func() tracker { return newDeltaTracker() },
+
+		ownSubscription: deltaOwnSubscription,
+		responseType:    deltaResponseType,
+		applyOwn:        deltaApplyOwn,
 	}
 )
 
@@ -104,7 +120,7 @@ func New(cfg Config) (*Proxy, error) {
 	up := cfg.Upstream
 	if up.Plaintext && up.Token != nil && !caclient.IsLoopback(up.Addr) {
 		log.Warn("plaintext discovery address is not loopback: the bearer token will not be sent",
-			zap.String(keyUpstream, up.Addr))
+			zap.String(logkeys.Upstream, up.Addr))
 		up.Token = nil
 	}
 	up.DialOptions = append([]grpc.DialOption{
@@ -197,6 +213,34 @@ func (p *Proxy) Run(ctx context.Context) error {
 		}()
 	}
 	p.conn = conn
+	srv := p.newServer()
+
+	p.log.Info("xds proxy listening", zap.String(logkeys.Socket, path), zap.String(logkeys.Upstream, p.upstream.Addr))
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+	}
+	srv.Stop() // closes the listener and every stream; waits for the handlers
+	stopWaiting()
+	<-waited
+	_ = conn.Close()
+	if serveErr == nil {
+		serveErr = <-served
+	}
+	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return fmt.Errorf("serving xds proxy socket %s: %w", path, serveErr)
+	}
+	p.log.Info("xds proxy stopped", zap.String(logkeys.Socket, path))
+	return nil
+}
+
+// newServer is the proxy's gRPC server: the ADS service's two streams,
+// each relayed raw (sotw and delta), and the limits of a local client.
+func (p *Proxy) newServer() *grpc.Server {
 	srv := grpc.NewServer(
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.MaxRecvMsgSize(p.cfg.MaxMessageSize),
@@ -227,28 +271,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		},
 		Metadata: discovery.AggregatedDiscoveryService_ServiceDesc.Metadata,
 	}, p)
-
-	p.log.Info("xds proxy listening", zap.String(keySocket, path), zap.String(keyUpstream, p.upstream.Addr))
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-served:
-	}
-	srv.Stop() // closes the listener and every stream; waits for the handlers
-	stopWaiting()
-	<-waited
-	_ = conn.Close()
-	if serveErr == nil {
-		serveErr = <-served
-	}
-	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
-		return fmt.Errorf("serving xds proxy socket %s: %w", path, serveErr)
-	}
-	p.log.Info("xds proxy stopped", zap.String(keySocket, path))
-	return nil
+	return srv
 }
 
 // listen makes the socket's directory, clears a stale socket and listens.

@@ -516,22 +516,34 @@ func TestSocketSetup(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- p.Run(ctx) }()
 		testwait.Within(t, 5*time.Second, "the socket", func() bool { _, err := os.Stat(path); return err == nil })
-		// Another process's socket takes the path (the proxy would bind
-		// its own again at its next check); the proxy stops first.
-		tmp := path + ".other"
-		other, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
-		if err != nil {
-			t.Fatal(err)
+		// Another process's socket takes the path.
+		takeOver := func(name string) os.FileInfo {
+			tmp := path + "." + name
+			other, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			other.SetUnlinkOnClose(false)
+			t.Cleanup(func() { other.Close() })
+			if err := os.Rename(tmp, path); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Lstat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fi
 		}
-		other.SetUnlinkOnClose(false)
-		defer other.Close()
-		if err := os.Rename(tmp, path); err != nil {
-			t.Fatal(err)
-		}
-		theirs, err := os.Lstat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The first time, the proxy binds its own again at once (it
+		// watches the directory); after a rebind it looks again only
+		// after its check interval (5 s), so the second one holds the
+		// path when the proxy stops.
+		first := takeOver("first")
+		testwait.Within(t, 5*time.Second, "the proxy's socket bound again", func() bool {
+			now, err := os.Lstat(path)
+			return err == nil && !os.SameFile(now, first)
+		})
+		theirs := takeOver("second")
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatal(err)
@@ -607,10 +619,13 @@ func TestBackoffFollowsTheClock(t *testing.T) {
 	for i, wait := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 2 * time.Second} {
 		testwait.For(t, "a failed attempt", func() bool { return r.totalFailures() == float64(i+1) })
 		testwait.Timer(t, clk)
+		// One millisecond short of the backoff, its timer must still be
+		// set: had it fired, Step would have removed it (the next attempt
+		// sets a new one only after a dial, which this check does not wait
+		// for).
 		clk.Step(wait - time.Millisecond)
-		time.Sleep(20 * time.Millisecond)
-		if got := r.totalFailures(); got != float64(i+1) {
-			t.Fatalf("attempt %d happened before its backoff of %v", i+2, wait)
+		if !clk.HasWaiters() || r.totalFailures() != float64(i+1) {
+			t.Fatalf("attempt %d was not held back for its backoff of %v", i+2, wait)
 		}
 		clk.Step(time.Millisecond)
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/internal/backoff"
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // session is one downstream stream and the upstream streams opened for it,
@@ -47,7 +48,7 @@ func (p *Proxy) serveStream(ds grpc.ServerStream, proto protocol) error {
 		down:  ds,
 		tr:    proto.newTracker(),
 		own:   p.ownSubs(),
-		log:   p.log.With(zap.Uint64(keyStream, id), zap.String(keyProtocol, proto.name)),
+		log:   p.log.With(zap.Uint64(logkeys.Stream, id), zap.String(logkeys.Protocol, proto.name)),
 	}
 	gauge := p.metrics.streams.WithLabelValues(proto.name)
 	gauge.Inc()
@@ -165,8 +166,8 @@ func (s *session) runUpstream(ctx context.Context) error {
 		delay := backoff.Policy{Base: s.p.cfg.InitialBackoff, Cap: s.p.cfg.MaxBackoff}.Delay(failures, s.p.cfg.Rand())
 		failures++
 		s.log.Info("upstream stream ended, reconnecting",
-			zap.Int(keyAttempt, attempt+1), zap.Duration(keyBackoff, delay),
-			zap.String(keyCode, code.String()), zap.Error(err))
+			zap.Int(logkeys.Attempt, attempt+1), zap.Duration(logkeys.Backoff, delay),
+			zap.String(logkeys.Code, code.String()), zap.Error(err))
 		t := s.p.cfg.Clock.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -227,7 +228,7 @@ func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool,
 		answered = true
 		if !s.p.ready.Load() {
 			s.p.ready.Store(true)
-			s.log.Info("control plane answered", zap.String(keyUpstream, s.p.upstream.Addr))
+			s.log.Info("control plane answered", zap.String(logkeys.Upstream, s.p.upstream.Addr))
 		}
 		n := f.data.Len()
 		if len(s.own) > 0 {
@@ -235,7 +236,7 @@ func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool,
 			if handled || err != nil {
 				f.free()
 				if err != nil {
-					s.log.Warn("dropped malformed upstream response; reconnecting", zap.Int(keyBytes, n), zap.Error(err))
+					s.log.Warn("dropped malformed upstream response; reconnecting", zap.Int(logkeys.Bytes, n), zap.Error(err))
 					return answered, status.Errorf(codes.Internal, "malformed upstream response: %v", err)
 				}
 				continue
@@ -246,7 +247,7 @@ func (s *session) upstreamOnce(ctx context.Context, attempt int) (answered bool,
 		s.mu.Unlock()
 		if err != nil {
 			f.free()
-			s.log.Warn("dropped malformed upstream response; reconnecting", zap.Int(keyBytes, n), zap.Error(err))
+			s.log.Warn("dropped malformed upstream response; reconnecting", zap.Int(logkeys.Bytes, n), zap.Error(err))
 			return answered, status.Errorf(codes.Internal, "malformed upstream response: %v", err)
 		}
 		err = s.down.SendMsg(f)
@@ -277,7 +278,7 @@ func (s *session) attach(snd *sender) {
 	}
 	s.up = snd
 	if len(reqs) > 0 {
-		s.log.Info("restoring subscriptions on a new upstream stream", zap.Int(keyRequests, len(reqs)))
+		s.log.Info("restoring subscriptions on a new upstream stream", zap.Int(logkeys.Requests, len(reqs)))
 		// The node went out with the first restored request.
 		s.subscribeOwn()
 	}

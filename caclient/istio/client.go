@@ -16,6 +16,7 @@ import (
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -107,7 +108,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	return &Client{
 		cfg:     cfg,
-		log:     cfg.Logger.Named("caclient.istio").With(zap.String(keyAddr, tc.Addr)),
+		log:     cfg.Logger.Named("caclient.istio").With(zap.String(logkeys.CAAddr, tc.Addr)),
 		metrics: m,
 		conn:    caclient.NewConn(tc, ErrClosed),
 	}, nil
@@ -154,8 +155,8 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time
 		if cerr := contextEnded(ctx); cerr != nil {
 			return nil, fmt.Errorf("signing certificate for %s: %w: %w", id, cerr, err)
 		}
-		c.log.Warn("CA request failed", zap.String(keyIdentity, id.String()), zap.Bool(keyImpersonated, impersonate),
-			zap.Stringer(keyCode, status.Code(err)), zap.Error(err))
+		c.log.Warn("CA request failed", zap.String(logkeys.Identity, id.String()), zap.Bool(logkeys.Impersonated, impersonate),
+			zap.Stringer(logkeys.Code, status.Code(err)), zap.Error(err))
 		if impersonate && status.Code(err) == codes.Unauthenticated {
 			return nil, fmt.Errorf("signing certificate for %s on behalf of %s: the CA refused the impersonation "+
 				"(is the agent's service account in the CA's trusted node accounts, and does a pod of %s run on this node?): %w",
@@ -163,7 +164,7 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time
 		}
 		return nil, fmt.Errorf("signing certificate for %s: %w", id, err)
 	}
-	c.log.Debug("certificate signed", zap.String(keyIdentity, id.String()), zap.Int(keyCerts, len(chain)), zap.Duration(keyTTL, ttl))
+	c.log.Debug("certificate signed", zap.String(logkeys.Identity, id.String()), zap.Int(logkeys.Certs, len(chain)), zap.Duration(logkeys.TTL, ttl))
 	return chain, nil
 }
 

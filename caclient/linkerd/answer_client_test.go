@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/linkerdca"
 )
 
@@ -138,15 +138,16 @@ func TestCallerCancels(t *testing.T) {
 	e := setup(t, linkerdca.Config{}, nil)
 	e.s.SetDelay(time.Hour)
 	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
 	go func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for len(e.s.Requests()) == 0 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
-		cancel()
+		_, err := e.c.Sign(ctx, e.csr, webID, 0)
+		errc <- err
 	}()
-	_, err := e.c.Sign(ctx, e.csr, webID, 0)
-	if status.Code(err) != codes.Canceled {
+	// Cancelled once the service holds the request, so the cancellation
+	// ends a call in flight.
+	testwait.For(t, "the request at the identity service", func() bool { return len(e.s.Requests()) > 0 })
+	cancel()
+	if err := <-errc; status.Code(err) != codes.Canceled {
 		t.Fatalf("Sign: %v, want Canceled", err)
 	}
 }
@@ -310,15 +311,24 @@ func TestNewDefaultsServerName(t *testing.T) {
 	}
 }
 
-// A client rebuilt against the same registry shares the metrics.
+// A client rebuilt against the same registry (a restart of the CA client)
+// is accepted and shares the metrics: both clients' requests land in one
+// counter.
 func TestNewTwiceSameRegistry(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	cfg := linkerd.Config{Token: credfetcher.File{Path: "/nonexistent"}, Transport: caclient.TransportConfig{Addr: "127.0.0.1:8080"}, Registerer: reg}
-	for range 2 {
-		c, err := linkerd.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.Close()
+	var cfg linkerd.Config
+	e := setup(t, linkerdca.Config{}, func(c *linkerd.Config) { cfg = *c })
+	second, err := linkerd.New(cfg)
+	if err != nil {
+		t.Fatalf("a second client on the same registry: %v", err)
+	}
+	defer second.Close()
+	if _, err := e.sign(t); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.Sign(context.Background(), e.csr, webID, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.outcomes("OK"); got != 2 {
+		t.Errorf("requests_total{outcome=OK} = %v after one request by each client, want 2", got)
 	}
 }

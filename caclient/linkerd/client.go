@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -121,8 +122,8 @@ func New(cfg Config) (*Client, error) {
 		tokenFor:          cfg.TokenFor,
 		timeout:           cfg.Timeout,
 		log: cfg.Logger.Named("linkerd").With(
-			zap.String(keyAddr, cfg.Transport.Addr),
-			zap.String(keyServerName, cfg.Transport.ServerName)),
+			zap.String(logkeys.CAAddr, cfg.Transport.Addr),
+			zap.String(logkeys.ServerName, cfg.Transport.ServerName)),
 		metrics: m,
 		conn:    caclient.NewConn(cfg.Transport, ErrClosed),
 	}, nil
@@ -146,7 +147,7 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 	if err := id.Validate(); err != nil {
 		return nil, fmt.Errorf("certifying %s: %w", id, err)
 	}
-	log := c.log.With(zap.String(keyIdentity, id.DNSName))
+	log := c.log.With(zap.String(logkeys.Identity, id.DNSName))
 
 	source := c.token
 	if c.tokenFor != nil {
@@ -192,7 +193,7 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 		}
 		c.metrics.requests.WithLabelValues(code.String()).Inc()
 		c.metrics.latency.Observe(latency.Seconds())
-		log.Warn("certify call failed", zap.Stringer(keyCode, code), zap.Duration(keyLatency, latency), zap.Error(err))
+		log.Warn("certify call failed", zap.Stringer(logkeys.Code, code), zap.Duration(logkeys.Latency, latency), zap.Error(err))
 		return nil, fmt.Errorf("certifying %s at %s: %w", id, c.transport.Addr, err)
 	}
 	c.metrics.latency.Observe(latency.Seconds())
@@ -208,10 +209,10 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 	if reason, vu := checkValidUntil(resp, leaf); reason != "" {
 		c.metrics.warnings.WithLabelValues(reason).Inc()
 		log.Warn("answer's valid_until disagrees with the leaf certificate; using the leaf's expiry",
-			zap.String("reason", reason), zap.Time(keyValidUntil, vu), zap.Time(keyNotAfter, leaf.NotAfter))
+			zap.String("reason", reason), zap.Time(logkeys.ValidUntil, vu), zap.Time(logkeys.NotAfter, leaf.NotAfter))
 	}
 	log.Debug("identity service certified identity",
-		zap.Time(keyNotAfter, leaf.NotAfter), zap.Int(keyCerts, len(chain)), zap.Duration(keyLatency, latency))
+		zap.Time(logkeys.NotAfter, leaf.NotAfter), zap.Int(logkeys.Certs, len(chain)), zap.Duration(logkeys.Latency, latency))
 	return chain, nil
 }
 

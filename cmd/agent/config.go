@@ -12,15 +12,19 @@ import (
 
 // configReport is `meshagent config -o json`.
 type configReport struct {
-	Settings []settings.Row     `json:"settings"`
-	Mode     app.SourceDecision `json:"mode"`
+	Settings []settings.Row `json:"settings"`
+	// Source is where certificates come from, and why.
+	Source app.SourceDecision `json:"source"`
+	// Mode is Source under its former name (deprecated: "mode" is
+	// MESHAGENT_MODE's word; the alias goes in the next release).
+	Mode app.SourceDecision `json:"mode"`
 	// Warnings name the settings whose value has no effect.
 	Warnings []string `json:"warnings,omitempty"`
 }
 
 // printConfig writes every setting with its value and source, and the
-// certificate source (reported as "mode").
-func printConfig(w io.Writer, cfg *settings.Config, mode app.SourceDecision, format string) error {
+// certificate source.
+func printConfig(w io.Writer, cfg *settings.Config, source app.SourceDecision, format string) error {
 	if format == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -31,7 +35,7 @@ func printConfig(w io.Writer, cfg *settings.Config, mode app.SourceDecision, for
 		for _, wn := range cfg.Unknown() {
 			warnings = append(warnings, unknownString(wn))
 		}
-		return enc.Encode(configReport{Settings: cfg.Table(), Mode: mode, Warnings: warnings})
+		return enc.Encode(configReport{Settings: cfg.Table(), Source: source, Mode: source, Warnings: warnings})
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SETTING\tVALUE\tSOURCE\tNOTE")
@@ -51,7 +55,7 @@ func printConfig(w io.Writer, cfg *settings.Config, mode app.SourceDecision, for
 	for _, wn := range cfg.Unknown() {
 		fmt.Fprintf(w, "\nwarning: %s", unknownString(wn))
 	}
-	_, err := fmt.Fprintf(w, "\nmode: %s (%s)\n", mode.Source, mode.Reason)
+	_, err := fmt.Fprintf(w, "\nsource: %s (%s)\n", source.Source, source.Reason)
 	return err
 }
 

@@ -114,6 +114,13 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return configError{err} })
 
+	root.AddCommand(newRunCommand(env, stderr, h), newConfigCommand(env, stdout, stderr), newVersionCommand(stdout), newDocsCommand(stdout), newCSICommand(stderr))
+	root.AddCommand(newSocketDirCommand(), newTrustPublisherCommand(env, stderr))
+	return root
+}
+
+// newRunCommand is `meshagent run`.
+func newRunCommand(env []string, stderr io.Writer, h hooks) *cobra.Command {
 	runCmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the agent",
@@ -132,6 +139,11 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	addSettingFlags(runCmd.Flags())
 	runCmd.Flags().Bool("node", false, "serve every pod of the node: the same as --mode node (env MESHAGENT_MODE)")
 
+	return runCmd
+}
+
+// newConfigCommand is `meshagent config`.
+func newConfigCommand(env []string, stdout, stderr io.Writer) *cobra.Command {
 	var output string
 	configCmd := &cobra.Command{
 		Use:   "config",
@@ -169,7 +181,12 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	configCmd.Flags().Bool("node", false, "as run --node: the same as --mode node (env MESHAGENT_MODE)")
 	configCmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
 
-	versionCmd := &cobra.Command{
+	return configCmd
+}
+
+// newVersionCommand is `meshagent version`.
+func newVersionCommand(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
@@ -177,7 +194,11 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 			fmt.Fprintln(stdout, versionString())
 		},
 	}
+}
 
+// newDocsCommand is the hidden `meshagent docs` that writes
+// docs/configuration.md.
+func newDocsCommand(stdout io.Writer) *cobra.Command {
 	var docsOut string
 	docsCmd := &cobra.Command{
 		Use:    "docs",
@@ -202,9 +223,7 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	}
 	docsCmd.Flags().StringVarP(&docsOut, "output", "o", "-", "file to write, - for stdout")
 
-	root.AddCommand(runCmd, configCmd, versionCmd, docsCmd, newCSICommand(stderr))
-	root.AddCommand(newSocketDirCommand(), newTrustPublisherCommand(env, stderr))
-	return root
+	return docsCmd
 }
 
 // nodeFlag turns --node into --mode node.

@@ -67,8 +67,8 @@ func TestConfigPrintsEverySettingWithItsSource(t *testing.T) {
 	if strings.Contains(out, "blue") {
 		t.Error("a header value was printed")
 	}
-	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "mode: dev (") {
-		t.Errorf("last line %q, want the mode", last)
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "source: dev (") {
+		t.Errorf("last line %q, want the certificate source", last)
 	}
 }
 
@@ -95,8 +95,18 @@ func TestConfigJSON(t *testing.T) {
 	if sources["CA_PROVIDER"] != settings.SourceEnv || sources["MESHAGENT_LOG_LEVEL"] != settings.SourceFlag || sources["SECRET_TTL"] != settings.SourceDefault {
 		t.Errorf("sources %v", sources)
 	}
-	if rep.Mode.Source != app.SourceCA || rep.Mode.Provider != "Linkerd" || !strings.Contains(rep.Mode.Reason, "linkerd-identity.linkerd.svc.cluster.local:8080") {
-		t.Errorf("mode %+v", rep.Mode)
+	if rep.Source.Source != app.SourceCA || rep.Source.Provider != "Linkerd" || !strings.Contains(rep.Source.Reason, "linkerd-identity.linkerd.svc.cluster.local:8080") {
+		t.Errorf("source %+v", rep.Source)
+	}
+	if rep.Mode != rep.Source {
+		t.Errorf("the deprecated alias mode is %+v, want the source %+v", rep.Mode, rep.Source)
+	}
+	// The decision itself names the source "source" and, deprecated, "mode".
+	var raw struct {
+		Source map[string]any `json:"source"`
+	}
+	if err := json.Unmarshal([]byte(out), &raw); err != nil || raw.Source["source"] != "ca" || raw.Source["mode"] != "ca" {
+		t.Errorf("source object %v (%v), want source and mode ca", raw.Source, err)
 	}
 }
 
@@ -238,7 +248,7 @@ func TestRunDevServesStatusAndStopsOnCancel(t *testing.T) {
 	if code, body := httpGet(t, base+"/debug/certs"); code != 200 || !strings.Contains(body, `"source": "dev-ca"`) {
 		t.Errorf("certs: %d %q", code, body)
 	}
-	if code, body := httpGet(t, base+"/metrics"); code != 200 || !strings.Contains(body, `meshagent_agent_info{mode="dev"`) {
+	if code, body := httpGet(t, base+"/metrics"); code != 200 || !strings.Contains(body, `meshagent_agent_info{mode="sidecar",source="dev"`) {
 		t.Errorf("metrics: %d", code)
 	}
 	cancel()

@@ -16,10 +16,10 @@ import (
 
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/internal/tlspolicy"
-	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -79,11 +79,9 @@ type App struct {
 	source SourceDecision
 
 	components []component
-	// preconnect, when set, starts the CA connection: the first thing Run does.
+	// preconnect, when set, starts the CA connection: the first thing Run
+	// does (certSource.preconnect).
 	preconnect func()
-	// proxyConfig takes the mesh's roots from istiod's ProxyConfig
-	// (PROXY_CONFIG_XDS_AGENT); the xDS proxy feeds it. Nil when off.
-	proxyConfig *trust.ProxyConfigSource
 	// undo releases what New made, if New fails.
 	undo []func()
 
@@ -97,8 +95,10 @@ type App struct {
 	firstCertOnce sync.Once
 	// node is node mode's wiring; nil in a sidecar.
 	node *nodeWiring
-	// socket is the local socket's server, once built (podLeft).
-	socket atomic.Pointer[udsserver.Server]
+	// socket is the local socket's server (podLeft, podArrived). Set while
+	// New builds it, after the pod index whose PodLeft and PodArrived read
+	// it: the index calls them only once Run runs it, after New returned.
+	socket *udsserver.Server
 
 	ran atomic.Bool
 }
@@ -155,17 +155,7 @@ func New(cfg Config) (_ *App, err error) {
 		return nil, configError(err)
 	}
 	a.source = SelectSource(context.Background(), a.s)
-	a.log.Info("starting meshagent", zap.String(keyVersion, cfg.Version), zap.String(keyMode, string(a.source.Source)), zap.String(keyReason, a.source.Reason),
-		zap.String(keyCompliancePolicy, compliancePolicyName(a.s.CompliancePolicy)), zap.String(keyCryptoModule, tlspolicy.Module()))
-	if w := tlspolicy.Check(a.s.CompliancePolicy); w != "" {
-		a.log.Warn(w)
-	}
-	for _, w := range a.s.Warnings() {
-		a.log.Warn("setting has no effect", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
-	}
-	for _, w := range a.s.Unknown() {
-		a.log.Warn("unknown setting ignored", zap.String(keySetting, w.Name), zap.String(keyValue, w.Value), zap.String(keyReason, w.Why))
-	}
+	a.logStart(cfg.Version)
 	if err := a.checkNodeSource(); err != nil {
 		return nil, configError(err)
 	}
@@ -178,9 +168,9 @@ func New(cfg Config) (_ *App, err error) {
 	}
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "meshagent_agent_info",
-		Help: "Always 1; labels carry the version and the certificate source mode.",
-	}, []string{"version", "mode"})
-	info.WithLabelValues(cfg.Version, string(a.source.Source)).Set(1)
+		Help: "Always 1; labels carry the version, where certificates come from (source) and the mode (sidecar or node).",
+	}, []string{"version", "source", "mode"})
+	info.WithLabelValues(cfg.Version, string(a.source.Source), a.s.Mode).Set(1)
 	if err := a.reg.Register(info); err != nil {
 		return nil, err
 	}
@@ -191,6 +181,7 @@ func New(cfg Config) (_ *App, err error) {
 		return nil, err
 	}
 	a.components = append(a.components, src.components...)
+	a.preconnect = src.preconnect
 	serving, err := a.servingComponents(src)
 	if err != nil {
 		return nil, err
@@ -204,6 +195,24 @@ func New(cfg Config) (_ *App, err error) {
 	a.components = append(a.components, podCerts...)
 	a.components = append(a.components, component{name: "status", run: a.status.Run})
 	return a, nil
+}
+
+// logStart logs the start: the version, the mode, the certificate source
+// and the TLS policy, then a warning for every setting that has no effect or
+// is unknown.
+func (a *App) logStart(version string) {
+	a.log.Info("starting meshagent", zap.String(logkeys.Version, version), zap.String(logkeys.Mode, a.s.Mode),
+		zap.String(logkeys.Source, string(a.source.Source)), zap.String(logkeys.Reason, a.source.Reason),
+		zap.String(logkeys.CompliancePolicy, compliancePolicyName(a.s.CompliancePolicy)), zap.String(logkeys.CryptoModule, tlspolicy.Module()))
+	if w := tlspolicy.Check(a.s.CompliancePolicy); w != "" {
+		a.log.Warn(w)
+	}
+	for _, w := range a.s.Warnings() {
+		a.log.Warn("setting has no effect", zap.String(logkeys.Setting, w.Name), zap.String(logkeys.Value, w.Value), zap.String(logkeys.Reason, w.Why))
+	}
+	for _, w := range a.s.Unknown() {
+		a.log.Warn("unknown setting ignored", zap.String(logkeys.Setting, w.Name), zap.String(logkeys.Value, w.Value), zap.String(logkeys.Reason, w.Why))
+	}
 }
 
 // Source is where the App's certificates come from, and why.
@@ -242,10 +251,10 @@ func runComponents(ctx context.Context, log *zap.Logger, cs []component) error {
 			stopping := ctx.Err() != nil
 			switch {
 			case err == nil && c.finite && !stopping:
-				log.Debug("component finished", zap.String(keyComponent, c.name))
+				log.Debug("component finished", zap.String(logkeys.Component, c.name))
 				return nil
 			case err == nil || (stopping && errors.Is(err, context.Canceled)):
-				log.Debug("component stopped", zap.String(keyComponent, c.name))
+				log.Debug("component stopped", zap.String(logkeys.Component, c.name))
 				cancel()
 				return nil
 			}

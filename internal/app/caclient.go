@@ -15,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/certfile"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/settings"
 )
 
@@ -124,9 +125,9 @@ func (a *App) tokenFetcher() (credfetcher.Fetcher, error) {
 		return nil, configError(err)
 	}
 	a.log.Info("bearer tokens come from the Kubernetes TokenRequest API",
-		zap.String(keyServiceAccount, c.PodNamespace+"/"+c.ServiceAccount),
-		zap.String(keyPod, c.PodName), zap.String(keyAudience, c.CredentialIdentityProvider),
-		zap.Duration(keyLifetime, c.TokenLifetime))
+		zap.String(logkeys.ServiceAccount, c.PodNamespace+"/"+c.ServiceAccount),
+		zap.String(logkeys.Pod, c.PodName), zap.String(logkeys.Audience, c.CredentialIdentityProvider),
+		zap.Duration(logkeys.Lifetime, c.TokenLifetime))
 	a.tokens = f
 	return f, nil
 }

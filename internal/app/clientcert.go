@@ -1,18 +1,18 @@
 package app
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync/atomic"
 
+	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
 // secretGetter gives the secret held now by name (secretmanager.Manager).
 type secretGetter interface {
-	Current(ctx context.Context, name string) (*secretmanager.Secret, error)
+	Current(id pki.Identity, name string) (*secretmanager.Secret, error)
 }
 
 // errNoWorkloadCert: no secret source to take a client certificate from.
@@ -33,7 +33,7 @@ func workloadCertificate(secrets secretGetter) func() (*tls.Certificate, error) 
 		if secrets == nil {
 			return nil, errNoWorkloadCert
 		}
-		s, err := secrets.Current(context.Background(), secretmanager.WorkloadCertName)
+		s, err := secrets.Current(pki.Identity{}, secretmanager.WorkloadCertName) // the agent's own
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", errNoWorkloadCert, err)
 		}

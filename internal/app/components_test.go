@@ -10,6 +10,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // blocker runs until ctx ends and counts how often it stopped.
@@ -70,7 +72,7 @@ func TestRunComponents(t *testing.T) {
 		}()
 		// Wait until runComponents has dealt with the writer's return.
 		writer := func() []observer.LoggedEntry {
-			return logs.FilterField(zap.String(keyComponent, "writer")).All()
+			return logs.FilterField(zap.String(logkeys.Component, "writer")).All()
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for len(writer()) == 0 {

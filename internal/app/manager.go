@@ -15,9 +15,11 @@ import (
 	"github.com/meshagent/meshagent/internal/files/fileprovider"
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/podcert"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -36,6 +38,12 @@ type certSource struct {
 	// nil without a CA.
 	podCA    podcert.CA
 	podRoots podcert.RootSource
+	// preconnect, when set, starts the CA connection: the first thing Run
+	// does.
+	preconnect func()
+	// proxyConfig takes the mesh's roots from istiod's ProxyConfig
+	// (PROXY_CONFIG_XDS_AGENT); the xDS proxy feeds it. Nil when off.
+	proxyConfig *trust.ProxyConfigSource
 }
 
 // errSourceUnavailable: a source without a way to make it (a source added
@@ -151,10 +159,7 @@ func (l managerLister) Certs() []status.CertInfo {
 	}
 	out := make([]status.CertInfo, len(in))
 	for i, c := range in {
-		out[i] = status.CertInfo{
-			ResourceName: c.ResourceName, Identity: c.Identity, Serial: c.Serial,
-			NotBefore: c.NotBefore, NotAfter: c.NotAfter, RenewAt: c.RenewAt, Source: c.Source,
-		}
+		out[i] = status.CertInfo{Cert: status.Cert(c)}
 		if c.ResourceName == secretmanager.WorkloadCertName {
 			out[i].Pods = len(pods[c.Identity])
 		}
@@ -174,7 +179,7 @@ func (a *App) devSource() (certSource, error) {
 		return certSource{}, fmt.Errorf("creating the dev CA: %w", err)
 	}
 	a.log.Warn("dev mode: certificates come from an in-memory CA with a fresh root; not for production",
-		zap.String(keyIdentity, id.String()), zap.String(keyRoot, ca.Root().SerialNumber.Text(16)))
+		zap.String(logkeys.Identity, id.String()), zap.String(logkeys.RootSerial, ca.Root().SerialNumber.Text(16)))
 	client, err := devca.New(devca.Config{CA: ca})
 	if err != nil {
 		return certSource{}, err
@@ -199,16 +204,18 @@ func (a *App) caSource() (certSource, error) {
 	if err != nil {
 		return certSource{}, a.caRootError(err)
 	}
-	roots, trustCs, err := a.trustRoots(rootFeed.Roots())
+	ts, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {
 		return certSource{}, err
 	}
+	roots := ts.roots
 	client, err := a.caClient(roots)
 	if err != nil {
 		return certSource{}, err
 	}
+	var preconnect func()
 	if p, ok := client.(caclient.Preconnecter); ok {
-		a.preconnect = p.Preconnect
+		preconnect = p.Preconnect
 	}
 	mc := a.managerConfig(id, roots, "ca")
 	mc.CA = client
@@ -218,8 +225,9 @@ func (a *App) caSource() (certSource, error) {
 		return certSource{}, err
 	}
 	cs = append(cs, component{name: "ca_root_watcher", run: rootFeed.Run})
-	cs = append(cs, trustCs...)
-	return certSource{manager: m, caRoots: roots, components: cs, podCA: client, podRoots: roots}, nil
+	cs = append(cs, ts.components...)
+	return certSource{manager: m, caRoots: roots, components: cs, podCA: client, podRoots: roots,
+		preconnect: preconnect, proxyConfig: ts.proxyConfig}, nil
 }
 
 // caRootError is the configuration error of a CA root that cannot be read
@@ -248,7 +256,7 @@ func (a *App) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 	}
 	p, err := outputcerts.Load(a.s.OutputCerts, id, a.clock.Now())
 	if err != nil {
-		a.log.Info("no reusable certificate in OUTPUT_CERTS", zap.String(keyPath, a.s.OutputCerts), zap.Error(err))
+		a.log.Info("no reusable certificate in OUTPUT_CERTS", zap.String(logkeys.Path, a.s.OutputCerts), zap.Error(err))
 		return nil
 	}
 	return &secretmanager.Secret{
@@ -266,15 +274,15 @@ func (a *App) fileSource(dir, source string) (certSource, error) {
 		// The files were there when the source was chosen.
 		return certSource{}, configError(fmt.Errorf("%s: %w; put a PEM bundle of the roots there", dir, err))
 	}
-	roots, trustCs, err := a.trustRoots(rootFeed.Roots())
+	ts, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {
 		return certSource{}, err
 	}
-	m, cs, err := a.newManager(a.managerConfig(pki.Identity{}, roots, source), nil)
+	m, cs, err := a.newManager(a.managerConfig(pki.Identity{}, ts.roots, source), nil)
 	if err != nil {
 		return certSource{}, err
 	}
-	cs = append(cs, trustCs...)
+	cs = append(cs, ts.components...)
 	pairFeed, err := certfile.NewPairFeed(certfile.PairFeedConfig{
 		CertPath: filepath.Join(dir, files.CertChainFile), KeyPath: filepath.Join(dir, files.KeyFile),
 		Label: source, Into: m, Source: a.fileConfig(),
@@ -285,7 +293,7 @@ func (a *App) fileSource(dir, source string) (certSource, error) {
 	cs = append(cs,
 		component{name: source + "_root_watcher", run: rootFeed.Run},
 		component{name: source + "_watcher", run: pairFeed.Run})
-	return certSource{manager: m, components: cs}, nil
+	return certSource{manager: m, components: cs, proxyConfig: ts.proxyConfig}, nil
 }
 
 func (a *App) fileConfig() certfile.SourceConfig {

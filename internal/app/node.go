@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/node/podresolver"
 	"github.com/meshagent/meshagent/internal/pki"
@@ -26,9 +26,10 @@ type nodeWiring struct {
 	a *App
 	// uids are node processes' identities (MESHAGENT_NODE_UID_IDENTITIES).
 	uids map[uint32]pki.Identity
-	// idx is the pod index, set by callers: the CA client is built before
-	// it, and its token source lists no pods until then.
-	idx atomic.Pointer[podindex.Index]
+	// idx is the pod index, set by callers while New builds the socket.
+	// The CA client is built before it; its token source calls PodsOf only
+	// when a token is asked for, once Run runs, after New returned.
+	idx *podindex.Index
 	// podTokens: with Linkerd, the tokens of each service account with pods
 	// on the node (linkerdTokens).
 	podTokens *credfetcher.PodTokens
@@ -104,7 +105,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 					return
 				}
 				if err := m.Prefetch(id); err != nil {
-					log.Warn("certificate not fetched ahead", zap.Stringer(keyIdentity, id), zap.Error(err))
+					log.Warn("certificate not fetched ahead", zap.Stringer(logkeys.Identity, id), zap.Error(err))
 					return
 				}
 				prefetched[id] = true
@@ -125,7 +126,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	if err != nil {
 		return nil, nil, err
 	}
-	n.idx.Store(idx)
+	n.idx = idx
 	r, err := podresolver.New(podresolver.Config{
 		Pods:       idx,
 		CgroupRoot: cgroupRoot,
@@ -136,6 +137,18 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := n.report(idx, m); err != nil {
+		return nil, nil, err
+	}
+	a.log.Info("node mode: serving the pods of this node", zap.String(logkeys.Node, c.NodeName), zap.Int(logkeys.NodeUIDIdentities, len(n.uids)),
+		zap.Stringer(logkeys.CgroupRoot, cgroupRoot), zap.String(logkeys.CgroupRootFrom, cgroupRootFrom))
+	return r, []component{{name: "pod_index", run: idx.Run}}, nil
+}
+
+// report shows the node's pods in the status port: the certificates each
+// pod uses, their metrics, and the pod_index readiness check.
+func (n *nodeWiring) report(idx *podindex.Index, m *secretmanager.Manager) error {
+	a := n.a
 	podsOf := func() map[string][]string {
 		ids := idx.Identities()
 		out := make(map[string][]string, len(ids))
@@ -146,7 +159,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	}
 	a.status.AddCertLister(managerLister{m: m, pods: podsOf})
 	if err := a.reg.Register(nodeIdentityCollector{m: m, pods: podsOf}); err != nil {
-		return nil, nil, err
+		return err
 	}
 	a.status.AddReadiness("pod_index", func() error {
 		if !idx.HasSynced() {
@@ -157,15 +170,13 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 		}
 		return nil
 	})
-	a.log.Info("node mode: serving the pods of this node", zap.String(keyNode, c.NodeName), zap.Int(keyNodeUIDs, len(n.uids)),
-		zap.Stringer(keyCgroupRoot, cgroupRoot), zap.String(keyCgroupRootFrom, cgroupRootFrom))
-	return r, []component{{name: "pod_index", run: idx.Run}}, nil
+	return nil
 }
 
 // PodsOf lists a service account's pods on the node from the pod index;
 // before the index is built it lists none.
 func (n *nodeWiring) PodsOf(namespace, serviceAccount string) []credfetcher.PodRef {
-	idx := n.idx.Load()
+	idx := n.idx
 	if idx == nil {
 		return nil
 	}
@@ -201,7 +212,7 @@ func (n *nodeWiring) linkerdTokens() (func(pki.Identity) (credfetcher.Fetcher, e
 	}
 	n.podTokens = pt
 	a.log.Info("node mode: each identity's CSR carries a token of its own service account, bound to one of its pods on this node",
-		zap.String(keyAudience, c.CredentialIdentityProvider), zap.Duration(keyLifetime, c.TokenLifetime))
+		zap.String(logkeys.Audience, c.CredentialIdentityProvider), zap.Duration(logkeys.Lifetime, c.TokenLifetime))
 	scheme := c.Scheme()
 	return func(id pki.Identity) (credfetcher.Fetcher, error) {
 		ns, sa, ok := scheme.Account(id)

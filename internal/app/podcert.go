@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/podcert"
@@ -36,7 +37,7 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 	if a.node == nil {
 		return nil, configError(errors.New("MESHAGENT_POD_CERTIFICATE_SIGNER needs node mode with a CA (the dev CA or CA_PROVIDER)"))
 	}
-	idx := a.node.idx.Load()
+	idx := a.node.idx
 	if idx == nil || src.podCA == nil || src.podRoots == nil {
 		return nil, configError(errors.New("MESHAGENT_POD_CERTIFICATE_SIGNER needs node mode with a CA (the dev CA or CA_PROVIDER)"))
 	}
@@ -68,7 +69,7 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 	}
 	if c.CAProvider == settings.ProviderLinkerd {
 		pc.CA, pc.Refuse = nil, linkerdRefusal
-		a.log.Warn("pod certificates: every request is denied", zap.String(keyReason, linkerdRefusal))
+		a.log.Warn("pod certificates: every request is denied", zap.String(logkeys.Reason, linkerdRefusal))
 	}
 	s, err := podcert.New(pc)
 	if err != nil {
@@ -80,7 +81,7 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 		}
 		return nil
 	})
-	a.log.Info("node mode: signing pod certificates", zap.String(keySigner, c.PodCertificateSigner))
+	a.log.Info("node mode: signing pod certificates", zap.String(logkeys.Signer, c.PodCertificateSigner))
 	return []component{{name: "pod_certificates", run: s.Run}}, nil
 }
 

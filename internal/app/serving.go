@@ -14,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/files/grpcbootstrap"
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/trust"
@@ -95,7 +96,7 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.socket.Store(socket)
+	a.socket = socket
 	return append(cs, component{name: "sds", run: socket.Run}), nil
 }
 
@@ -182,7 +183,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 	} else {
 		// Not fatal: the proxy then cannot verify the control plane and
 		// says so at every attempt.
-		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(keyPath, c.XDSRoot), zap.Error(err))
+		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(logkeys.Path, c.XDSRoot), zap.Error(err))
 		roots = caclient.StaticRoots{Pool: pki.CertPool(nil)}
 	}
 	tokens, err := a.tokenFetcher()
@@ -211,7 +212,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 			Policy:            c.CompliancePolicy,
 		},
 		ConnectAfter:  connectAfter,
-		Subscriptions: a.xdsSubscriptions(),
+		Subscriptions: a.xdsSubscriptions(src.proxyConfig),
 		Clock:         a.clock,
 		Logger:        a.base,
 		Registerer:    a.reg,
@@ -224,14 +225,14 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 
 // xdsSubscriptions are the xDS proxy's own subscriptions: istiod's
 // ProxyConfig for its roots with PROXY_CONFIG_XDS_AGENT.
-func (a *App) xdsSubscriptions() []xdsproxy.Subscription {
-	if a.proxyConfig == nil {
+func (a *App) xdsSubscriptions(proxyConfig *trust.ProxyConfigSource) []xdsproxy.Subscription {
+	if proxyConfig == nil {
 		if a.s.ProxyConfigXDSAgent {
 			a.log.Warn("PROXY_CONFIG_XDS_AGENT: this certificate source has no trust bundle; the ProxyConfig is not asked for")
 		}
 		return nil
 	}
-	return []xdsproxy.Subscription{{TypeURL: trust.ProxyConfigTypeURL, Apply: a.proxyConfig.Apply}}
+	return []xdsproxy.Subscription{{TypeURL: trust.ProxyConfigTypeURL, Apply: proxyConfig.Apply}}
 }
 
 // writeBootstrap writes the gRPC xDS bootstrap once (docs/vm.md).
@@ -253,7 +254,7 @@ func (a *App) writeBootstrap(context.Context) error {
 	if err != nil {
 		return fmt.Errorf("writing the gRPC bootstrap: %w", err)
 	}
-	a.log.Info("wrote the gRPC xDS bootstrap", zap.String(keyPath, c.GRPCXDSBootstrap))
+	a.log.Info("wrote the gRPC xDS bootstrap", zap.String(logkeys.Path, c.GRPCXDSBootstrap))
 	return nil
 }
 

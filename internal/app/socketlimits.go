@@ -21,7 +21,7 @@ func (a *App) withSocketLimits(cfg udsserver.Config) udsserver.Config {
 // podLeft is the pod index's PodLeft in node mode: the pod's connections
 // to the local socket end, saying why.
 func (a *App) podLeft(p podindex.Pod, why string) {
-	if s := a.socket.Load(); s != nil {
+	if s := a.socket; s != nil {
 		s.CallerLeft(p.UID, "pod "+p.String()+" "+why)
 	}
 }
@@ -29,7 +29,7 @@ func (a *App) podLeft(p podindex.Pod, why string) {
 // podArrived is the pod index's PodArrived in node mode: connections
 // accepted before the pod was known are resolved again.
 func (a *App) podArrived(p podindex.Pod) {
-	if s := a.socket.Load(); s != nil {
+	if s := a.socket; s != nil {
 		s.CallerArrived(p.UID)
 	}
 }

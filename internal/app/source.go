@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meshagent/meshagent/internal/files"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
@@ -40,15 +42,47 @@ var credentialFiles = []string{files.CertChainFile, files.KeyFile, files.RootCer
 // sdsProbeTimeout is how long an existing SDS socket has to answer.
 const sdsProbeTimeout = time.Second
 
-// SourceDecision is the certificate source chosen at start-up and why.
+// SourceDecision is the certificate source chosen at start-up and why. Its
+// JSON names the source "source", and "mode" too, the name it had before
+// (deprecated: "mode" is MESHAGENT_MODE's word, sidecar or node; the alias
+// goes in the next release).
 type SourceDecision struct {
-	Source Source `json:"mode"`
+	Source Source `json:"source"`
 	Reason string `json:"reason"`
 	// Provider is CA_PROVIDER with SourceCA.
 	Provider string `json:"provider,omitempty"`
 	// StaleSocket is set when a socket at the SDS path answered nothing: Run
 	// removes it before serving; `meshagent config` only reports it.
 	StaleSocket bool `json:"stale_socket,omitempty"`
+}
+
+// sourceDecisionJSON is SourceDecision's JSON, with the deprecated alias.
+type sourceDecisionJSON struct {
+	Source Source `json:"source"`
+	// Mode is Source under its former name (deprecated).
+	Mode        Source `json:"mode,omitempty"`
+	Reason      string `json:"reason"`
+	Provider    string `json:"provider,omitempty"`
+	StaleSocket bool   `json:"stale_socket,omitempty"`
+}
+
+// MarshalJSON writes the source under "source" and, deprecated, "mode".
+func (d SourceDecision) MarshalJSON() ([]byte, error) {
+	return json.Marshal(sourceDecisionJSON{Source: d.Source, Mode: d.Source, Reason: d.Reason, Provider: d.Provider, StaleSocket: d.StaleSocket})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, and JSON that names the
+// source "mode" only.
+func (d *SourceDecision) UnmarshalJSON(b []byte) error {
+	var j sourceDecisionJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	if j.Source == "" {
+		j.Source = j.Mode
+	}
+	*d = SourceDecision{Source: j.Source, Reason: j.Reason, Provider: j.Provider, StaleSocket: j.StaleSocket}
+	return nil
 }
 
 // missingFiles returns the credential files not present in dir.
@@ -122,10 +156,10 @@ func SelectSource(ctx context.Context, cfg *settings.Config) SourceDecision {
 func removeStaleSocket(ctx context.Context, log *zap.Logger, path string) {
 	removed, err := sockprobe.RemoveStale(ctx, path, sdsProbeTimeout, sockprobe.GRPC)
 	if err != nil {
-		log.Warn("cannot remove stale SDS socket", zap.String(keyPath, path), zap.Error(err))
+		log.Warn("cannot remove stale SDS socket", zap.String(logkeys.Path, path), zap.Error(err))
 		return
 	}
 	if removed {
-		log.Info("removed stale SDS socket", zap.String(keyPath, path))
+		log.Info("removed stale SDS socket", zap.String(logkeys.Path, path))
 	}
 }

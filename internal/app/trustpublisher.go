@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/podcert"
 )
 
@@ -61,7 +62,7 @@ func RunTrustPublisher(ctx context.Context, cfg TrustPublisherConfig) error {
 	if err != nil {
 		return configError(err)
 	}
-	log.Info("publishing the mesh roots", zap.String(keySigner, cfg.Signer), zap.String(keyBundle, podcert.BundleName(cfg.Signer)))
+	log.Info("publishing the mesh roots", zap.String(logkeys.Signer, cfg.Signer), zap.String(logkeys.Bundle, podcert.BundleName(cfg.Signer)))
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return feed.Run(ctx) })
 	g.Go(func() error { return p.Run(ctx) })

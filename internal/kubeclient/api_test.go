@@ -16,15 +16,7 @@ import (
 
 func newNamespace(t *testing.T) string {
 	t.Helper()
-	ns := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
-	if len(ns) > 50 {
-		ns = ns[:50]
-	}
-	ns = strings.Trim(ns, "-")
-	if _, err := kube.Env(t).CreateNamespace(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return ns
+	return kube.Env(t).TestNamespace(t)
 }
 
 func adminClient(t *testing.T) *Client {
@@ -147,7 +139,9 @@ func TestPodInformer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ns := newNamespace(t)
 	c := adminClient(t)
-	const node = "node-informer"
+	// The informer watches every namespace: the node is this test's own,
+	// so pods an earlier run left (-count=2) are not on it.
+	node := "node-informer-" + ns
 	first, err := env.CreatePod(ctx, ns, "first", "default", node)
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 )
 
 func TestParseBundle(t *testing.T) {
+	t.Parallel()
 	newCA := func(cfg localca.Config) *localca.CA {
 		ca, err := localca.New(cfg)
 		if err != nil {

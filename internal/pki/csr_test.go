@@ -34,6 +34,7 @@ func sanExtension(t *testing.T, csr *x509.CertificateRequest) (critical bool, na
 }
 
 func TestNewCSRSPIFFE(t *testing.T) {
+	t.Parallel()
 	key := newKey(t)
 	der, err := pki.NewCSR(key, testID)
 	if err != nil {
@@ -66,6 +67,7 @@ func TestNewCSRSPIFFE(t *testing.T) {
 }
 
 func TestNewCSRDNSName(t *testing.T) {
+	t.Parallel()
 	id := pki.LinkerdIdentity("cluster.local", "shop", "web", "linkerd")
 	if id.DNSName != "web.shop.serviceaccount.identity.linkerd.cluster.local" {
 		t.Fatalf("identity %q", id.DNSName)
@@ -88,6 +90,7 @@ func TestNewCSRDNSName(t *testing.T) {
 }
 
 func TestNewCSRRejectsBadIdentity(t *testing.T) {
+	t.Parallel()
 	for _, id := range []pki.Identity{{}, {SPIFFEID: "http://x/y"}, {SPIFFEID: "spiffe://a/b", DNSName: "c"}, {DNSName: "a b"}} {
 		if _, err := pki.NewCSR(newKey(t), id); err == nil {
 			t.Errorf("%+v accepted", id)
@@ -96,6 +99,7 @@ func TestNewCSRRejectsBadIdentity(t *testing.T) {
 }
 
 func TestParseCSRRejects(t *testing.T) {
+	t.Parallel()
 	der, err := pki.NewCSR(newKey(t), testID)
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 )
 
 func TestIdentity(t *testing.T) {
+	t.Parallel()
 	if testID.SPIFFEID != "spiffe://cluster.local/ns/shop/sa/web" || testID.String() != testID.SPIFFEID || testID.IsZero() {
 		t.Errorf("SPIFFE identity %+v", testID)
 	}
@@ -55,6 +56,7 @@ func TestIdentity(t *testing.T) {
 }
 
 func TestParseIdentity(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		in   string
 		want pki.Identity
@@ -78,6 +80,7 @@ func TestParseIdentity(t *testing.T) {
 }
 
 func TestIdentityMatches(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		a, b pki.Identity
 		want bool

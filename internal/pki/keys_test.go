@@ -1,6 +1,7 @@
 package pki_test
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
@@ -13,6 +14,7 @@ import (
 )
 
 func TestGenerateKeyTypes(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		kt    pki.KeyType
 		curve elliptic.Curve
@@ -69,6 +71,7 @@ func TestGenerateKeyTypes(t *testing.T) {
 }
 
 func TestParseKeyPEMForms(t *testing.T) {
+	t.Parallel()
 	ec := newKey(t).(*ecdsa.PrivateKey)
 	sec1, err := x509.MarshalECPrivateKey(ec)
 	if err != nil {
@@ -79,17 +82,27 @@ func TestParseKeyPEMForms(t *testing.T) {
 		t.Fatal(err)
 	}
 	pkcs1 := x509.MarshalPKCS1PrivateKey(rsaKey.(*rsa.PrivateKey))
-	for name, data := range map[string][]byte{
-		"SEC 1":  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: sec1}),
-		"PKCS#1": pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: pkcs1}),
+	type privateKey interface{ Equal(crypto.PrivateKey) bool }
+	for name, tt := range map[string]struct {
+		data []byte
+		want privateKey
+	}{
+		"SEC 1":  {pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: sec1}), ec},
+		"PKCS#1": {pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: pkcs1}), rsaKey.(*rsa.PrivateKey)},
 	} {
-		if _, err := pki.ParseKeyPEM(data); err != nil {
+		got, err := pki.ParseKeyPEM(tt.data)
+		if err != nil {
 			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if !tt.want.Equal(got) {
+			t.Errorf("%s: parsed a %T that is not the key encoded", name, got)
 		}
 	}
 }
 
 func TestParseKeyPEMRejects(t *testing.T) {
+	t.Parallel()
 	good, err := pki.EncodeKeyPEM(newKey(t))
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +131,7 @@ func TestParseKeyPEMRejects(t *testing.T) {
 }
 
 func TestPublicKeysEqual(t *testing.T) {
+	t.Parallel()
 	a, b := newKey(t), newKey(t)
 	if !pki.PublicKeysEqual(a.Public(), a.Public()) || pki.PublicKeysEqual(a.Public(), b.Public()) {
 		t.Error("wrong equality")

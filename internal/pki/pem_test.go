@@ -15,6 +15,7 @@ import (
 func nowUTC() time.Time { return time.Now().UTC().Truncate(time.Second) }
 
 func TestParseCertificatesBundle(t *testing.T) {
+	t.Parallel()
 	ca := newCA(t, nowUTC())
 	chain := issue(t, ca, localca.Leaf{PublicKey: newKey(t).Public(), Identity: testID})
 	if len(chain) != 3 {
@@ -54,6 +55,7 @@ func TestParseCertificatesBundle(t *testing.T) {
 }
 
 func TestParseCertificatesRejects(t *testing.T) {
+	t.Parallel()
 	ca := newCA(t, nowUTC())
 	cert := ca.RootPEM()
 	key, err := pki.EncodeKeyPEM(newKey(t))

@@ -40,6 +40,10 @@ const (
 	DefaultLinkerdControlNamespace = "linkerd"
 )
 
+// LinkerdGraceRatio is the share of life left when a Linkerd certificate is
+// renewed: the Linkerd proxy refreshes at 70 % of the remaining life.
+const LinkerdGraceRatio = 0.3
+
 // Renewal is when a certificate of the scheme is renewed: when GraceRatio of
 // its life is left, with the delay from its receipt to its renewal clamped
 // to [MinDelay, MaxDelay] (zero: no bound).
@@ -53,7 +57,7 @@ var (
 	istioRenewal = Renewal{GraceRatio: 0.5}
 	// linkerdRenewal is Linkerd's proxy's: renew at 70 % of the life, not
 	// sooner than 10 s nor later than 24 h after receipt.
-	linkerdRenewal = Renewal{GraceRatio: 0.3, MinDelay: 10 * time.Second, MaxDelay: 24 * time.Hour}
+	linkerdRenewal = Renewal{GraceRatio: LinkerdGraceRatio, MinDelay: 10 * time.Second, MaxDelay: 24 * time.Hour}
 )
 
 // IstioScheme is the SPIFFE naming of Istio under trustDomain.

@@ -26,6 +26,7 @@ func mustScheme(t testing.TB, linkerd bool, td, ns string) pki.Scheme {
 }
 
 func TestSchemeRules(t *testing.T) {
+	t.Parallel()
 	istio := mustScheme(t, false, "cluster.local", "")
 	linkerd := mustScheme(t, true, "cluster.local", "")
 	tests := []struct {
@@ -70,6 +71,7 @@ func TestSchemeRules(t *testing.T) {
 }
 
 func TestSchemeRefusesBadNames(t *testing.T) {
+	t.Parallel()
 	if _, err := pki.IstioScheme("Cluster.Local"); err == nil {
 		t.Error("IstioScheme accepted an upper-case trust domain")
 	}
@@ -94,6 +96,7 @@ func TestSchemeRefusesBadNames(t *testing.T) {
 }
 
 func TestSchemeAccount(t *testing.T) {
+	t.Parallel()
 	linkerd := mustScheme(t, true, "cluster.local", "linkerd")
 	istio := mustScheme(t, false, "cluster.local", "")
 	for _, tt := range []struct {

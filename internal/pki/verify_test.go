@@ -17,6 +17,7 @@ func verifyOpts(roots *x509.CertPool) x509.VerifyOptions {
 }
 
 func TestVerifyIssued(t *testing.T) {
+	t.Parallel()
 	now := nowUTC()
 	ca := newCA(t, now)
 	other := newCA(t, now)
@@ -92,6 +93,7 @@ func TestVerifyIssued(t *testing.T) {
 }
 
 func TestIdentityOf(t *testing.T) {
+	t.Parallel()
 	ca := newCA(t, nowUTC())
 	leaf := issue(t, ca, localca.Leaf{PublicKey: newKey(t).Public(), Identity: testID})[0]
 	if id, err := pki.IdentityOf(leaf); err != nil || id != testID {

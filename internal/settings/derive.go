@@ -7,6 +7,8 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/sds"
+	"github.com/meshagent/meshagent/workloadapi"
 )
 
 // Default paths, relative to the working directory as in pilot-agent, that
@@ -43,6 +45,25 @@ func (r *resolution) derive(in Input) error {
 		return r.invalid("TRUST_DOMAIN", c.TrustDomain, err.Error())
 	}
 
+	r.deriveServing()
+	r.deriveCA()
+	r.deriveOutputCerts()
+	if err := r.derivePaths(in); err != nil {
+		return err
+	}
+
+	// INSTANCE_IP: the host's address, as pilot-agent falls back to.
+	if c.InstanceIP == "" {
+		c.InstanceIP = hostIP(in.InterfaceAddrs)
+		r.notes["INSTANCE_IP"] = "the host's address"
+	}
+	return nil
+}
+
+// deriveServing fills the defaults of what the agent serves: the status
+// port, dev mode's names, the xDS proxy and the stream bounds.
+func (r *resolution) deriveServing() {
+	c := r.c
 	// STATUS_PORT: PROXY_CONFIG statusPort, else 15020.
 	if !r.isSet("STATUS_PORT") {
 		c.StatusPort = DefaultStatusPort
@@ -75,22 +96,27 @@ func (r *resolution) derive(in Input) error {
 	// MESHAGENT_SDS_MAX_STREAMS: one node's pods share the bound in node
 	// mode, each within MESHAGENT_SDS_MAX_STREAMS_PER_POD.
 	if !r.isSet("MESHAGENT_SDS_MAX_STREAMS") {
-		c.SDSMaxStreams = 4096
+		c.SDSMaxStreams = sds.DefaultMaxStreams
 		if c.Mode == ModeNode {
-			c.SDSMaxStreams = 65536
+			c.SDSMaxStreams = NodeMaxStreams
 			r.notes["MESHAGENT_SDS_MAX_STREAMS"] = "node mode default"
 		}
 	}
 
 	// MESHAGENT_WORKLOAD_API_MAX_STREAMS: in line with SDS.
 	if !r.isSet("MESHAGENT_WORKLOAD_API_MAX_STREAMS") {
-		c.WorkloadAPIMaxStreams = 4096
+		c.WorkloadAPIMaxStreams = workloadapi.DefaultMaxStreams
 		if c.Mode == ModeNode {
-			c.WorkloadAPIMaxStreams = 65536
+			c.WorkloadAPIMaxStreams = NodeMaxStreams
 			r.notes["MESHAGENT_WORKLOAD_API_MAX_STREAMS"] = "node mode default"
 		}
 	}
+}
 
+// deriveCA fills the defaults that follow the CA and its identity scheme:
+// the CA's address, the renewal ratio, the token audience and the key type.
+func (r *resolution) deriveCA() {
+	c := r.c
 	// CA_ADDR: the discovery address; Linkerd's identity service for Linkerd.
 	if !r.isSet("CA_ADDR") {
 		if c.CAProvider == ProviderLinkerd {
@@ -141,10 +167,13 @@ func (r *resolution) derive(in Input) error {
 			c.LinkerdIdentityServiceName = s.CAServerName()
 		}
 	}
+}
 
-	// OUTPUT_CERTS: where Istio's proxyless template puts the files, whenever
-	// a gRPC bootstrap is written, so that its certificate provider names
-	// files that exist (node mode writes neither).
+// deriveOutputCerts fills OUTPUT_CERTS: where Istio's proxyless template
+// puts the files, whenever a gRPC bootstrap is written, so that its
+// certificate provider names files that exist (node mode writes neither).
+func (r *resolution) deriveOutputCerts() {
+	c := r.c
 	if !r.isSet("OUTPUT_CERTS") && c.Mode != ModeNode && (c.DisableEnvoy || r.isSet("GRPC_XDS_BOOTSTRAP")) {
 		c.OutputCerts = ProxylessOutputCerts
 		if c.DisableEnvoy {
@@ -153,7 +182,12 @@ func (r *resolution) derive(in Input) error {
 			r.notes["OUTPUT_CERTS"] = "GRPC_XDS_BOOTSTRAP is set: the bootstrap's files (Istio's proxyless default)"
 		}
 	}
+}
 
+// derivePaths fills the default paths: the sockets, the token and the
+// roots, in pilot-agent's order.
+func (r *resolution) derivePaths(in Input) error {
+	c := r.c
 	// Paths.
 	if c.SDSSocket == "" {
 		c.SDSSocket = sdsSocketDir + "/" + c.WorkloadIdentitySocketFile
@@ -196,12 +230,6 @@ func (r *resolution) derive(in Input) error {
 		if c.XDSRoot == "" && c.XDSProxy {
 			return r.invalid("PILOT_CERT_PROVIDER", c.PilotCertProvider, "no default xDS root: set XDS_ROOT_CA or CA_ROOT_CA (a path, or SYSTEM)")
 		}
-	}
-
-	// INSTANCE_IP: the host's address, as pilot-agent falls back to.
-	if c.InstanceIP == "" {
-		c.InstanceIP = hostIP(in.InterfaceAddrs)
-		r.notes["INSTANCE_IP"] = "the host's address"
 	}
 	return nil
 }

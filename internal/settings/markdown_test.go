@@ -16,6 +16,7 @@ const docPath = "../../docs/configuration.md"
 // TestConfigurationDocIsCurrent fails when docs/configuration.md differs from
 // what the registry generates. Run `make docs` (or this test with -update).
 func TestConfigurationDocIsCurrent(t *testing.T) {
+	t.Parallel()
 	want := append(Markdown(), '\n')
 	if *update {
 		if err := os.WriteFile(docPath, want, 0o644); err != nil {
@@ -32,6 +33,7 @@ func TestConfigurationDocIsCurrent(t *testing.T) {
 }
 
 func TestMarkdownMentionsEverySetting(t *testing.T) {
+	t.Parallel()
 	doc := string(Markdown())
 	for _, s := range Registry {
 		if !strings.Contains(doc, "### "+md(s.Name)+"\n") {

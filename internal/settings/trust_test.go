@@ -9,6 +9,7 @@ import (
 )
 
 func TestParseConfigMapRef(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		raw  string
 		want ConfigMapRef
@@ -42,6 +43,7 @@ func TestParseConfigMapRef(t *testing.T) {
 }
 
 func TestSignerName(t *testing.T) {
+	t.Parallel()
 	v := SignerName(func(c *Config) *string { return &c.TrustBundleSigner })
 	for raw, ok := range map[string]bool{
 		"": true,
@@ -62,6 +64,7 @@ func TestSignerName(t *testing.T) {
 // pilot-agent's remaining certificate and xDS-proxy settings are honoured,
 // said to have no effect at start-up, or refused with one line.
 func TestPilotAgentSettingsHonouredOrRefused(t *testing.T) {
+	t.Parallel()
 	noAddrs := func() ([]net.Addr, error) { return nil, nil }
 	sock := filepath.Join(t.TempDir(), "socket")
 	l, err := net.Listen("unix", sock)

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // DefaultAddr listens on every interface at pilot-agent's status port.
@@ -25,8 +27,21 @@ const DefaultAddr = ":15020"
 // Check reports a problem, or nil when all is well. It must return quickly.
 type Check func() error
 
-// CertInfo describes one certificate the agent holds.
+// CertInfo describes one certificate the agent holds: the certificate's
+// facts, and in node mode how many pods use its identity.
 type CertInfo struct {
+	Cert
+	// Pods is how many pods use the identity, in node mode; 0 otherwise.
+	// Their names are not given: the list answers loopback callers only,
+	// yet a pod's name is none of another pod's business.
+	Pods int `json:"pods,omitempty"`
+}
+
+// Cert is what /debug/certs says of one certificate. Its fields are the
+// secret manager's CertInfo's, field for field, so that one converts into
+// the other with a type conversion, which stops compiling when either
+// gains a field the other lacks.
+type Cert struct {
 	// ResourceName is the SDS resource name ("default", "file-cert:...").
 	ResourceName string `json:"resource_name"`
 	// Identity is the SPIFFE ID or DNS name the certificate is for.
@@ -39,10 +54,6 @@ type CertInfo struct {
 	RenewAt time.Time `json:"renew_at,omitzero"`
 	// Source says where it came from: "ca", "dev-ca", "file", "output-certs".
 	Source string `json:"source"`
-	// Pods is how many pods use the identity, in node mode; 0 otherwise.
-	// Their names are not given: the list answers loopback callers only,
-	// yet a pod's name is none of another pod's business.
-	Pods int `json:"pods,omitempty"`
 }
 
 // CertLister lists held certificates.
@@ -145,7 +156,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("status server: %w", err)
 	}
-	s.log.Info("status server listening", zap.String(keyAddr, ln.Addr().String()))
+	s.log.Info("status server listening", zap.String(logkeys.Addr, ln.Addr().String()))
 	if s.cfg.OnListen != nil {
 		s.cfg.OnListen(ln.Addr())
 	}
@@ -246,7 +257,7 @@ func (s *Server) serveQuit(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusMethodNotAllowed, "use POST\n")
 		return
 	}
-	s.log.Info("quit requested over HTTP", zap.String(keyRemote, r.RemoteAddr))
+	s.log.Info("quit requested over HTTP", zap.String(logkeys.RemoteAddr, r.RemoteAddr))
 	writeText(w, http.StatusOK, "OK\n")
 	s.Quit()
 }
@@ -255,7 +266,7 @@ func (s *Server) serveQuit(w http.ResponseWriter, r *http.Request) {
 func (s *Server) loopbackOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !isLoopback(r.RemoteAddr) {
-			s.log.Warn("refused non-loopback caller", zap.String(keyRemote, r.RemoteAddr), zap.String(keyPath, r.URL.Path))
+			s.log.Warn("refused non-loopback caller", zap.String(logkeys.RemoteAddr, r.RemoteAddr), zap.String(logkeys.Path, r.URL.Path))
 			writeText(w, http.StatusForbidden, "forbidden: loopback callers only\n")
 			return
 		}

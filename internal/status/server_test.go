@@ -137,8 +137,8 @@ func TestDebugCerts(t *testing.T) {
 		t.Errorf("empty: %d %q", code, body)
 	}
 	nb := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
-	s.AddCertLister(certList{{ResourceName: "default", Identity: "spiffe://cluster.local/ns/a/sa/b", Serial: "0a", NotBefore: nb, NotAfter: nb.Add(24 * time.Hour), RenewAt: nb.Add(12 * time.Hour), Source: "ca"}})
-	s.AddCertLister(certList{{ResourceName: "ROOTCA", Serial: "01", NotBefore: nb, NotAfter: nb.Add(time.Hour), Source: "file"}})
+	s.AddCertLister(certList{{Cert: Cert{ResourceName: "default", Identity: "spiffe://cluster.local/ns/a/sa/b", Serial: "0a", NotBefore: nb, NotAfter: nb.Add(24 * time.Hour), RenewAt: nb.Add(12 * time.Hour), Source: "ca"}}})
+	s.AddCertLister(certList{{Cert: Cert{ResourceName: "ROOTCA", Serial: "01", NotBefore: nb, NotAfter: nb.Add(time.Hour), Source: "file"}}})
 	code, body := get(t, base+"/debug/certs")
 	if code != 200 {
 		t.Fatalf("%d %q", code, body)
@@ -251,7 +251,7 @@ func TestListenFailure(t *testing.T) {
 func TestChecksAddedWhileServing(t *testing.T) {
 	const adds = 50
 	s, base, _, _ := start(t, Config{})
-	lister := certList{{ResourceName: "default", Serial: "0a"}, {ResourceName: "ROOTCA", Serial: "01"}}
+	lister := certList{{Cert: Cert{ResourceName: "default", Serial: "0a"}}, {Cert: Cert{ResourceName: "ROOTCA", Serial: "01"}}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

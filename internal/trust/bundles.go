@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -65,7 +66,7 @@ func NewClusterTrustBundleSource(cfg ClusterTrustBundleConfig) (*ClusterTrustBun
 		sink:    cfg.Sink,
 		refused: map[string]string{},
 	}
-	s.log = cfg.Logger.Named("trust").With(zap.String(keySource, s.name))
+	s.log = cfg.Logger.Named("trust").With(zap.String(logkeys.Source, s.name))
 	lw := cfg.Kube.ClusterTrustBundleListWatch(fields.OneTermEqualSelector("spec.signerName", cfg.Signer).String())
 	s.informer = cache.NewSharedIndexInformerWithOptions(lw, &kubeclient.ClusterTrustBundle{}, cache.SharedIndexInformerOptions{})
 	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -140,6 +141,6 @@ func (s *ClusterTrustBundleSource) recompute() {
 		s.sink.Refuse(s.name, fmt.Errorf("no usable ClusterTrustBundle of the signer: %w", ErrMissing))
 		return
 	}
-	s.log.Debug("signer's bundles", zap.Strings(keyBundles, used))
+	s.log.Debug("signer's bundles", zap.Strings(logkeys.Bundles, used))
 	_ = s.sink.Update(s.name, good) // the merger de-duplicates; a refusal is logged and counted there
 }

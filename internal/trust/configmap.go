@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // ConfigMapWatcher lists and watches ConfigMaps. *kubeclient.Client is one.
@@ -57,7 +58,7 @@ func NewConfigMapSource(cfg ConfigMapConfig) (*ConfigMapSource, error) {
 		key:  cfg.Key,
 		sink: cfg.Sink,
 	}
-	s.log = cfg.Logger.Named("trust").With(zap.String(keySource, s.name))
+	s.log = cfg.Logger.Named("trust").With(zap.String(logkeys.Source, s.name))
 	lw := cfg.Kube.ConfigMapListWatch(cfg.Namespace, fields.OneTermEqualSelector("metadata.name", cfg.Name).String())
 	s.informer = cache.NewSharedIndexInformerWithOptions(lw, &kubeclient.ConfigMap{}, cache.SharedIndexInformerOptions{})
 	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/files/regularfile"
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // CRL is a file of certificate revocation lists as served in ROOTCA's
@@ -128,7 +129,7 @@ func NewCRLFeed(cfg CRLFeedConfig) (*CRLFeed, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &CRLFeed{path: cfg.Path, src: src, into: cfg.Into, log: log.Named("trust").With(zap.String(keySource, cfg.Path))}, nil
+	return &CRLFeed{path: cfg.Path, src: src, into: cfg.Into, log: log.Named("trust").With(zap.String(logkeys.Source, cfg.Path))}, nil
 }
 
 // Run watches the file and sets every new good CRL until ctx ends, and
@@ -138,7 +139,7 @@ func (f *CRLFeed) Run(ctx context.Context) error {
 	go func() {
 		defer close(done)
 		f.src.Follow(ctx, func(c *CRL) {
-			f.log.Info("CRL applied", zap.Int(keyLists, len(c.Lists)))
+			f.log.Info("CRL applied", zap.Int(logkeys.Lists, len(c.Lists)))
 			f.into.SetCRL(c.PEM)
 		})
 	}()

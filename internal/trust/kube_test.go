@@ -27,13 +27,7 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	env := kube.Env(t)
-	ns := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(t.Name(), "Test"), "/", "-"))
-	if len(ns) > 50 {
-		ns = ns[:50]
-	}
-	if _, err := env.CreateNamespace(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
+	ns := env.TestNamespace(t)
 	core, err := kubeclient.NewForConfig(env.Config())
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -124,7 +125,7 @@ func (m *Merger) update(source string, certs []*x509.Certificate) {
 	m.current = merged
 	n := len(merged.Certs())
 	m.metrics.updated(source, n)
-	m.log.Info("trust bundle changed", zap.String(keySource, source), zap.Strings(keySources, sources), zap.Int(keyRoots, n))
+	m.log.Info("trust bundle changed", zap.String(logkeys.Source, source), zap.Strings(logkeys.Sources, sources), zap.Int(logkeys.Roots, n))
 }
 
 // Refuse records that source gave something unusable (logged with the
@@ -132,7 +133,7 @@ func (m *Merger) update(source string, certs []*x509.Certificate) {
 func (m *Merger) Refuse(source string, err error) {
 	reason := Reason(err)
 	m.metrics.refused(source, reason)
-	m.log.Warn("trust source refused, keeping its last good roots", zap.String(keySource, source), zap.String(keyReason, reason), zap.Error(err))
+	m.log.Warn("trust source refused, keeping its last good roots", zap.String(logkeys.Source, source), zap.String(logkeys.Reason, reason), zap.Error(err))
 }
 
 // Bundle returns the merged bundle last published (nil before the first).

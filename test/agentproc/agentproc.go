@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/test/heavy"
 )
 
 // SDSSocket is the SDS socket path relative to the working directory.
@@ -138,6 +140,7 @@ func StartAs(t testing.TB, cred *syscall.Credential, dir string, env ...string) 
 
 func start(t testing.TB, dir string, cred *syscall.Credential, args, env []string) *Proc {
 	t.Helper()
+	heavy.Skip(t, "starts the built agent")
 	bin, err := Binary()
 	if err != nil {
 		t.Fatal(err)

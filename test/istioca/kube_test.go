@@ -2,6 +2,7 @@ package istioca
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -36,7 +37,7 @@ func newCluster(t *testing.T) *cluster {
 	if len(base) > 40 {
 		base = base[:40]
 	}
-	base = strings.Trim(base, "-")
+	base = strings.Trim(base, "-") + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36) // -count=2
 	c := &cluster{env: env, sys: base + "-sys", app: base + "-app"}
 	for _, ns := range []string{c.sys, c.app} {
 		if _, err := env.CreateNamespace(ctx, ns); err != nil {

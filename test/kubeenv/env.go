@@ -125,40 +125,8 @@ func start(ctx context.Context, opts Options, etcdBin, apiBin string) (_ *Env, e
 	e.adminToken = files.adminToken
 	e.nodeTokens = files.nodeTokens
 
-	e.etcdArgs = []string{
-		"--name=kubeenv",
-		"--data-dir=" + filepath.Join(e.dir, "etcd"),
-		"--listen-client-urls=" + clientURL,
-		"--advertise-client-urls=" + clientURL,
-		"--listen-peer-urls=" + peerURL,
-		"--initial-advertise-peer-urls=" + peerURL,
-		"--initial-cluster=kubeenv=" + peerURL,
-		// Test data need not survive a power cut; fsync dominates etcd's latency.
-		"--unsafe-no-fsync=true",
-		"--log-level=warn",
-	}
-	e.apiArgs = append([]string{
-		"--etcd-servers=" + clientURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(ports[2]),
-		// The API server refuses a loopback advertise address unless it does not
-		// maintain the kubernetes service's endpoints.
-		"--endpoint-reconciler-type=none",
-		"--tls-cert-file=" + files.servingCert,
-		"--tls-private-key-file=" + files.servingKey,
-		"--service-cluster-ip-range=10.0.0.0/24",
-		"--service-account-issuer=" + Issuer,
-		"--service-account-key-file=" + files.saPublic,
-		"--service-account-signing-key-file=" + files.saPrivate,
-		"--authorization-mode=Node,RBAC",
-		"--token-auth-file=" + files.tokens,
-		"--allow-privileged=true",
-		// Open watches end 2s after SIGTERM: without it the server waits for
-		// every watch to close, and Restart and Stop with a client watching
-		// (an informer) run into stopGrace.
-		"--shutdown-watch-termination-grace-period=2s",
-	}, opts.APIServerFlags...)
+	e.etcdArgs = etcdArgs(e.dir, clientURL, peerURL)
+	e.apiArgs = apiServerArgs(clientURL, ports[2], files, opts.APIServerFlags)
 
 	e.etcd, err = startProcess("etcd", e.etcdBin, e.etcdArgs, filepath.Join(e.dir, "etcd.log"))
 	if err != nil {
@@ -187,6 +155,49 @@ func start(ctx context.Context, opts Options, etcdBin, apiBin string) (_ *Env, e
 		return nil, err
 	}
 	return e, nil
+}
+
+// etcdArgs are the flags of the environment's etcd.
+func etcdArgs(dir, clientURL, peerURL string) []string {
+	return []string{
+		"--name=kubeenv",
+		"--data-dir=" + filepath.Join(dir, "etcd"),
+		"--listen-client-urls=" + clientURL,
+		"--advertise-client-urls=" + clientURL,
+		"--listen-peer-urls=" + peerURL,
+		"--initial-advertise-peer-urls=" + peerURL,
+		"--initial-cluster=kubeenv=" + peerURL,
+		// Test data need not survive a power cut; fsync dominates etcd's latency.
+		"--unsafe-no-fsync=true",
+		"--log-level=warn",
+	}
+}
+
+// apiServerArgs are the flags of the environment's kube-apiserver, then
+// extra.
+func apiServerArgs(etcdURL string, port int, files files, extra []string) []string {
+	return append([]string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(port),
+		// The API server refuses a loopback advertise address unless it does not
+		// maintain the kubernetes service's endpoints.
+		"--endpoint-reconciler-type=none",
+		"--tls-cert-file=" + files.servingCert,
+		"--tls-private-key-file=" + files.servingKey,
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--service-account-issuer=" + Issuer,
+		"--service-account-key-file=" + files.saPublic,
+		"--service-account-signing-key-file=" + files.saPrivate,
+		"--authorization-mode=Node,RBAC",
+		"--token-auth-file=" + files.tokens,
+		"--allow-privileged=true",
+		// Open watches end 2s after SIGTERM: without it the server waits for
+		// every watch to close, and Restart and Stop with a client watching
+		// (an informer) run into stopGrace.
+		"--shutdown-watch-termination-grace-period=2s",
+	}, extra...)
 }
 
 func (e *Env) startAPIServer(ctx context.Context) error {

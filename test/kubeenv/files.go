@@ -32,10 +32,20 @@ func writeFiles(dir string, nodes []string) (files, error) {
 	if err := os.MkdirAll(pki, 0o700); err != nil {
 		return f, err
 	}
+	if err := f.writeServing(pki); err != nil {
+		return f, err
+	}
+	if err := f.writeServiceAccountKey(pki); err != nil {
+		return f, err
+	}
+	return f, f.writeTokens(pki, nodes)
+}
 
+// writeServing makes the CA and the API server's serving certificate.
+func (f *files) writeServing(pki string) error {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return f, err
+		return err
 	}
 	now := time.Now()
 	caTmpl := &x509.Certificate{
@@ -49,17 +59,17 @@ func writeFiles(dir string, nodes []string) (files, error) {
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
 	if err != nil {
-		return f, err
+		return err
 	}
 	ca, err := x509.ParseCertificate(caDER)
 	if err != nil {
-		return f, err
+		return err
 	}
 	f.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
 
 	servingKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return f, err
+		return err
 	}
 	servingTmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(2),
@@ -73,39 +83,48 @@ func writeFiles(dir string, nodes []string) (files, error) {
 	}
 	servingDER, err := x509.CreateCertificate(rand.Reader, servingTmpl, ca, &servingKey.PublicKey, caKey)
 	if err != nil {
-		return f, err
+		return err
 	}
 	servingKeyDER, err := x509.MarshalPKCS8PrivateKey(servingKey)
 	if err != nil {
-		return f, err
+		return err
 	}
 	f.servingCert = filepath.Join(pki, "serving.crt")
 	f.servingKey = filepath.Join(pki, "serving.key")
 	if err := writePEM(f.servingCert, "CERTIFICATE", servingDER); err != nil {
-		return f, err
+		return err
 	}
 	if err := writePEM(f.servingKey, "PRIVATE KEY", servingKeyDER); err != nil {
-		return f, err
+		return err
 	}
+	return nil
+}
 
+// writeServiceAccountKey makes the key that signs service-account tokens.
+func (f *files) writeServiceAccountKey(pki string) error {
 	// The service-account token signing key: RSA, as most clusters use.
 	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
-		return f, err
+		return err
 	}
 	saPub, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
 	if err != nil {
-		return f, err
+		return err
 	}
 	f.saPrivate = filepath.Join(pki, "sa.key")
 	f.saPublic = filepath.Join(pki, "sa.pub")
 	if err := writePEM(f.saPrivate, "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(saKey)); err != nil {
-		return f, err
+		return err
 	}
 	if err := writePEM(f.saPublic, "PUBLIC KEY", saPub); err != nil {
-		return f, err
+		return err
 	}
+	return nil
+}
 
+// writeTokens writes the static token file: the admin's and one per
+// node's kubelet.
+func (f *files) writeTokens(pki string, nodes []string) error {
 	// token,user,uid,"group,...": one static admin, in the group RBAC lets do anything.
 	f.adminToken = randomHex(24)
 	f.tokens = filepath.Join(pki, "tokens.csv")
@@ -118,9 +137,9 @@ func writeFiles(dir string, nodes []string) (files, error) {
 		line += fmt.Sprintf("%s,system:node:%s,system:node:%s,\"system:nodes\"\n", tok, n, n)
 	}
 	if err := os.WriteFile(f.tokens, []byte(line), 0o600); err != nil {
-		return f, err
+		return err
 	}
-	return f, nil
+	return nil
 }
 
 func writePEM(path, blockType string, der []byte) error {

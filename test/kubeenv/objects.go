@@ -3,6 +3,8 @@ package kubeenv
 import (
 	"context"
 	"fmt"
+	"strings"
+	"testing"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -23,6 +25,25 @@ func (e *Env) CreateNamespace(ctx context.Context, name string) (*corev1.Namespa
 		return nil, err
 	}
 	return ns, nil
+}
+
+// TestNamespace creates a namespace for t, named after it with a random
+// suffix (so that go test -count=2 and tests sharing a prefix never meet),
+// and deletes it when t ends. A failure fails t.
+func (e *Env) TestNamespace(t testing.TB) string {
+	t.Helper()
+	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(name) > 50 {
+		name = name[:50]
+	}
+	name = strings.Trim(name, "-") + "-" + randomHex(3)
+	if _, err := e.CreateNamespace(context.Background(), name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = e.client.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	return name
 }
 
 // CreateServiceAccount creates a service account.

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/meshagent/meshagent/test/heavy"
 )
 
 // Shared is a test package's one API server: started by the first test that
@@ -40,9 +42,10 @@ func (s *Shared) OnStop(f func() error) {
 }
 
 // Env returns the package's API server, starting it on first use; a server
-// that cannot start fails t.
+// that cannot start fails t. Under -short, t is skipped instead.
 func (s *Shared) Env(t testing.TB) *Env {
 	t.Helper()
+	heavy.Skip(t, "starts etcd and kube-apiserver")
 	s.once.Do(func() { s.env, s.err = Start(context.Background(), s.Options) })
 	if s.err != nil {
 		t.Fatalf("starting the test API server: %v", s.err)

@@ -20,10 +20,7 @@ import (
 func TestTokenReview(t *testing.T) {
 	env := kube.Env(t)
 	ctx := context.Background()
-	const ns = "review"
-	if _, err := env.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	ns := env.TestNamespace(t)
 	for _, sa := range []string{"web", "db"} {
 		if _, err := env.CreateServiceAccount(ctx, ns, sa); err != nil {
 			t.Fatal(err)

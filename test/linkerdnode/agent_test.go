@@ -68,10 +68,8 @@ func grantNodeAgent(t *testing.T, ns, sa string) {
 func TestLinkerdNodeModeTokensPerServiceAccount(t *testing.T) {
 	env := kube.Env(t)
 	ctx := context.Background()
-	const ns, node = "l5dnode", "node-l5d"
-	if _, err := env.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	const node = "node-l5d"
+	ns := env.TestNamespace(t)
 	for _, sa := range []string{"meshagent", "web", "db"} {
 		if _, err := env.CreateServiceAccount(ctx, ns, sa); err != nil {
 			t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/podproc"
 	"github.com/meshagent/meshagent/test/sdsclient"
 )
@@ -312,6 +313,7 @@ var (
 // can run (the build directory is private to root).
 func childBinary(t *testing.T) string {
 	t.Helper()
+	heavy.Skip(t, "runs a copy of the test binary as another user")
 	childBinOnce.Do(func() {
 		self, err := os.Executable()
 		if err != nil {

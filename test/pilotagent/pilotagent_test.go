@@ -32,6 +32,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/kubeenv"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -138,9 +139,7 @@ func httpGet(url string) (int, string) {
 // configuration has reached Envoy through pilot-agent's xDS proxy, pilot-agent must
 // report ready.
 func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the real pilot-agent and meshagent binaries (-short)")
-	}
+	heavy.Skip(t, "runs the real pilot-agent and meshagent binaries")
 	pilotAgent, err := kubeenv.ToolPath("pilot-agent")
 	if err != nil {
 		t.Fatal(err)
@@ -411,9 +410,7 @@ func TestPilotAgentFindsMeshagentSocket(t *testing.T) {
 // reads it back: the files where pilot-agent looks for them, and the user and entry point
 // of the injection template.
 func TestProxyImageLayout(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds tools/image (-short)")
-	}
+	heavy.Skip(t, "builds tools/image")
 	tmpl, err := BootstrapTemplate()
 	if err != nil {
 		t.Fatal(err)

@@ -58,16 +58,11 @@ func TestNodeAgentSignsPodCertificates(t *testing.T) {
 	admin := env.Client()
 	ctx := context.Background()
 	for _, n := range []string{nodeA, nodeB} {
-		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
 	}
-	sys, ns := "meshagent-system", "apps"
-	for _, n := range []string{sys, ns} {
-		if _, err := env.CreateNamespace(ctx, n); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sys, ns := env.TestNamespace(t), env.TestNamespace(t)
 	if _, err := env.CreateServiceAccount(ctx, sys, agentSA); err != nil {
 		t.Fatal(err)
 	}
@@ -209,6 +204,8 @@ func bindChartRBAC(t *testing.T, admin kubernetes.Interface, release, sys string
 			if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &r, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
+			// Cluster-scoped: removed when the test ends, for the next run's.
+			t.Cleanup(func() { _ = admin.RbacV1().ClusterRoles().Delete(context.Background(), r.Name, metav1.DeleteOptions{}) })
 			roles++
 		case "ClusterRoleBinding":
 			var b rbacv1.ClusterRoleBinding
@@ -216,6 +213,9 @@ func bindChartRBAC(t *testing.T, admin kubernetes.Interface, release, sys string
 			if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &b, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() {
+				_ = admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), b.Name, metav1.DeleteOptions{})
+			})
 		case "ServiceAccount":
 			var sa corev1.ServiceAccount
 			mustUnmarshal(t, doc, &sa)
@@ -392,10 +392,7 @@ func TestOnlyThePublisherWritesTrust(t *testing.T) {
 	env := kube.Env(t)
 	admin := env.Client()
 	ctx := context.Background()
-	sys := "meshagent-trust"
-	if _, err := env.CreateNamespace(ctx, sys); err != nil {
-		t.Fatal(err)
-	}
+	sys := env.TestNamespace(t)
 	if _, err := env.CreateServiceAccount(ctx, sys, agentSA); err != nil {
 		t.Fatal(err)
 	}
@@ -403,6 +400,9 @@ func TestOnlyThePublisherWritesTrust(t *testing.T) {
 	ca := istioca.Start(t, istioca.Config{})
 	attacker := istioca.Start(t, istioca.Config{})
 	name := podcert.BundleName(signer)
+	t.Cleanup(func() {
+		_ = admin.CertificatesV1().ClusterTrustBundles().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 	bundleOf := func(rootPEM []byte, name string) *certsv1.ClusterTrustBundle {
 		return &certsv1.ClusterTrustBundle{
 			ObjectMeta: metav1.ObjectMeta{Name: name},

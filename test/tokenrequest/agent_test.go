@@ -50,13 +50,7 @@ func newSetup(t *testing.T) *setup {
 	t.Helper()
 	env := kube.Env(t)
 	ctx := context.Background()
-	ns := strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))
-	if len(ns) > 50 {
-		ns = ns[:50]
-	}
-	if _, err := env.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	ns := env.TestNamespace(t)
 	if _, err := env.CreateServiceAccount(ctx, ns, saName); err != nil {
 		t.Fatal(err)
 	}

@@ -156,10 +156,7 @@ func TestRootRotation(t *testing.T) {
 
 func rotate(t *testing.T, src source) {
 	env := kube.Env(t)
-	ns := "rotation-" + src.name
-	if _, err := env.CreateNamespace(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
+	ns := env.TestNamespace(t)
 	a, b := newRoot(t, "root-a"), newRoot(t, "root-b")
 	ca := istioca.Start(t, istioca.Config{CA: a.ca, Tokens: map[string]istioca.ServiceAccount{workloadToken: workload}})
 

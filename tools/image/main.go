@@ -161,6 +161,27 @@ func main() {
 	}
 }
 
+// entriesOf reads the image's files: the entry point, every -add and every
+// -dir (owned by uid and gid).
+func entriesOf(o options, uid, gid int) ([]entry, error) {
+	bin, err := os.ReadFile(o.binary)
+	if err != nil {
+		return nil, err
+	}
+	entries := []entry{{name: o.target, mode: 0o755, data: bin}}
+	for _, a := range o.adds {
+		data, err := os.ReadFile(a.src)
+		if err != nil {
+			return nil, fmt.Errorf("-add: %w", err)
+		}
+		entries = append(entries, entry{name: a.dst, mode: a.mode, data: data})
+	}
+	for _, d := range o.dirs {
+		entries = append(entries, entry{name: d.dst, mode: d.mode, dir: true, uid: uid, gid: gid})
+	}
+	return entries, nil
+}
+
 func build(o options) error {
 	if o.tag == "" {
 		return errors.New("-tag is required")
@@ -176,20 +197,9 @@ func build(o options) error {
 	if err != nil {
 		return fmt.Errorf("-tag: %w", err)
 	}
-	bin, err := os.ReadFile(o.binary)
+	entries, err := entriesOf(o, uid, gid)
 	if err != nil {
 		return err
-	}
-	entries := []entry{{name: o.target, mode: 0o755, data: bin}}
-	for _, a := range o.adds {
-		data, err := os.ReadFile(a.src)
-		if err != nil {
-			return fmt.Errorf("-add: %w", err)
-		}
-		entries = append(entries, entry{name: a.dst, mode: a.mode, data: data})
-	}
-	for _, d := range o.dirs {
-		entries = append(entries, entry{name: d.dst, mode: d.mode, dir: true, uid: uid, gid: gid})
 	}
 	layerTar, err := layerOf(entries)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -40,7 +41,7 @@ func NewRootFeed(cfg RootFeedConfig) (*RootFeed, error) {
 		return nil, fmt.Errorf("%s %s: %w", cfg.Name, cfg.Path, err)
 	}
 	b, _, _ := src.Current()
-	return &RootFeed{path: cfg.Path, src: src, roots: secretmanager.RootsOf(b, cfg.Path), log: logger(cfg.Source).With(zap.String(keySource, cfg.Path))}, nil
+	return &RootFeed{path: cfg.Path, src: src, roots: secretmanager.RootsOf(b, cfg.Path), log: logger(cfg.Source).With(zap.String(logkeys.Source, cfg.Path))}, nil
 }
 
 // Roots returns the bundle the feed keeps current.
@@ -91,7 +92,7 @@ func NewPairFeed(cfg PairFeedConfig) (*PairFeed, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &PairFeed{label: cfg.Label, src: src, into: cfg.Into, log: logger(cfg.Source).With(zap.String(keySource, src.Name()))}, nil
+	return &PairFeed{label: cfg.Label, src: src, into: cfg.Into, log: logger(cfg.Source).With(zap.String(logkeys.Source, src.Name()))}, nil
 }
 
 // Run watches the files and publishes every new good pair until ctx ends,

@@ -69,7 +69,7 @@ func TestPairFeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	changes, stop := m.Watch(ctx, secretmanager.WorkloadCertName)
+	changes, stop := m.Watch(pki.Identity{}, secretmanager.WorkloadCertName)
 	defer stop()
 	f, err := NewPairFeed(PairFeedConfig{
 		CertPath: certPath, KeyPath: keyPath, Label: "file-mounted", Into: m,
@@ -84,7 +84,7 @@ func TestPairFeed(t *testing.T) {
 		t.Helper()
 		now, cancel := context.WithCancel(ctx)
 		cancel()
-		s, err := m.Secret(now, secretmanager.WorkloadCertName)
+		s, err := m.Secret(now, pki.Identity{}, secretmanager.WorkloadCertName)
 		if err != nil {
 			t.Fatal(err)
 		}

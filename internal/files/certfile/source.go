@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/internal/files/filewatch"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -71,7 +72,7 @@ func NewSource[T Value[T]](cfg SourceConfig, name, kind string, paths []string, 
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	log := cfg.Logger.Named("certfile").With(zap.String(keySource, name))
+	log := cfg.Logger.Named("certfile").With(zap.String(logkeys.Source, name))
 	w, err := filewatch.New(filewatch.Config{
 		Paths: paths, Debounce: cfg.Debounce, PollInterval: cfg.PollInterval,
 		Clock: cfg.Clock, Logger: log, Registerer: cfg.Registerer,
@@ -193,7 +194,7 @@ func (s *Source[T]) Reload() (bool, error) {
 	if err != nil {
 		reason := Reason(err)
 		s.metrics.failures.WithLabelValues(s.kind, reason).Inc()
-		s.log.Warn("files rejected, keeping the last good value", zap.String(keyReason, reason), zap.Error(err))
+		s.log.Warn("files rejected, keeping the last good value", zap.String(logkeys.Reason, reason), zap.Error(err))
 		return false, err
 	}
 	s.mu.Lock()
@@ -207,7 +208,7 @@ func (s *Source[T]) Reload() (bool, error) {
 	s.metrics.updates.WithLabelValues(s.kind).Inc()
 	fields := []zap.Field{}
 	if p, isPair := any(v).(*Pair); isPair {
-		fields = append(fields, zap.Time(keyNotAfter, p.Leaf().NotAfter))
+		fields = append(fields, zap.Time(logkeys.NotAfter, p.Leaf().NotAfter))
 	}
 	s.log.Info("files loaded", fields...)
 	return true, nil

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meshagent/meshagent/internal/files/certfile"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -224,7 +225,7 @@ func (p *Provider) lookup(name string) (*entry, error) {
 func (p *Provider) Watch(name string) (<-chan struct{}, func()) {
 	e, err := p.hold(name)
 	if err != nil {
-		p.log.Warn("file resource not served", zap.String(keyResource, name), zap.Error(err))
+		p.log.Warn("file resource not served", zap.String(logkeys.Resource, name), zap.Error(err))
 		return nil, func() {}
 	}
 	ch, unsubscribe := e.watch()
@@ -308,7 +309,7 @@ func (p *Provider) release(e *entry) {
 	if e.stop != nil {
 		e.stop()
 	}
-	p.log.Debug("file resource released", zap.String(keyResource, e.name))
+	p.log.Debug("file resource released", zap.String(logkeys.Resource, e.name))
 }
 
 // newEntry parses name, builds its source and loads it once.

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meshagent/meshagent/internal/files/regularfile"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 )
@@ -130,7 +131,7 @@ func New(cfg Config) (*Watcher, error) {
 		poll:     cfg.PollInterval,
 		maxDelay: maxDelayFactor * cfg.Debounce,
 		clock:    cfg.Clock,
-		log:      cfg.Logger.Named("filewatch").With(zap.Strings(keyPaths, paths)),
+		log:      cfg.Logger.Named("filewatch").With(zap.Strings(logkeys.Paths, paths)),
 		metrics:  newMetrics(cfg.Registerer),
 		hub:      cfg.hub,
 		changes:  make(chan struct{}, 1),
@@ -304,7 +305,7 @@ func (w *Watcher) applyWatch(st *dirState, want map[string]bool) {
 				reason := failureReason(err)
 				w.metrics.failures.WithLabelValues(reason).Inc()
 				w.log.Warn("directory cannot be watched; re-reading the files periodically instead",
-					zap.String(keyDir, d), zap.String(keyReason, reason), zap.Duration(keyPollInterval, w.poll), zap.Error(err))
+					zap.String(logkeys.Dir, d), zap.String(logkeys.Reason, reason), zap.Duration(logkeys.PollInterval, w.poll), zap.Error(err))
 			}
 			st.failed[d] = err
 			continue
@@ -312,7 +313,7 @@ func (w *Watcher) applyWatch(st *dirState, want map[string]bool) {
 		st.watched[d] = true
 		if _, was := st.failed[d]; was {
 			delete(st.failed, d)
-			w.log.Info("directory watched again", zap.String(keyDir, d))
+			w.log.Info("directory watched again", zap.String(logkeys.Dir, d))
 		}
 	}
 	for d := range st.watched {

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meshagent/meshagent/internal/files/regularfile"
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // DefaultHookTimeout bounds a reload command when HookConfig.Timeout is
@@ -102,9 +103,9 @@ func (h *Hook) Fire(ctx context.Context, dir string, written []string) error {
 	}
 	err := errors.Join(errs...)
 	if err != nil {
-		h.log.Warn("reload hook failed", zap.Strings(keyFiles, written), zap.Error(err))
+		h.log.Warn("reload hook failed", zap.Strings(logkeys.Files, written), zap.Error(err))
 	} else {
-		h.log.Info("reload hook done", zap.Strings(keyFiles, written))
+		h.log.Info("reload hook done", zap.Strings(logkeys.Files, written))
 	}
 	return err
 }

@@ -117,7 +117,7 @@ func TestHookRunsOncePerRotationWithTheFilesInPlace(t *testing.T) {
 	n := len(runs)
 	check := func(r hookRun) *secretmanager.Secret {
 		t.Helper()
-		cur, err := m.Secret(ctx, secretmanager.WorkloadCertName)
+		cur, err := m.Secret(ctx, pki.Identity{}, secretmanager.WorkloadCertName)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,21 +8,25 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
 // Secrets is the agent's secret source as Sync uses it (secretmanager.Manager).
 type Secrets interface {
-	Current(ctx context.Context, name string) (*secretmanager.Secret, error)
-	Watch(ctx context.Context, name string) (<-chan struct{}, func())
+	Current(id pki.Identity, name string) (*secretmanager.Secret, error)
+	Watch(id pki.Identity, name string) (<-chan struct{}, func())
 }
+
+// own asks Secrets for the agent's own identity.
+var own pki.Identity
 
 // SyncConfig configures a Sync.
 type SyncConfig struct {
-	// Secrets gives the workload certificate ("default", for the context
-	// Run is given: the agent's own identity) and the trust bundle
-	// ("ROOTCA"). Required.
+	// Secrets gives the workload certificate ("default", asked for with the
+	// zero Identity: the agent's own) and the trust bundle ("ROOTCA").
+	// Required.
 	Secrets Secrets
 	// Writer writes the files. Required.
 	Writer *Writer
@@ -80,7 +84,7 @@ func NewSync(cfg SyncConfig) (*Sync, error) {
 	}
 	return &Sync{
 		secrets: cfg.Secrets, w: cfg.Writer, hook: cfg.Hook, td: cfg.TrustDomain,
-		log:   cfg.Logger.Named("outputcerts").With(zap.String(keyDir, cfg.Writer.Dir())),
+		log:   cfg.Logger.Named("outputcerts").With(zap.String(logkeys.Dir, cfg.Writer.Dir())),
 		retry: cfg.Retry, clock: cfg.Clock,
 	}, nil
 }
@@ -92,9 +96,9 @@ func NewSync(cfg SyncConfig) (*Sync, error) {
 // write that replaced files; the next write waits for it (at most its
 // timeout).
 func (s *Sync) Run(ctx context.Context) error {
-	certs, stopCerts := s.secrets.Watch(ctx, secretmanager.WorkloadCertName)
+	certs, stopCerts := s.secrets.Watch(own, secretmanager.WorkloadCertName)
 	defer stopCerts()
-	roots, stopRoots := s.secrets.Watch(ctx, secretmanager.RootCertName)
+	roots, stopRoots := s.secrets.Watch(own, secretmanager.RootCertName)
 	defer stopRoots()
 	for {
 		var retry <-chan time.Time
@@ -115,10 +119,10 @@ func (s *Sync) Run(ctx context.Context) error {
 // reports whether it succeeded (or had nothing to write).
 func (s *Sync) write(ctx context.Context) bool {
 	var f Files
-	if cert, err := s.secrets.Current(ctx, secretmanager.WorkloadCertName); err == nil {
+	if cert, err := s.secrets.Current(own, secretmanager.WorkloadCertName); err == nil {
 		f.CertChain, f.Key = cert.CertChain, cert.PrivateKey
 	}
-	if root, err := s.secrets.Current(ctx, secretmanager.RootCertName); err == nil {
+	if root, err := s.secrets.Current(own, secretmanager.RootCertName); err == nil {
 		f.Root = root.Roots
 		if s.td != "" {
 			f.BundleMap = s.bundleMap(root.Roots)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/atomicfile"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -147,7 +148,7 @@ func New(cfg Config) (*Writer, error) {
 		certMode: cfg.CertMode,
 		gid:      gid,
 		bundle:   cfg.BundleFile,
-		log:      cfg.Logger.Named("outputcerts").With(zap.String(keyDir, dir)),
+		log:      cfg.Logger.Named("outputcerts").With(zap.String(logkeys.Dir, dir)),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshagent_outputcerts_writes_total",
 			Help: "Files replaced in the OUTPUT_CERTS directory, by file.",
@@ -187,7 +188,7 @@ func (w *Writer) Write(f Files) ([]string, error) {
 	if err != nil {
 		w.fails.Inc()
 		if changed {
-			w.log.Error("writing output certificates failed", zap.Strings(keyFiles, written), zap.Error(err))
+			w.log.Error("writing output certificates failed", zap.Strings(logkeys.Files, written), zap.Error(err))
 		}
 		return written, err
 	}
@@ -195,7 +196,7 @@ func (w *Writer) Write(f Files) ([]string, error) {
 		w.log.Info("output certificates writable again")
 	}
 	if len(written) > 0 {
-		w.log.Info("output certificates written", zap.Strings(keyFiles, written))
+		w.log.Info("output certificates written", zap.Strings(logkeys.Files, written))
 	}
 	return written, nil
 }
@@ -425,7 +426,7 @@ func (w *Writer) removeStaleTemps() {
 				continue
 			}
 			if err := os.Remove(path); err == nil {
-				w.log.Info("stale temporary file removed", zap.String(keyFile, filepath.Base(path)))
+				w.log.Info("stale temporary file removed", zap.String(logkeys.File, filepath.Base(path)))
 			}
 		}
 	}

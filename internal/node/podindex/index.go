@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -150,7 +151,7 @@ func New(cfg Config) (*Index, error) {
 	}
 	x := &Index{
 		cfg:     cfg,
-		log:     cfg.Logger.Named("podindex").With(zap.String(keyNode, cfg.NodeName)),
+		log:     cfg.Logger.Named("podindex").With(zap.String(logkeys.Node, cfg.NodeName)),
 		metrics: m,
 		pods:    map[string]Pod{},
 		refs:    map[pki.Identity]int{},
@@ -296,7 +297,7 @@ func (x *Index) upsert(obj any) {
 	}
 	p, err := x.podOf(k8sPod)
 	if err != nil {
-		x.log.Warn("pod ignored", zap.String(keyPod, k8sPod.Namespace+"/"+k8sPod.Name), zap.Error(err))
+		x.log.Warn("pod ignored", zap.String(logkeys.Pod, k8sPod.Namespace+"/"+k8sPod.Name), zap.Error(err))
 		return
 	}
 	var added, removed []pki.Identity
@@ -392,11 +393,11 @@ func (x *Index) setGauges() {
 // goroutine, without x.mu.
 func (x *Index) emit(added, removed []pki.Identity) {
 	for _, id := range removed {
-		x.log.Info("identity left the node", zap.Stringer(keyIdentity, id))
+		x.log.Info("identity left the node", zap.Stringer(logkeys.Identity, id))
 		x.cfg.Handler.IdentityRemoved(id)
 	}
 	for _, id := range added {
-		x.log.Info("identity arrived on the node", zap.Stringer(keyIdentity, id))
+		x.log.Info("identity arrived on the node", zap.Stringer(logkeys.Identity, id))
 		x.cfg.Handler.IdentityAdded(id)
 	}
 }

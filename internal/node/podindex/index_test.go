@@ -86,6 +86,13 @@ func newFixture(t *testing.T, node string, serviceAccounts ...string) *fixture {
 	if _, err := kube.CreateNamespace(ctx, f.ns); err != nil {
 		t.Fatal(err)
 	}
+	// The index lists every pod of its node: the fixture's pods go with
+	// it (at once: no kubelet confirms a graceful deletion), or the next
+	// fixture on that node, -count=2's included, would see them.
+	t.Cleanup(func() {
+		_ = kube.Client().CoreV1().Pods(f.ns).DeleteCollection(context.Background(),
+			metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}, metav1.ListOptions{})
+	})
 	for _, name := range serviceAccounts {
 		if _, err := kube.CreateServiceAccount(ctx, f.ns, name); err != nil {
 			t.Fatal(err)

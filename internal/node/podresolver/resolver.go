@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/node/podcgroup"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/pki"
@@ -156,11 +157,11 @@ func (r *Resolver) Resolve(ctx context.Context, cred caller.Cred) (caller.Info, 
 		r.metrics.refused.WithLabelValues(ref.Reason).Inc()
 		// The socket server logs the refusals it makes of these, at a
 		// bounded rate: a flood of connections writes no line each here.
-		r.log.Debug("caller refused", zap.Stringer(keyCred, cred), zap.String(keyReason, ref.Reason), zap.Error(err))
+		r.log.Debug("caller refused", zap.Stringer(logkeys.Cred, cred), zap.String(logkeys.Reason, ref.Reason), zap.Error(err))
 		return caller.Info{}, err
 	}
 	r.metrics.resolved.WithLabelValues(kind).Inc()
-	r.log.Debug("caller resolved", zap.Stringer(keyCred, cred), zap.Stringer(keyIdentity, info.Identity), zap.String(keyPod, info.Pod))
+	r.log.Debug("caller resolved", zap.Stringer(logkeys.Cred, cred), zap.Stringer(logkeys.Identity, info.Identity), zap.String(logkeys.Pod, info.Pod))
 	return info, nil
 }
 

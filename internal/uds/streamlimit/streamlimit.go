@@ -6,8 +6,26 @@
 package streamlimit
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/internal/uds/caller"
+)
+
+// PerCallerSetting is the setting that raises Limit.PerCaller, shared by
+// the SDS and Workload API streams of a caller.
+const PerCallerSetting = "MESHAGENT_SDS_MAX_STREAMS_PER_POD"
+
+// The limits a stream is refused by: the reason of a Refusal, a metric
+// label and a log field key of the servers.
+const (
+	ReasonMaxStreams          = "max_streams"
+	ReasonMaxStreamsPerCaller = "max_streams_per_caller"
 )
 
 var (
@@ -54,6 +72,9 @@ type Limit struct {
 	PerCaller int
 	// Callers is the per-caller count; nil means one of the Limit's own.
 	Callers *Callers
+	// Service ("SDS", "Workload API") and MaxSetting (the setting that
+	// raises Max) name the limit in Admit's refusals.
+	Service, MaxSetting string
 
 	mu   sync.Mutex
 	open int
@@ -88,4 +109,33 @@ func (l *Limit) Acquire(key string) (release func(), err error) {
 			l.callers().release(key)
 		}
 	}, nil
+}
+
+// Refusal says which limit refused a stream.
+type Refusal struct {
+	// Reason is ReasonMaxStreams or ReasonMaxStreamsPerCaller.
+	Reason string
+	// Limit is the bound that was reached.
+	Limit int
+	// Cause is ErrTotal or ErrPerCaller.
+	Cause error
+}
+
+// Admit is Acquire for a stream of the caller on ctx, keyed as the socket
+// server resolved it (caller.Info.Key: a pod, or an identity; none in a
+// sidecar, where Max alone applies). A refused stream gets a
+// ResourceExhausted error naming the bound and the setting that raises it,
+// and the Refusal says which limit it was.
+func (l *Limit) Admit(ctx context.Context) (release func(), r Refusal, err error) {
+	info, _ := caller.FromContext(ctx)
+	release, err = l.Acquire(info.Key())
+	switch {
+	case errors.Is(err, ErrTotal):
+		r = Refusal{Reason: ReasonMaxStreams, Limit: l.Max, Cause: err}
+		err = status.Errorf(codes.ResourceExhausted, "too many %s streams: at most %d are served at once (%s)", l.Service, l.Max, l.MaxSetting)
+	case errors.Is(err, ErrPerCaller):
+		r = Refusal{Reason: ReasonMaxStreamsPerCaller, Limit: l.PerCaller, Cause: err}
+		err = status.Error(codes.ResourceExhausted, fmt.Sprintf("too many streams from this caller: at most %d SDS and Workload API streams are served at once (%s)", l.PerCaller, PerCallerSetting))
+	}
+	return release, r, err
 }

@@ -1,8 +1,15 @@
 package streamlimit
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
 func TestLimit(t *testing.T) {
@@ -66,5 +73,33 @@ func TestSharedCallers(t *testing.T) {
 	}
 	if wl.open != 1 || sds.open != 3 {
 		t.Fatalf("open: workload API %d, SDS %d", wl.open, sds.open)
+	}
+}
+
+// Admit names the limit a stream hit and the setting that raises it, with
+// the code a gRPC client backs off on; the caller is the one on ctx.
+func TestAdmitRefusals(t *testing.T) {
+	t.Parallel()
+	l := &Limit{Max: 2, PerCaller: 1, Service: "SDS", MaxSetting: "MESHAGENT_SDS_MAX_STREAMS"}
+	pod := caller.NewContext(context.Background(), caller.Info{PodUID: "uid-1"})
+	release, r, err := l.Admit(pod)
+	if err != nil || r != (Refusal{}) {
+		t.Fatalf("first stream: %v, %+v", err, r)
+	}
+	defer release()
+	_, r, err = l.Admit(pod)
+	if status.Code(err) != codes.ResourceExhausted || r.Reason != ReasonMaxStreamsPerCaller || r.Limit != 1 || !errors.Is(r.Cause, ErrPerCaller) ||
+		!strings.Contains(err.Error(), "at most 1 SDS and Workload API streams are served at once (MESHAGENT_SDS_MAX_STREAMS_PER_POD)") {
+		t.Fatalf("a pod's second stream: %v, %+v", err, r)
+	}
+	release2, _, err := l.Admit(context.Background()) // a sidecar's caller: no key
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release2()
+	_, r, err = l.Admit(context.Background())
+	if status.Code(err) != codes.ResourceExhausted || r.Reason != ReasonMaxStreams || r.Limit != 2 || !errors.Is(r.Cause, ErrTotal) ||
+		!strings.Contains(err.Error(), "too many SDS streams: at most 2 are served at once (MESHAGENT_SDS_MAX_STREAMS)") {
+		t.Fatalf("a third stream: %v, %+v", err, r)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/internal/files/filewatch"
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
 
@@ -120,7 +121,7 @@ func Listen(cfg Config) (*Listener, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	l := &Listener{cfg: cfg, log: cfg.Logger.With(zap.String(keySocket, cfg.Path)), done: make(chan struct{})}
+	l := &Listener{cfg: cfg, log: cfg.Logger.With(zap.String(logkeys.Socket, cfg.Path)), done: make(chan struct{})}
 	if err := mkdirs(filepath.Dir(cfg.Path), cfg.DirMode); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
 	}
@@ -133,7 +134,7 @@ func Listen(cfg Config) (*Listener, error) {
 			l.log.Info("removed stale socket")
 		}
 	} else if st, err := os.Lstat(cfg.Path); err == nil {
-		l.log.Warn("replacing what is at the socket path", zap.String(keyFound, describe(st.Mode())))
+		l.log.Warn("replacing what is at the socket path", zap.String(logkeys.Found, describe(st.Mode())))
 	}
 	lis, info, err := l.bind()
 	if err != nil {
@@ -338,7 +339,7 @@ func (l *Listener) check() (bool, error) {
 	old := l.cur
 	l.cur, l.ours = lis, info
 	_ = old.Close() // wakes an Accept waiting on it, which moves to lis
-	l.log.Warn("socket bound again", zap.String(keyReason, reason), zap.String(keyFound, found))
+	l.log.Warn("socket bound again", zap.String(logkeys.Reason, reason), zap.String(logkeys.Found, found))
 	if l.cfg.OnRebind != nil {
 		l.cfg.OnRebind(reason)
 	}
@@ -408,10 +409,3 @@ func describe(m fs.FileMode) string {
 	}
 	return "special file"
 }
-
-// Log field keys.
-const (
-	keySocket = "socket"
-	keyReason = "reason"
-	keyFound  = "found"
-)

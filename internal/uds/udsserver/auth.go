@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
@@ -36,7 +37,7 @@ func (s *Server) admit(ctx context.Context, method string) (context.Context, err
 	if len(s.cfg.AllowedUIDs) > 0 {
 		if !credOK {
 			s.metrics.refused.WithLabelValues(refusedUID).Inc()
-			s.log.Warn("local client refused: peer credentials unknown", zap.String(keyMethod, method))
+			s.log.Warn("local client refused: peer credentials unknown", zap.String(logkeys.Method, method))
 			return nil, status.Error(codes.PermissionDenied, "peer credentials unknown; only allowed uids may use this socket")
 		}
 		if !slices.Contains(s.cfg.AllowedUIDs, c.cred.UID) {
@@ -55,7 +56,7 @@ func (s *Server) admit(ctx context.Context, method string) (context.Context, err
 	}
 	if !credOK {
 		s.metrics.refused.WithLabelValues(refusedUnresolved).Inc()
-		s.log.Warn("local client refused: peer credentials unknown", zap.String(keyMethod, method))
+		s.log.Warn("local client refused: peer credentials unknown", zap.String(logkeys.Method, method))
 		return nil, status.Error(codes.PermissionDenied, "peer credentials unknown; the caller cannot be identified")
 	}
 	info, err := c.resolve(ctx, s.cfg.Resolver)
@@ -85,7 +86,7 @@ func (s *Server) reserve(c *conn, m any) error {
 	}
 	if q := st.queued.Load(); q > int64(s.cfg.MaxQueuedBytesPerCaller) {
 		s.metrics.refused.WithLabelValues(refusedQueued).Inc()
-		s.log.Debug("local client refused: responses queued", zap.Stringer(keyCred, c.cred), zap.Int64(keyMaxQueued, q))
+		s.log.Debug("local client refused: responses queued", zap.Stringer(logkeys.Cred, c.cred), zap.Int64(logkeys.MaxQueuedBytes, q))
 		return status.Errorf(codes.ResourceExhausted,
 			"too many response bytes queued for this caller: at most %d until it reads them (%s)",
 			s.cfg.MaxQueuedBytesPerCaller, SettingMaxQueuedPerCaller)
@@ -108,7 +109,7 @@ func (s *Server) unaryAdmit(ctx context.Context, req any, info *grpc.UnaryServer
 		if n := st.unary.Add(1); n > int64(s.cfg.MaxUnaryPerCaller) {
 			st.unary.Add(-1)
 			s.metrics.refused.WithLabelValues(refusedUnary).Inc()
-			s.log.Debug("local client refused: too many unary calls", zap.Stringer(keyCred, c.cred), zap.Int(keyMaxUnary, s.cfg.MaxUnaryPerCaller))
+			s.log.Debug("local client refused: too many unary calls", zap.Stringer(logkeys.Cred, c.cred), zap.Int(logkeys.MaxUnary, s.cfg.MaxUnaryPerCaller))
 			return nil, status.Errorf(codes.ResourceExhausted,
 				"too many calls from this caller: at most %d are served at once (%s)", s.cfg.MaxUnaryPerCaller, SettingMaxUnaryPerCaller)
 		}
@@ -176,8 +177,8 @@ func (s *Server) CallerLeft(podUID, why string) {
 	if len(conns) == 0 {
 		return
 	}
-	s.log.Info("pod left: its connections are closed", zap.String(keyCaller, podKey(podUID)), zap.String(keyReason, why),
-		zap.Int(keyConnections, len(conns)))
+	s.log.Info("pod left: its connections are closed", zap.String(logkeys.Caller, podKey(podUID)), zap.String(logkeys.Reason, why),
+		zap.Int(logkeys.Connections, len(conns)))
 	for _, c := range conns {
 		c.endStreams(err)
 		if c.closeConn != nil {

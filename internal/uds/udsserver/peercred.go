@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/node/peerpidfd"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
@@ -287,7 +288,7 @@ func (p peerCreds) ServerHandshake(nc net.Conn) (net.Conn, credentials.AuthInfo,
 // parkEnded closes a connection that ended while parked.
 func (s *Server) parkEnded(lc *localConn, err error) {
 	_ = lc.Close()
-	s.log.Debug("local client connection ended before its first request", zap.Int32(keyPID, lc.c.cred.PID), zap.Error(err))
+	s.log.Debug("local client connection ended before its first request", zap.Int32(logkeys.PID, lc.c.cred.PID), zap.Error(err))
 }
 
 // identify identifies the caller of nc and counts the connection against
@@ -324,7 +325,7 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
 	defer s.handshakes.release()
 	if fd, err := peerpidfd.FromConn(uc); err != nil {
 		c.pidfdErr = err
-		s.log.Debug("local client connected; its process could not be pinned", zap.Int32(keyPID, cred.PID), zap.Error(err))
+		s.log.Debug("local client connected; its process could not be pinned", zap.Int32(logkeys.PID, cred.PID), zap.Error(err))
 	} else {
 		c.pidfd = fd
 	}
@@ -374,8 +375,8 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
 		s.refuseConn(lc, refusedRate, key, cred, codes.ResourceExhausted, rateMessage(s.cfg.MaxConnRatePerCaller)) // lc.Close gives back what join took
 		return nil, info, nil, errRefusedAtHandshake
 	}
-	s.log.Info("local client connected", zap.Uint32(keyUID, cred.UID), zap.Uint32(keyGID, cred.GID), zap.Int32(keyPID, cred.PID),
-		zap.String(keyCaller, key))
+	s.log.Info("local client connected", zap.Uint32(logkeys.UID, cred.UID), zap.Uint32(logkeys.GID, cred.GID), zap.Int32(logkeys.PID, cred.PID),
+		zap.String(logkeys.Caller, key))
 	return lc, info, lc, nil
 }
 

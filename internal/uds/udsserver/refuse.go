@@ -20,6 +20,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
@@ -62,12 +63,13 @@ func (s *Server) goAwayFrame(last uint32, debug string) []byte {
 }
 
 // refuseConn refuses nc at its handshake: GOAWAY saying msg, then closed;
-// counted under reason and logged at a bounded rate under key.
+// counted under reason and logged at a bounded rate under key, before the
+// client can hear of it (a client told, then reading the metric, sees it).
 func (s *Server) refuseConn(nc net.Conn, reason, key string, cred caller.Cred, code codes.Code, msg string) {
-	s.tell(nc, code, msg)
-	_ = nc.Close()
 	s.metrics.refused.WithLabelValues(reason).Inc()
 	s.refusals.log(key, reason, cred, msg)
+	s.tell(nc, code, msg)
+	_ = nc.Close()
 }
 
 // handshakes counts connections at a step of their handshake (being
@@ -207,8 +209,8 @@ func (r *refusals) log(key, reason string, cred caller.Cred, msg string) {
 	r.pending[key] = &refusalCount{reasons: map[string]int{}}
 	interval := r.interval
 	r.mu.Unlock()
-	r.logger.Warn("local client refused", zap.String(keyCaller, key), zap.String(keyReason, reason), zap.Stringer(keyCred, cred),
-		zap.String(keyError, msg))
+	r.logger.Warn("local client refused", zap.String(logkeys.Caller, key), zap.String(logkeys.Reason, reason), zap.Stringer(logkeys.Cred, cred),
+		zap.String(logkeys.Error, msg))
 	time.AfterFunc(interval, func() { r.flush(key, interval) })
 }
 
@@ -226,8 +228,8 @@ func (r *refusals) flush(key string, interval time.Duration) {
 		reasons = append(reasons, reason+"="+strconv.Itoa(n))
 	}
 	sort.Strings(reasons)
-	r.logger.Warn("local client refused again", zap.String(keyCaller, key), zap.Int(keyRefused, p.n),
-		zap.String(keyReasons, strings.Join(reasons, ",")), zap.Duration(keyWithin, interval))
+	r.logger.Warn("local client refused again", zap.String(logkeys.Caller, key), zap.Int(logkeys.Refused, p.n),
+		zap.String(logkeys.Reasons, strings.Join(reasons, ",")), zap.Duration(logkeys.Within, interval))
 }
 
 // rateMessage is the refusal of a connection over its caller's rate.

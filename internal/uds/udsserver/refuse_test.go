@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
@@ -112,7 +113,8 @@ func TestRefusedAtHandshake(t *testing.T) {
 	}
 	wg.Wait()
 	if got := counter(t, f.srv.metrics.refused.WithLabelValues(refusedConnections)); got < flood {
-		t.Errorf("refused{max_connections} = %v, want at least %d", got, flood)
+		t.Errorf("refused{max_connections} = %v, want at least %d (handshakes %v, rate %v)", got, flood,
+			counter(t, f.srv.metrics.refused.WithLabelValues(refusedHandshakes)), counter(t, f.srv.metrics.refused.WithLabelValues(refusedRate)))
 	}
 	if n := f.connsOf(podKey("uid-a")); n != 2 {
 		t.Errorf("the pod holds %d connections, want 2", n)
@@ -130,7 +132,7 @@ func TestRefusedAtHandshake(t *testing.T) {
 		refusals = lines
 		for _, e := range f.logs.FilterMessage("local client refused again").All() {
 			lines++
-			if n, ok := e.ContextMap()[keyRefused].(int64); ok {
+			if n, ok := e.ContextMap()[logkeys.Refused].(int64); ok {
 				refusals += int(n)
 			}
 		}

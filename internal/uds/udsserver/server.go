@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/utils/clock"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 	"github.com/meshagent/meshagent/internal/uds/udslisten"
@@ -242,9 +243,9 @@ func (s *Server) Run(ctx context.Context) error {
 
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
-	s.log.Info("serving on local socket", zap.String(keySocket, s.cfg.SocketPath), zap.Strings(keyServices, names),
-		zap.Int(keyMaxRecvBytes, s.cfg.MaxRecvBytes), zap.Uint32s(keyAllowedUIDs, s.cfg.AllowedUIDs),
-		zap.Bool(keyResolver, s.cfg.Resolver != nil))
+	s.log.Info("serving on local socket", zap.String(logkeys.Socket, s.cfg.SocketPath), zap.Strings(logkeys.Services, names),
+		zap.Int(logkeys.MaxRecvBytes, s.cfg.MaxRecvBytes), zap.Uint32s(logkeys.AllowedUIDs, s.cfg.AllowedUIDs),
+		zap.Bool(logkeys.Resolver, s.cfg.Resolver != nil))
 
 	select {
 	case <-ctx.Done():
@@ -252,7 +253,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.parked.stop()
 		gs.Stop()
 		<-served
-		s.log.Info("local socket server stopped", zap.String(keySocket, s.cfg.SocketPath))
+		s.log.Info("local socket server stopped", zap.String(logkeys.Socket, s.cfg.SocketPath))
 		return nil
 	case err := <-served:
 		s.parked.stop()

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
@@ -233,7 +234,7 @@ func TestCallerWithoutResolver(t *testing.T) {
 	if len(logged) != 1 {
 		t.Fatalf("connection logged %d times, want once", len(logged))
 	}
-	if fields := logged[0].ContextMap(); fields[keyUID] != me().UID || fields[keyPID] != me().PID {
+	if fields := logged[0].ContextMap(); fields[logkeys.UID] != me().UID || fields[logkeys.PID] != me().PID {
 		t.Fatalf("logged %v, want uid %d pid %d", fields, me().UID, me().PID)
 	}
 }

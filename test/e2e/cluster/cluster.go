@@ -75,22 +75,8 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		cfg.Logf = func(string, ...any) {}
 	}
 	c := &Cluster{cfg: cfg, tools: map[string]string{}, procs: map[string]*process{}}
-	for _, t := range Tools {
-		p, err := kubeenv.ToolPath(t)
-		if err != nil {
-			return nil, fmt.Errorf("%w (scripts/tools.sh -node builds the node's tools)", err)
-		}
-		c.tools[t] = p
-	}
-	for _, t := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "ip"} {
-		p, err := exec.LookPath(t)
-		if err != nil {
-			return nil, fmt.Errorf("cluster: %s not found (apt-get install containerd runc containernetworking-plugins iptables): %w", t, err)
-		}
-		c.tools[t] = p
-	}
-	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
-		return nil, fmt.Errorf("cluster: CNI plugins not found (apt-get install containernetworking-plugins): %w", err)
+	if err := c.findTools(); err != nil {
+		return nil, err
 	}
 	// A run that was killed leaves its state behind: clear it first.
 	c.sysctls = readSysctls()
@@ -147,6 +133,29 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		c.logf("%s: %.1fs", s.name, time.Since(start).Seconds())
 	}
 	return c, nil
+}
+
+// findTools finds the programs the cluster runs: the built ones and the
+// system's.
+func (c *Cluster) findTools() error {
+	for _, t := range Tools {
+		p, err := kubeenv.ToolPath(t)
+		if err != nil {
+			return fmt.Errorf("%w (scripts/tools.sh -node builds the node's tools)", err)
+		}
+		c.tools[t] = p
+	}
+	for _, t := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "ip"} {
+		p, err := exec.LookPath(t)
+		if err != nil {
+			return fmt.Errorf("cluster: %s not found (apt-get install containerd runc containernetworking-plugins iptables): %w", t, err)
+		}
+		c.tools[t] = p
+	}
+	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
+		return fmt.Errorf("cluster: CNI plugins not found (apt-get install containernetworking-plugins): %w", err)
+	}
+	return nil
 }
 
 func (c *Cluster) logf(format string, args ...any) { c.cfg.Logf("cluster: "+format, args...) }

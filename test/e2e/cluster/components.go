@@ -67,22 +67,7 @@ func (c *Cluster) writeFiles() error {
 	if err := writePEM(c.path("apiserver.key"), "PRIVATE KEY", keyDER); err != nil {
 		return err
 	}
-	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	saDER, err := x509.MarshalPKCS8PrivateKey(saKey)
-	if err != nil {
-		return err
-	}
-	if err := writePEM(c.path("sa.key"), "PRIVATE KEY", saDER); err != nil {
-		return err
-	}
-	pubDER, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
-	if err != nil {
-		return err
-	}
-	if err := writePEM(c.path("sa.pub"), "PUBLIC KEY", pubDER); err != nil {
+	if err := c.writeServiceAccountKey(); err != nil {
 		return err
 	}
 
@@ -121,6 +106,30 @@ func (c *Cluster) writeFiles() error {
 	return c.writeRuntimeConfigs()
 }
 
+// writeServiceAccountKey writes the key pair that signs and checks
+// service-account tokens.
+func (c *Cluster) writeServiceAccountKey() error {
+	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	saDER, err := x509.MarshalPKCS8PrivateKey(saKey)
+	if err != nil {
+		return err
+	}
+	if err := writePEM(c.path("sa.key"), "PRIVATE KEY", saDER); err != nil {
+		return err
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	if err != nil {
+		return err
+	}
+	if err := writePEM(c.path("sa.pub"), "PUBLIC KEY", pubDER); err != nil {
+		return err
+	}
+	return nil
+}
+
 func (c *Cluster) writeKubeconfig(name, token string) error {
 	kc := fmt.Sprintf(`apiVersion: v1
 kind: Config
@@ -141,6 +150,7 @@ current-context: e2e
 	return os.WriteFile(c.path(name), []byte(kc), 0o600)
 }
 
+// writeRuntimeConfigs writes the containerd, CNI and kubelet configurations.
 func (c *Cluster) writeRuntimeConfigs() error {
 	containerd := fmt.Sprintf(`version = 2
 root = %q
@@ -198,6 +208,11 @@ state = %q
 	if err := os.WriteFile(filepath.Join(c.path("cni"), "10-e2e.conflist"), []byte(cni), 0o644); err != nil {
 		return err
 	}
+	return c.writeKubeletConfig()
+}
+
+// writeKubeletConfig writes the kubelet's configuration file.
+func (c *Cluster) writeKubeletConfig() error {
 	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # No systemd and cgroup v1 here: the cgroupfs driver, and v1 explicitly allowed.

@@ -1,8 +1,0 @@
-package certfile
-
-// Log field keys.
-const (
-	keySource   = "source"
-	keyReason   = "reason"
-	keyNotAfter = "not_after"
-)

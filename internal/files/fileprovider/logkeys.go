@@ -1,6 +1,0 @@
-package fileprovider
-
-// Log field keys.
-const (
-	keyResource = "resource"
-)

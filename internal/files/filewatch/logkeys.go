@@ -1,9 +1,0 @@
-package filewatch
-
-// Log field keys.
-const (
-	keyDir          = "dir"
-	keyPaths        = "paths"
-	keyPollInterval = "poll_interval"
-	keyReason       = "reason"
-)

@@ -1,8 +1,0 @@
-package outputcerts
-
-// Log field keys.
-const (
-	keyDir   = "dir"
-	keyFiles = "files"
-	keyFile  = "file"
-)

@@ -1,0 +1,115 @@
+// Package logkeys is the one table of log field names: every package logs
+// with these keys, so that one name means one thing across the agent's
+// logs (as SPIRE's telemetry names). Keys are snake_case. A new key is
+// added here, never declared in a package of its own.
+package logkeys
+
+// Log field keys, in alphabetical order of their names.
+const (
+	// Addr is an address the agent listens on.
+	Addr        = "addr"
+	AllowedUIDs = "allowed_uids"
+	Attempt     = "attempt"
+	Audience    = "audience"
+	Audiences   = "audiences"
+	Backdate    = "backdate"
+	Backoff     = "backoff"
+	Bundle      = "bundle"
+	Bundles     = "bundles"
+	Bytes       = "bytes"
+	// CAAddr is the CA address dialled.
+	CAAddr = "ca_addr"
+	// Caller is the caller of a local socket, as resolved: its pod, else its identity.
+	Caller         = "caller"
+	Certs          = "certs"
+	CgroupRoot     = "cgroup_root"
+	CgroupRootFrom = "cgroup_root_from"
+	Code           = "code"
+	// CompliancePolicy is the TLS compliance policy (COMPLIANCE_POLICY).
+	CompliancePolicy = "compliance_policy"
+	Component        = "component"
+	Condition        = "condition"
+	Connections      = "connections"
+	// Cred is the kernel credentials of a local socket's caller (uid, gid, pid).
+	Cred = "cred"
+	// CryptoModule names the Go cryptographic module and its FIPS mode.
+	CryptoModule = "crypto_module"
+	Dir          = "dir"
+	// Error is the error text a refused client was sent (zap.Error logs errors).
+	Error       = "error"
+	ErrorDetail = "error_detail"
+	Expected    = "expected"
+	Expiry      = "expiry"
+	Failures    = "failures"
+	File        = "file"
+	Files       = "files"
+	// Found is what was found where something else was expected.
+	Found = "found"
+	GID   = "gid"
+	// Identity is a workload identity (SPIFFE ID or Linkerd DNS name).
+	Identity              = "identity"
+	Impersonated          = "impersonated"
+	Latency               = "latency"
+	Lifetime              = "lifetime"
+	Lists                 = "lists"
+	MaxConnections        = "max_connections"
+	MaxFileNamesPerCaller = "max_file_names_per_caller"
+	MaxQueuedBytes        = "max_queued_bytes"
+	MaxRecvBytes          = "max_recv_bytes"
+	MaxUnary              = "max_unary"
+	Message               = "message"
+	Method                = "method"
+	// Mode is sidecar or node (MESHAGENT_MODE).
+	Mode              = "mode"
+	Name              = "name"
+	Names             = "names"
+	Node              = "node"
+	NodeUIDIdentities = "node_uid_identities"
+	Nonce             = "nonce"
+	NotAfter          = "not_after"
+	Path              = "path"
+	Paths             = "paths"
+	PID               = "pid"
+	Pod               = "pod"
+	PollInterval      = "poll_interval"
+	Protocol          = "protocol"
+	// Reason is why something happened, short and stable.
+	Reason = "reason"
+	// Reasons counts the reasons of repeated refusals ("rate=3,limit=1").
+	Reasons = "reasons"
+	// RefreshAt is when a credential or certificate is refreshed.
+	RefreshAt = "refresh_at"
+	// Refused is how many connections were refused.
+	Refused        = "refused"
+	RemoteAddr     = "remote_addr"
+	RenewAt        = "renew_at"
+	Request        = "request"
+	Requests       = "requests"
+	Resolver       = "resolver"
+	Resource       = "resource"
+	RetryIn        = "retry_in"
+	RootSerial     = "root_serial"
+	Roots          = "roots"
+	Serial         = "serial"
+	ServerName     = "server_name"
+	ServiceAccount = "service_account"
+	Services       = "services"
+	Setting        = "setting"
+	Signer         = "signer"
+	Socket         = "socket"
+	// Source is where certificates or roots come from (ca, dev-ca, file, a trust source).
+	Source  = "source"
+	Sources = "sources"
+	// Stream is the number of a stream, per server.
+	Stream     = "stream"
+	TTL        = "ttl"
+	TypeURL    = "type_url"
+	UID        = "uid"
+	Upstream   = "upstream"
+	ValidUntil = "valid_until"
+	Value      = "value"
+	Version    = "version"
+	Workers    = "workers"
+	// Within is the interval a count covers.
+	Within = "within"
+)

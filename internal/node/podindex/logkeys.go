@@ -1,8 +1,0 @@
-package podindex
-
-// Log field keys used by the pod index.
-const (
-	keyNode     = "node"
-	keyPod      = "pod"
-	keyIdentity = "identity"
-)

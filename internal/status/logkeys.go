@@ -1,8 +1,0 @@
-package status
-
-// Log field keys.
-const (
-	keyAddr   = "addr"
-	keyRemote = "remote_addr"
-	keyPath   = "path"
-)
