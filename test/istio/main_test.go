@@ -8,13 +8,6 @@ package istio
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"strings"
 	"sync"
@@ -57,10 +50,11 @@ func control(t *testing.T) *istiod.Istiod {
 	t.Helper()
 	env := kube.Env(t)
 	meshOnce.Do(func() {
-		meshExtraRoot, meshErr = selfSignedRoot("mesh-config extra root")
-		if meshErr != nil {
+		var extra *istiod.CA
+		if extra, meshErr = istiod.NewCA("mesh-config extra root", nil); meshErr != nil {
 			return
 		}
+		meshExtraRoot = extra.CertPEM
 		var docs string
 		if docs, meshErr = istiod.DocumentedTemplate(); meshErr != nil {
 			return
@@ -85,26 +79,4 @@ func control(t *testing.T) *istiod.Istiod {
 		t.Fatalf("starting istiod: %v", meshErr)
 	}
 	return mesh
-}
-
-// selfSignedRoot returns a new self-signed CA certificate in PEM.
-func selfSignedRoot(cn string) ([]byte, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(time.Now().UnixNano()),
-		Subject:               pkix.Name{CommonName: cn, Organization: []string{"meshagent tests"}},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }

@@ -19,9 +19,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istiod"
@@ -64,7 +62,9 @@ func newWorkloadIn(t *testing.T, env *kubeenv.Env, ca *istiod.Istiod, ns, sa, no
 	if _, err := env.CreateServiceAccount(ctx, w.ns, sa); err != nil {
 		t.Fatal(err)
 	}
-	grantOwnTokens(t, env, w.ns, sa)
+	if err := env.GrantOwnTokens(context.Background(), w.ns, sa); err != nil {
+		t.Fatal(err)
+	}
 	pod, err := env.CreatePod(ctx, w.ns, sa+"-0", sa, node)
 	if err != nil {
 		t.Fatal(err)
@@ -106,30 +106,6 @@ func (w *workload) id() string {
 // nodeID is the xDS node of the workload's proxy, as pilot-agent builds it.
 func (w *workload) nodeID() string {
 	return "sidecar~127.0.0.1~" + w.pod.Name + "." + w.ns + "~" + w.ns + ".svc.cluster.local"
-}
-
-// grantOwnTokens is the RBAC the sidecar agent needs for TokenRequest:
-// create on serviceaccounts/token for its own service account.
-func grantOwnTokens(t *testing.T, env *kubeenv.Env, ns, sa string) {
-	t.Helper()
-	ctx := context.Background()
-	name := sa + "-own-tokens"
-	if _, err := env.Client().RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Rules: []rbacv1.PolicyRule{{
-			APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"},
-			Verbs: []string{"create"}, ResourceNames: []string{sa},
-		}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Client().RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: sa}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // agent is one running meshagent and its status server.

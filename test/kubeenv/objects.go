@@ -9,6 +9,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -100,4 +101,28 @@ func (e *Env) Token(ctx context.Context, namespace, serviceAccount string, audie
 		return "", fmt.Errorf("kubeenv: token for %s/%s: %w", namespace, serviceAccount, err)
 	}
 	return resp.Status.Token, nil
+}
+
+// GrantOwnTokens gives service account sa of namespace ns the RBAC a sidecar
+// agent needs for TokenRequest credentials: create on serviceaccounts/token
+// for itself alone (a Role and RoleBinding named <sa>-own-tokens).
+func (e *Env) GrantOwnTokens(ctx context.Context, ns, sa string) error {
+	name := sa + "-own-tokens"
+	if _, err := e.client.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules: []rbacv1.PolicyRule{{
+			APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"},
+			Verbs: []string{"create"}, ResourceNames: []string{sa},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("kubeenv: role %s/%s: %w", ns, name, err)
+	}
+	if _, err := e.client.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: sa}},
+	}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("kubeenv: role binding %s/%s: %w", ns, name, err)
+	}
+	return nil
 }

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/pki"
@@ -54,7 +53,9 @@ func newSetup(t *testing.T) *setup {
 	if _, err := env.CreateServiceAccount(ctx, ns, saName); err != nil {
 		t.Fatal(err)
 	}
-	grantOwnTokens(t, env, ns, saName)
+	if err := env.GrantOwnTokens(context.Background(), ns, saName); err != nil {
+		t.Fatal(err)
+	}
 	pod, err := env.CreatePod(ctx, ns, podName, saName, "node-a")
 	if err != nil {
 		t.Fatal(err)
@@ -76,30 +77,6 @@ func newSetup(t *testing.T) *setup {
 		t.Fatal(err)
 	}
 	return s
-}
-
-// grantOwnTokens is the RBAC the agent needs: create on
-// serviceaccounts/token for its own service account.
-func grantOwnTokens(t *testing.T, env *kubeenv.Env, ns, sa string) {
-	t.Helper()
-	ctx := context.Background()
-	name := sa + "-own-tokens"
-	if _, err := env.Client().RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Rules: []rbacv1.PolicyRule{{
-			APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"},
-			Verbs: []string{"create"}, ResourceNames: []string{sa},
-		}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Client().RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: sa}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // start runs the agent with TokenRequest credentials and no token file.
