@@ -51,7 +51,8 @@ type Config struct {
 	//   Metadata: "ClusterID" and one entry per XDS_HEADER_<NAME> variable
 	//   (key <NAME>, as pilot-agent strips the prefix);
 	//   ClientCertificate: the current workload certificate, offered when the
-	//   control plane asks for one.
+	//   control plane asks for one and the agent has no bearer token to send
+	//   (the token-less VM flow; see docs/istio.md for why not beside a token).
 	// An Addr whose port is 15010 is dialed in plaintext, as by pilot-agent,
 	// and then the token is sent only if Addr is a loopback address.
 	// DialOptions are appended after the proxy's own.

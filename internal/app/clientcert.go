@@ -1,11 +1,14 @@
 package app
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
+	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -46,5 +49,34 @@ func workloadCertificate(secrets secretGetter) func() (*tls.Certificate, error) 
 		}
 		last.Store(&parsed{version: s.Version, cert: &c})
 		return &c, nil
+	}
+}
+
+// errTokenSent: the bearer token authenticates the agent; no certificate is
+// offered beside it.
+var errTokenSent = errors.New("a bearer token is sent instead")
+
+// tokenCheckTimeout bounds the token look-up of one handshake.
+const tokenCheckTimeout = 2 * time.Second
+
+// certWhenNoToken offers the workload certificate (cert) to the control plane
+// only when no bearer token can be had: the token-less VM flow, where the
+// certificate is how the agent is known. With a token, none is offered, as
+// pilot-agent offers none on Kubernetes. istiod checks client certificates
+// against a pool it builds once, at start: after a root rotation of its
+// plug-in CA it refuses a certificate of the new root ("unknown certificate
+// authority") until it restarts, so every new xDS connection would fail
+// although the token alone is accepted (docs/istio.md).
+func certWhenNoToken(tokens credfetcher.Fetcher, cert func() (*tls.Certificate, error)) func() (*tls.Certificate, error) {
+	if tokens == nil {
+		return cert
+	}
+	return func() (*tls.Certificate, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), tokenCheckTimeout)
+		defer cancel()
+		if t, err := tokens.Token(ctx); err == nil && t != "" {
+			return nil, errTokenSent
+		}
+		return cert()
 	}
 }

@@ -1,9 +1,12 @@
 package app
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"testing"
 
+	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -57,5 +60,27 @@ func TestWorkloadCertificate(t *testing.T) {
 		if again, err := get(); err != nil || again != c {
 			t.Fatalf("certificate %d: parsed again (%v)", i, err)
 		}
+	}
+}
+
+type tokenFunc func(context.Context) (string, error)
+
+func (f tokenFunc) Token(ctx context.Context) (string, error) { return f(ctx) }
+
+// TestCertWhenNoToken: the control plane is offered the workload certificate
+// only when no bearer token can be had.
+func TestCertWhenNoToken(t *testing.T) {
+	want := &tls.Certificate{Certificate: [][]byte{{1}}}
+	cert := func() (*tls.Certificate, error) { return want, nil }
+	withToken := certWhenNoToken(tokenFunc(func(context.Context) (string, error) { return "jwt", nil }), cert)
+	if c, err := withToken(); c != nil || !errors.Is(err, errTokenSent) {
+		t.Fatalf("with a token: %v, %v; want no certificate", c, err)
+	}
+	noToken := certWhenNoToken(tokenFunc(func(context.Context) (string, error) { return "", credfetcher.ErrNoToken }), cert)
+	if c, err := noToken(); c != want || err != nil {
+		t.Fatalf("without a token: %v, %v; want the workload certificate", c, err)
+	}
+	if c, err := certWhenNoToken(nil, cert)(); c != want || err != nil {
+		t.Fatalf("no token source: %v, %v; want the workload certificate", c, err)
 	}
 }

@@ -208,7 +208,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 			Token:             tokens,
 			TokenOptional:     true,
 			Metadata:          md,
-			ClientCertificate: clientCert,
+			ClientCertificate: certWhenNoToken(tokens, clientCert),
 			Policy:            c.CompliancePolicy,
 		},
 		ConnectAfter:  connectAfter,

@@ -89,6 +89,7 @@ func TestRootRotationWithIstiod(t *testing.T) {
 	sidecar := newWorkloadIn(t, env, ca, ns, "web", "node-a")
 	const ttl = 40 * time.Second
 	agents := map[string]*agent{}
+	envs := map[string][]string{}
 	for _, w := range []*workload{server, client, sidecar} {
 		stop := syncRoots(t, env, w)
 		t.Cleanup(stop)
@@ -96,11 +97,12 @@ func TestRootRotationWithIstiod(t *testing.T) {
 		if w == sidecar {
 			shape = []string{"MESHAGENT_XDS_PROXY=false"}
 		}
-		agents[w.sa] = w.startSidecar(t, append(shape,
+		envs[w.sa] = append(shape,
 			"INSTANCE_IP=127.0.0.1",
 			"OUTPUT_CERTS="+filepath.Join(w.dir, "certs"),
 			"SECRET_TTL="+ttl.String(),
-		)...)
+		)
+		agents[w.sa] = w.startSidecar(t, envs[w.sa]...)
 	}
 	for _, w := range []*workload{server, client} {
 		agents[w.sa].waitFiles(t, 60*time.Second, proxylessFiles(w.dir)...)
@@ -200,6 +202,41 @@ func TestRootRotationWithIstiod(t *testing.T) {
 	}
 	if ok < 100 {
 		t.Fatalf("only %d calls made", ok)
+	}
+
+	// New connections after the rotation: the client's agent starts again
+	// (a new connection to istiod, which checks client certificates against
+	// the roots it started with) and a new gRPC client resolves and calls
+	// through it, every handshake under root B alone.
+	agents[client.sa].Stop()
+	again := client.startSidecar(t, envs[client.sa]...)
+	again.waitFiles(t, 60*time.Second, proxylessFiles(client.dir)...)
+	resolver, err = xds.NewXDSResolverWithConfigForTesting(clientBootstrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc2, err := grpc.NewClient("xds:///"+host+":"+strconv.Itoa(echoPort), grpc.WithTransportCredentials(ccreds), grpc.WithResolvers(resolver))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc2.Close()
+	// The first calls may find a route before its cluster (grpc-go's xDS
+	// client on a new stream): try for a while.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := healthpb.NewHealthClient(cc2).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true), grpc.Peer(&p))
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a new connection after the rotation: %v\nclient agent logs:\n%s", err, again.Logs())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got := peerID(p); got != server.id() {
+		t.Fatalf("after the rotation the client sees %q, want %s", got, server.id())
 	}
 }
 
