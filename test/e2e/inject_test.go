@@ -220,8 +220,14 @@ func names(p *corev1.Pod) []string {
 // standInLines reads the stand-in's JSON lines from istio-proxy's log
 // (pilot-agent passes Envoy's output through).
 func standInLines(p *corev1.Pod) []standInLine {
-	files, _ := filepath.Glob(filepath.Join("/var/log/pods", p.Namespace+"_"+p.Name+"_"+string(p.UID), "istio-proxy", "*.log"))
-	var out []standInLine
+	return jsonLines(p, "istio-proxy", func(l standInLine) bool { return l.Kind != "" })
+}
+
+// jsonLines decodes the JSON lines of a container's log files on the node
+// (each after the runtime's prefix) that keep accepts.
+func jsonLines[T any](p *corev1.Pod, container string, keep func(T) bool) []T {
+	files, _ := filepath.Glob(filepath.Join("/var/log/pods", p.Namespace+"_"+p.Name+"_"+string(p.UID), container, "*.log"))
+	var out []T
 	for _, f := range files {
 		fh, err := os.Open(f)
 		if err != nil {
@@ -232,8 +238,8 @@ func standInLines(p *corev1.Pod) []standInLine {
 		for sc.Scan() {
 			line := sc.Text()
 			if i := strings.Index(line, "{"); i >= 0 {
-				var l standInLine
-				if json.Unmarshal([]byte(line[i:]), &l) == nil && l.Kind != "" {
+				var l T
+				if json.Unmarshal([]byte(line[i:]), &l) == nil && keep(l) {
 					out = append(out, l)
 				}
 			}

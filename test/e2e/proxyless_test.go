@@ -3,17 +3,14 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/x509"
 	"encoding/hex"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -94,25 +91,9 @@ func echoLines(t *testing.T, app string) []echoLine {
 	}
 	var out []echoLine
 	for _, p := range pods.Items {
-		files, _ := filepath.Glob(filepath.Join("/var/log/pods", p.Namespace+"_"+p.Name+"_"+string(p.UID), "app", "*.log"))
-		for _, f := range files {
-			fh, err := os.Open(f)
-			if err != nil {
-				continue
-			}
-			sc := bufio.NewScanner(fh)
-			sc.Buffer(make([]byte, 1<<20), 1<<20)
-			for sc.Scan() {
-				line := sc.Text()
-				if i := strings.Index(line, "{"); i >= 0 {
-					var l echoLine
-					if json.Unmarshal([]byte(line[i:]), &l) == nil && l.Kind == "call" {
-						l.Pod = p.Name
-						out = append(out, l)
-					}
-				}
-			}
-			fh.Close()
+		for _, l := range jsonLines(&p, "app", func(l echoLine) bool { return l.Kind == "call" }) {
+			l.Pod = p.Name
+			out = append(out, l)
 		}
 	}
 	return out
