@@ -452,24 +452,50 @@ func pxServerSerial(t *testing.T, p *peer.Peer) string {
 	return info.State.PeerCertificates[0].SerialNumber.String()
 }
 
-func TestProxylessGRPCWithAgentBootstraps(t *testing.T) {
-	bin := pxAgentBinary(t)
+// pxMesh is the proxyless scenario's world: a test CA, an xDS server and
+// three ready agents (server, client and other: an identity the RBAC policy
+// does not allow), with the server's and client's SPIFFE IDs.
+type pxMesh struct {
+	ca                          *istioca.Server
+	xs                          *xdsserver.Server
+	serverAgent, clientAgent    *pxAgent
+	otherAgent                  *pxAgent
+	serverID, clientID, otherID string
+}
+
+// newPxMesh starts it; otherIP is the other agent's INSTANCE_IP (it only
+// names the workload in its node ID; nothing dials it).
+func newPxMesh(t *testing.T, bin, otherIP string) *pxMesh {
+	t.Helper()
 	ca := istioca.Start(t, istioca.Config{})
 	xs := xdsserver.Start(t, xdsserver.Config{CA: ca.CA(), ServerNames: []string{istioca.DefaultServerName}, Tokens: []string{"token-server", "token-client", "token-other"}})
 	rootPath := filepath.Join(t.TempDir(), "root-cert.pem")
 	if err := os.WriteFile(rootPath, ca.RootPEM(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// INSTANCE_IP only names the workload in its node ID; nothing dials it.
-	serverAgent := startPxAgent(t, bin, ca, xs, rootPath, "server", "10.20.0.1")
-	clientAgent := startPxAgent(t, bin, ca, xs, rootPath, "client", "10.20.0.2")
-	otherAgent := startPxAgent(t, bin, ca, xs, rootPath, "other", "fd00::3")
-	agents := []*pxAgent{serverAgent, clientAgent, otherAgent}
-	for _, a := range agents {
+	m := &pxMesh{ca: ca, xs: xs,
+		serverAgent: startPxAgent(t, bin, ca, xs, rootPath, "server", "10.20.0.1"),
+		clientAgent: startPxAgent(t, bin, ca, xs, rootPath, "client", "10.20.0.2"),
+		otherAgent:  startPxAgent(t, bin, ca, xs, rootPath, "other", otherIP),
+	}
+	for _, a := range m.agents() {
 		a.waitReady(t)
 	}
-	serverID := ca.Identity(istioca.ServiceAccount{Namespace: pxNamespace, Name: "server"}).String()
-	clientID := ca.Identity(istioca.ServiceAccount{Namespace: pxNamespace, Name: "client"}).String()
+	id := func(sa string) string {
+		return ca.Identity(istioca.ServiceAccount{Namespace: pxNamespace, Name: sa}).String()
+	}
+	m.serverID, m.clientID, m.otherID = id("server"), id("client"), id("other")
+	return m
+}
+
+func (m *pxMesh) agents() []*pxAgent { return []*pxAgent{m.serverAgent, m.clientAgent, m.otherAgent} }
+
+func TestProxylessGRPCWithAgentBootstraps(t *testing.T) {
+	m := newPxMesh(t, pxAgentBinary(t), "fd00::3")
+	xs := m.xs
+	serverAgent, clientAgent, otherAgent := m.serverAgent, m.clientAgent, m.otherAgent
+	agents := m.agents()
+	serverID, clientID := m.serverID, m.clientID
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

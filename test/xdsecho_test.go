@@ -18,8 +18,6 @@ import (
 
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/heavy"
-	"github.com/meshagent/meshagent/test/istioca"
-	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
 // The end-to-end tests' proxyless workload (test/e2e/images/xdsecho), run here as the
@@ -157,24 +155,12 @@ func TestXdsechoProxylessMTLSAndRBAC(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the agent and xdsecho binaries (-short)")
 	}
-	bin := pxAgentBinary(t)
 	echo := buildXdsecho(t)
-	ca := istioca.Start(t, istioca.Config{})
-	xs := xdsserver.Start(t, xdsserver.Config{CA: ca.CA(), ServerNames: []string{istioca.DefaultServerName}, Tokens: []string{"token-server", "token-client", "token-other"}})
-	rootPath := filepath.Join(t.TempDir(), "root-cert.pem")
-	if err := os.WriteFile(rootPath, ca.RootPEM(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	serverAgent := startPxAgent(t, bin, ca, xs, rootPath, "server", "10.20.0.1")
-	clientAgent := startPxAgent(t, bin, ca, xs, rootPath, "client", "10.20.0.2")
-	otherAgent := startPxAgent(t, bin, ca, xs, rootPath, "other", "10.20.0.3")
-	agents := []*pxAgent{serverAgent, clientAgent, otherAgent}
-	for _, a := range agents {
-		a.waitReady(t)
-	}
-	serverID := ca.Identity(istioca.ServiceAccount{Namespace: pxNamespace, Name: "server"}).String()
-	clientID := ca.Identity(istioca.ServiceAccount{Namespace: pxNamespace, Name: "client"}).String()
-	otherID := ca.Identity(istioca.ServiceAccount{Namespace: pxNamespace, Name: "other"}).String()
+	m := newPxMesh(t, pxAgentBinary(t), "10.20.0.3")
+	xs := m.xs
+	serverAgent, clientAgent, otherAgent := m.serverAgent, m.clientAgent, m.otherAgent
+	agents := m.agents()
+	serverID, clientID, otherID := m.serverID, m.clientID, m.otherID
 
 	// A free port for the server process.
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
