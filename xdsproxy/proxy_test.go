@@ -525,11 +525,13 @@ func TestSocketSetup(t *testing.T) {
 			}
 			other.SetUnlinkOnClose(false)
 			t.Cleanup(func() { other.Close() })
-			if err := os.Rename(tmp, path); err != nil {
+			// Its identity is taken before the rename: the proxy may bind its
+			// own again before a look at the path after it.
+			fi, err := os.Lstat(tmp)
+			if err != nil {
 				t.Fatal(err)
 			}
-			fi, err := os.Lstat(path)
-			if err != nil {
+			if err := os.Rename(tmp, path); err != nil {
 				t.Fatal(err)
 			}
 			return fi
@@ -541,7 +543,7 @@ func TestSocketSetup(t *testing.T) {
 		first := takeOver("first")
 		// At once with an inotify watch; within the check interval (5 s) when
 		// none can be had (another test may hold every inotify instance).
-		testwait.Within(t, 15*time.Second, "the proxy's socket bound again", func() bool {
+		testwait.Within(t, 10*time.Second, "the proxy's socket bound again", func() bool {
 			now, err := os.Lstat(path)
 			return err == nil && !os.SameFile(now, first)
 		})
