@@ -95,6 +95,9 @@ func startAgent(p agentParams) (*agent, error) {
 		// The soak's clients all run as one uid, its one caller in a sidecar:
 		// the per-caller connection limit (32) is for a real pod's Envoy and
 		// applications, not for the soak's hundreds of clients.
+		// The hostile clients' file-cert:/file-root: resources are under the
+		// soak's directory: the only one they may name.
+		"MESHAGENT_FILE_RESOURCE_DIRS=" + p.dir,
 		"MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER=100000",
 		"MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER=100000",
 		"MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER=100000",
