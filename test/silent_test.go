@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -449,7 +450,10 @@ func TestTerminalLogTimesCarryTheDate(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
+	// The agent runs in script's session: it ignores the SIGHUP script's end
+	// sends there, so it is stopped first, found by its working directory.
 	stop := func() {
+		stopProcessesIn(t, dir)
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		<-done
 	}
@@ -471,4 +475,35 @@ func TestTerminalLogTimesCarryTheDate(t *testing.T) {
 		t.Errorf("JSON on a terminal:\n%s", out.String())
 	}
 	stop()
+}
+
+// stopProcessesIn sends SIGTERM to every process whose working directory is
+// dir and waits (up to 10 s) until they are gone.
+func stopProcessesIn(t *testing.T, dir string) {
+	t.Helper()
+	in := func() []int {
+		var pids []int
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && cwd == dir {
+				pids = append(pids, pid)
+			}
+		}
+		return pids
+	}
+	for _, pid := range in() {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(in()) > 0 {
+		if time.Now().After(deadline) {
+			t.Errorf("processes still running in %s after SIGTERM: %v", dir, in())
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
