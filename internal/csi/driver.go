@@ -15,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/internal/files/mountinfo"
 )
 
 // DriverName is the CSI driver's name: the CSIDriver object's name and what pods write
@@ -122,12 +124,12 @@ func (d *Driver) NodePublishVolume(_ context.Context, req *csipb.NodePublishVolu
 	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, status.Errorf(codes.Internal, "creating target: %v", err)
 	}
-	mounts, err := mountsAt(target)
+	mounts, err := mountinfo.At(target)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "reading the mount table: %v", err)
 	}
 	if len(mounts) > 0 {
-		if !mounts[len(mounts)-1].readOnly() {
+		if !mounts[len(mounts)-1].ReadOnly() {
 			if err := remountReadOnly(target); err != nil {
 				return nil, status.Errorf(codes.Internal, "%v", err)
 			}
@@ -167,7 +169,7 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublish
 	// after maxUnmounts, the call fails and the kubelet asks again later.
 	lazy := false
 	for i := 0; ; i++ {
-		mounts, err := mountsAt(target)
+		mounts, err := mountinfo.At(target)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "reading the mount table: %v", err)
 		}

@@ -9,7 +9,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/atomicfile"
+	"github.com/meshagent/meshagent/internal/files/mountinfo"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -433,38 +433,8 @@ func (w *Writer) removeStaleTemps() {
 }
 
 // isMountPoint reports whether dir is the mount point of a file system in
-// the agent's mount namespace (/proc/self/mountinfo's fifth field, with its
-// octal escapes).
+// the agent's mount namespace.
 func isMountPoint(dir string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	clean := filepath.Clean(dir)
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && unescapeMountPath(f[4]) == clean {
-			return true
-		}
-	}
-	return false
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	m, err := mountinfo.At(filepath.Clean(dir))
+	return err == nil && len(m) > 0
 }

@@ -1,4 +1,7 @@
-package csi
+// Package mountinfo reads the kernel's mount table (/proc/self/mountinfo,
+// proc(5)): the CSI driver finds what it has published there, and the
+// OUTPUT_CERTS writer tells a volume from a plain directory.
+package mountinfo
 
 import (
 	"bufio"
@@ -10,8 +13,8 @@ import (
 	"strings"
 )
 
-// mountEntry is one line of /proc/<pid>/mountinfo (proc(5)): the fields the driver reads.
-type mountEntry struct {
+// Entry is one line of /proc/<pid>/mountinfo (proc(5)): the fields the driver reads.
+type Entry struct {
 	ID       int
 	ParentID int
 	Root     string // the directory of the source file system mounted here
@@ -19,8 +22,8 @@ type mountEntry struct {
 	Options  []string
 }
 
-// readOnly reports whether the mount itself (not its super block) is read-only.
-func (e mountEntry) readOnly() bool {
+// ReadOnly reports whether the mount itself (not its super block) is read-only.
+func (e Entry) ReadOnly() bool {
 	for _, o := range e.Options {
 		if o == "ro" {
 			return true
@@ -29,10 +32,10 @@ func (e mountEntry) readOnly() bool {
 	return false
 }
 
-// parseMountinfo parses the content of a mountinfo file. Paths are unescaped (the
+// Parse parses the content of a mountinfo file. Paths are unescaped (the
 // kernel writes space, tab, newline and backslash as \ooo octal).
-func parseMountinfo(r io.Reader) ([]mountEntry, error) {
-	var out []mountEntry
+func Parse(r io.Reader) ([]Entry, error) {
+	var out []Entry
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	for sc.Scan() {
@@ -40,7 +43,7 @@ func parseMountinfo(r io.Reader) ([]mountEntry, error) {
 		if line == "" {
 			continue
 		}
-		e, err := parseMountinfoLine(line)
+		e, err := parseLine(line)
 		if err != nil {
 			return nil, err
 		}
@@ -52,11 +55,11 @@ func parseMountinfo(r io.Reader) ([]mountEntry, error) {
 	return out, nil
 }
 
-func parseMountinfoLine(line string) (mountEntry, error) {
+func parseLine(line string) (Entry, error) {
 	// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
 	f := strings.Fields(line)
 	if len(f) < 10 {
-		return mountEntry{}, fmt.Errorf("mountinfo line %q: %d fields, want at least 10", line, len(f))
+		return Entry{}, fmt.Errorf("mountinfo line %q: %d fields, want at least 10", line, len(f))
 	}
 	sep := -1
 	for i := 6; i < len(f); i++ {
@@ -66,25 +69,25 @@ func parseMountinfoLine(line string) (mountEntry, error) {
 		}
 	}
 	if sep < 0 || len(f) < sep+3 {
-		return mountEntry{}, fmt.Errorf("mountinfo line %q: no file system fields", line)
+		return Entry{}, fmt.Errorf("mountinfo line %q: no file system fields", line)
 	}
 	id, err := strconv.Atoi(f[0])
 	if err != nil {
-		return mountEntry{}, fmt.Errorf("mountinfo line %q: mount id: %w", line, err)
+		return Entry{}, fmt.Errorf("mountinfo line %q: mount id: %w", line, err)
 	}
 	parent, err := strconv.Atoi(f[1])
 	if err != nil {
-		return mountEntry{}, fmt.Errorf("mountinfo line %q: parent id: %w", line, err)
+		return Entry{}, fmt.Errorf("mountinfo line %q: parent id: %w", line, err)
 	}
 	root, err := unescapeMountPath(f[3])
 	if err != nil {
-		return mountEntry{}, fmt.Errorf("mountinfo line %q: root: %w", line, err)
+		return Entry{}, fmt.Errorf("mountinfo line %q: root: %w", line, err)
 	}
 	point, err := unescapeMountPath(f[4])
 	if err != nil {
-		return mountEntry{}, fmt.Errorf("mountinfo line %q: mount point: %w", line, err)
+		return Entry{}, fmt.Errorf("mountinfo line %q: mount point: %w", line, err)
 	}
-	return mountEntry{ID: id, ParentID: parent, Root: root, Point: point, Options: strings.Split(f[5], ",")}, nil
+	return Entry{ID: id, ParentID: parent, Root: root, Point: point, Options: strings.Split(f[5], ",")}, nil
 }
 
 // unescapeMountPath undoes the kernel's \ooo escaping of a mountinfo path.
@@ -111,19 +114,19 @@ func unescapeMountPath(s string) (string, error) {
 	return b.String(), nil
 }
 
-// mountsAt returns the mounts whose mount point is path, in the order the kernel lists
+// At returns the mounts whose mount point is path, in the order the kernel lists
 // them (the last one is on top), read from the calling process's mount table.
-func mountsAt(path string) ([]mountEntry, error) {
+func At(path string) ([]Entry, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	all, err := parseMountinfo(f)
+	all, err := Parse(f)
 	if err != nil {
 		return nil, err
 	}
-	var out []mountEntry
+	var out []Entry
 	for _, e := range all {
 		if e.Point == path {
 			out = append(out, e)
