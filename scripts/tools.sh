@@ -94,7 +94,11 @@ build spiffe-helper test/tools/spiffe-helper github.com/spiffe/spiffe-helper/cmd
 # istiod and pilot-agent from one pinned istio.io/istio module, and from the same module the
 # CRDs (applied by test/istiod) and the istio-discovery chart (rendered by the tests for the
 # injector's ConfigMap, with Istio's own injection templates).
+# go list -m names the module's directory only once it is downloaded: on a fresh machine,
+# download it first.
+(cd test/tools/istio && go mod download istio.io/istio)
 istio_dir=$(cd test/tools/istio && go list -m -f '{{.Dir}}' istio.io/istio)
+[ -n "$istio_dir" ] && [ -f "$istio_dir/VERSION" ] || die "istio.io/istio not found in the module cache"
 # The version they report is the one Istio's own development builds set: the module's
 # VERSION file plus "-dev" (istiod parses proxies' versions; a pseudo-version is not one).
 # Static, as Istio's release builds are: pilot-agent runs in the e2e cluster's istio-proxy
