@@ -110,8 +110,19 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 		SilenceErrors: true,
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.Version = versionString()
-	root.SetVersionTemplate("{{.Version}}\n")
+	// --version is the root's own flag, not cobra's Version field: cobra
+	// prints that through a text/template, and text/template's reflective
+	// method calls make the linker keep every exported method of every type
+	// put in an interface (~4 MB of text and tables in every sidecar, see
+	// docs/performance.md).
+	showVersion := root.Flags().BoolP("version", "v", false, "print the version")
+	root.RunE = func(cmd *cobra.Command, _ []string) error {
+		if *showVersion {
+			fmt.Fprintln(stdout, versionString())
+			return nil
+		}
+		return cmd.Help()
+	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return configError{err} })
 
 	root.AddCommand(newRunCommand(env, stderr, h), newConfigCommand(env, stdout, stderr), newVersionCommand(stdout), newDocsCommand(stdout), newCSICommand(stderr))

@@ -159,6 +159,21 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestVersionFlag: --version and -v print what `meshagent version` prints;
+// the root alone prints its help.
+func TestVersionFlag(t *testing.T) {
+	for _, arg := range []string{"--version", "-v"} {
+		code, out, _ := runCmd(t, nil, arg)
+		if code != exitOK || out != versionString()+"\n" {
+			t.Errorf("%s: %d %q", arg, code, out)
+		}
+	}
+	code, out, _ := runCmd(t, nil)
+	if code != exitOK || !strings.Contains(out, "Usage:") || !strings.Contains(out, "run ") {
+		t.Errorf("no arguments: %d %q", code, out)
+	}
+}
+
 func TestDocsCommandWritesTheReference(t *testing.T) {
 	path := t.TempDir() + "/configuration.md"
 	if code, _, errOut := runCmd(t, nil, "docs", "-o", path); code != exitOK {
