@@ -45,7 +45,7 @@ sizes() {
 				n = split(pkg, q, "/")
 				if (q[1] ~ /^(github\.com|gitlab\.com|go\.opentelemetry\.io|cel\.dev)$/ && n >= 3) pkg = q[1] "/" q[2] "/" q[3]
 				else if (q[1] ~ /^(golang\.org|google\.golang\.org|k8s\.io|sigs\.k8s\.io|go\.uber\.org|gopkg\.in|go\.yaml\.in|istio\.io|go\.etcd\.io)$/ && n >= 2) pkg = q[1] "/" q[2]
-				else if (q[1] !~ /\./) pkg = "(std) " q[1]
+				else if (q[1] !~ /\./) pkg = "std:" q[1]
 			}
 			sum[pkg] += $2
 		}
