@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -233,16 +232,5 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("serving broker API socket %s: %w", s.cfg.Socket, serveErr)
 	}
 	s.log.Info("broker API stopped", zap.String(logkeys.Socket, s.cfg.Socket))
-	return nil
-}
-
-// SocketUsable reports why path cannot be the broker socket, or nil.
-func SocketUsable(path string) error {
-	if len(path) > udslisten.MaxPath {
-		return fmt.Errorf("socket path is %d bytes, more than a Unix socket allows (%d)", len(path), udslisten.MaxPath)
-	}
-	if fi, err := os.Lstat(path); err == nil && fi.IsDir() {
-		return fmt.Errorf("%s is a directory", path)
-	}
 	return nil
 }
