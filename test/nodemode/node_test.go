@@ -34,7 +34,7 @@ type node struct {
 	sys    string // the agent's namespace
 	ca     *istioca.Server
 	agent  *agentproc.Proc
-	status string // http://127.0.0.1:<port>
+	status string   // http://127.0.0.1:<port>
 	env    []string // the agent's environment, for restart
 }
 
