@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/brokerapi/brokerpb"
+	"github.com/meshagent/meshagent/internal/node/peerpidfd"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/node/podresolver"
 	"github.com/meshagent/meshagent/internal/uds/caller"
@@ -34,6 +35,9 @@ const (
 type workload struct {
 	pod podindex.Pod
 	via string
+	// pin is the referenced process, for a pid reference; nil otherwise.
+	// The stream closes it.
+	pin *processPin
 }
 
 // resolve turns a reference into a pod of this node that may have an SVID,
@@ -73,6 +77,9 @@ func (s *Server) resolve(ctx context.Context, b Broker, ref *brokerpb.WorkloadRe
 	if r != nil {
 		return workload{}, refType, r
 	}
+	if w.pod.Terminated() || w.pod.Identity.SPIFFEID == "" {
+		w.pin.closeIfSet()
+	}
 	if w.pod.Terminated() {
 		return workload{}, refType, notEntitled(fmt.Sprintf("%s: pod %s has finished (%s)", w.via, w.pod.String(), w.pod.Phase))
 	}
@@ -98,7 +105,25 @@ func (s *Server) byPID(ctx context.Context, pid int32) (workload, *refusal) {
 	if pid <= 0 {
 		return workload{}, invalidRef(fmt.Sprintf("WorkloadPIDReference: pid %d is not a positive integer", pid))
 	}
-	info, err := s.cfg.Processes.Resolve(ctx, caller.Cred{PID: pid})
+	pin, err := pinProcess(pid)
+	if errors.Is(err, errNoProcess) {
+		return workload{}, notFound(fmt.Sprintf("%s: process %d has exited", via, pid))
+	}
+	if err != nil {
+		return workload{}, notEntitled(fmt.Sprintf("%s: %v", via, err))
+	}
+	w, r := s.resolvePinned(ctx, pid, via, pin)
+	if r != nil {
+		pin.close()
+		return workload{}, r
+	}
+	return w, nil
+}
+
+// resolvePinned resolves pid with the resolver checking that it is the
+// process pin holds.
+func (s *Server) resolvePinned(ctx context.Context, pid int32, via string, pin *processPin) (workload, *refusal) {
+	info, err := s.cfg.Processes.Resolve(peerpidfd.NewContext(ctx, pin.fd), caller.Cred{PID: pid})
 	if err != nil {
 		var ref *podresolver.Refusal
 		if errors.As(err, &ref) {
@@ -116,10 +141,10 @@ func (s *Server) byPID(ctx context.Context, pid int32) (workload, *refusal) {
 	if !ok {
 		return workload{}, notFound(fmt.Sprintf("%s: pod %s has left the node", via, info.PodUID))
 	}
-	return workload{pod: p, via: via}, nil
+	return workload{pod: p, via: via, pin: pin}, nil
 }
 
-// byPod finds a pod of this node by key and/or UID; with both, the pod the
+// byPodRef finds a pod of this node by key and/or UID; with both, the pod the
 // key names must have that UID.
 func (s *Server) byPodRef(ctx context.Context, k *brokerpb.KubernetesObjectReference) (workload, *refusal) {
 	key, uid := k.GetKey(), k.GetUid()

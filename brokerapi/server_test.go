@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/pem"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -124,7 +125,14 @@ type agent struct {
 	pods   *pods
 	reg    *prometheus.Registry
 	td     *x509bundle.Bundle
+	// procRoot is the /proc the resolver reads.
+	procRoot string
 }
+
+var (
+	webPID = os.Getpid()
+	farPID = os.Getppid()
+)
 
 func startAgent(t *testing.T, adjust func(*brokerapi.Config)) *agent {
 	t.Helper()
@@ -157,8 +165,11 @@ func startAgent(t *testing.T, adjust func(*brokerapi.Config)) *agent {
 		t.Fatal(err)
 	}
 	procRoot := t.TempDir()
-	fakeProc(t, procRoot, 4242, uidWeb)
-	fakeProc(t, procRoot, 4343, "6f1c2b3a-1111-4222-8333-000000000000") // a pod of no node here
+	// The test process plays the web pod's process, its parent a process
+	// of a pod of another node: pid references are pinned by real pidfds.
+	fakeProc(t, procRoot, webPID, uidWeb)
+	fakeProc(t, procRoot, farPID, "6f1c2b3a-1111-4222-8333-000000000000")
+	a.procRoot = procRoot
 	a.pods = &pods{m: map[string]podindex.Pod{
 		uidWeb:  mkpod("shop", "web-0", uidWeb, "web", kubeclient.PodRunning),
 		uidDone: mkpod("shop", "job-0", uidDone, "job", kubeclient.PodSucceeded),
@@ -254,7 +265,7 @@ func TestSVIDByReference(t *testing.T) {
 		"key":      brokerclient.PodRef("shop", "web-0", ""),
 		"uid":      brokerclient.PodRef("", "", uidWeb),
 		"key, uid": brokerclient.PodRef("shop", "web-0", uidWeb),
-		"pid":      brokerclient.PIDRef(4242),
+		"pid":      brokerclient.PIDRef(int32(webPID)),
 	} {
 		t.Run(name, func(t *testing.T) {
 			resp, err := c.FirstSVID(callCtx(t), ref)
@@ -337,8 +348,8 @@ func TestRefusals(t *testing.T) {
 		{"wrong uid", broker, brokerclient.PodRef("shop", "web-0", uidDone), codes.NotFound, "WORKLOAD_NOT_FOUND", "another UID", "workload_not_found"},
 		{"pod of another node", broker, brokerclient.PodRef("shop", "web-far", ""), codes.NotFound, "WORKLOAD_NOT_FOUND", "no such pod on this node", "workload_not_found"},
 		{"uid of another node", broker, brokerclient.PodRef("", "", "6f1c2b3a-1111-4222-8333-000000000000"), codes.NotFound, "WORKLOAD_NOT_FOUND", "no such pod", "workload_not_found"},
-		{"process of another node's pod", broker, brokerclient.PIDRef(4343), codes.NotFound, "WORKLOAD_NOT_FOUND", "not known on this node", "workload_not_found"},
-		{"no such process", broker, brokerclient.PIDRef(99999), codes.NotFound, "WORKLOAD_NOT_FOUND", "has exited", "workload_not_found"},
+		{"process of another node's pod", broker, brokerclient.PIDRef(int32(farPID)), codes.NotFound, "WORKLOAD_NOT_FOUND", "not known on this node", "workload_not_found"},
+		{"no such process", broker, brokerclient.PIDRef(1<<22 + 1), codes.NotFound, "WORKLOAD_NOT_FOUND", "has exited", "workload_not_found"},
 		{"finished pod", broker, brokerclient.PodRef("shop", "job-0", ""), codes.PermissionDenied, "WORKLOAD_NOT_ENTITLED", "has finished", "workload_not_entitled"},
 	}
 	for _, tt := range tests {
@@ -441,7 +452,7 @@ func TestRotationPushed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bst, err := c.Bundles(ctx, brokerclient.PIDRef(4242))
+	bst, err := c.Bundles(ctx, brokerclient.PIDRef(int32(webPID)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,7 +488,7 @@ func TestRotationPushed(t *testing.T) {
 func TestStreamEndsWhenPodLeaves(t *testing.T) {
 	a := startAgent(t, nil)
 	c := a.client(t, brokerID)
-	st, err := c.SVIDs(callCtx(t), brokerclient.PIDRef(4242))
+	st, err := c.SVIDs(callCtx(t), brokerclient.PIDRef(int32(webPID)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,6 +501,35 @@ func TestStreamEndsWhenPodLeaves(t *testing.T) {
 	wantStatus(t, err, codes.NotFound, "", "was deleted")
 	_, err = c.FirstSVID(callCtx(t), brokerclient.PodRef("", "", uidWeb))
 	wantStatus(t, err, codes.NotFound, "WORKLOAD_NOT_FOUND", "no such pod")
+}
+
+// A stream by pid ends with NotFound when the process exits, even while
+// its pod stays.
+func TestStreamEndsWhenProcessExits(t *testing.T) {
+	a := startAgent(t, nil)
+	c := a.client(t, brokerID)
+	child := exec.Command("sleep", "600")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = child.Process.Kill(); _ = child.Wait() }()
+	fakeProc(t, a.procRoot, child.Process.Pid, uidWeb)
+	st, err := c.SVIDs(callCtx(t), brokerclient.PIDRef(int32(child.Process.Pid)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = child.Wait()
+	_, err = st.Recv()
+	wantStatus(t, err, codes.NotFound, "", "process has exited")
+	if _, ok := a.pods.Get(uidWeb); !ok {
+		t.Fatal("the pod left too")
+	}
 }
 
 // A broker's streams and workloads are bounded; another broker is not
@@ -511,7 +551,7 @@ func TestLimits(t *testing.T) {
 	_, err := c.FirstSVID(ctx, brokerclient.PodRef("shop", "web-0", ""))
 	wantStatus(t, err, codes.ResourceExhausted, "", "MESHAGENT_BROKER_MAX_STREAMS")
 	other := a.client(t, pidOnlyID)
-	if _, err := other.FirstSVID(ctx, brokerclient.PIDRef(4242)); err != nil {
+	if _, err := other.FirstSVID(ctx, brokerclient.PIDRef(int32(webPID))); err != nil {
 		t.Fatalf("another broker: %v", err)
 	}
 	b := startAgent(t, func(c *brokerapi.Config) { c.MaxWorkloads = 1 })

@@ -103,6 +103,7 @@ func (s *Server) serve(ctx context.Context, method string, ref *brokerpb.Workloa
 	if r != nil {
 		return s.refuse(ctx, method, b.ID, refType, r)
 	}
+	defer w.pin.closeIfSet()
 	for _, p := range prepare {
 		if err := p(w); err != nil {
 			return s.refuse(ctx, method, b.ID, refType, notEntitled(w.via+": "+err.Error()))
@@ -123,10 +124,21 @@ func (s *Server) serve(ctx context.Context, method string, ref *brokerpb.Workloa
 	id := s.streamIDs.Add(1)
 	s.log.Debug("broker stream opened", zap.Uint64(logkeys.Stream, id), zap.String(logkeys.Method, method), zap.String(logkeys.Broker, b.ID.String()),
 		zap.String(logkeys.Reference, w.via), zap.String(logkeys.Pod, w.pod.String()), zap.Stringer(logkeys.Identity, w.pod.Identity))
+	if w.pin != nil {
+		// The process's exit ends the stream, as its pod's leaving does.
+		exited := w.pin.exited()
+		go func() {
+			select {
+			case <-exited:
+				cancel(workloadLeft{why: "process has exited"})
+			case <-sctx.Done():
+			}
+		}()
+	}
 	err = s.follow(sctx, w.pod.Identity, names, send)
 	if cause := context.Cause(sctx); ctx.Err() == nil && errors.As(cause, new(workloadLeft)) {
 		s.metrics.ended.WithLabelValues("workload_left").Inc()
-		return status.Errorf(codes.NotFound, "%s: pod %s %s", w.via, w.pod.String(), cause.Error())
+		return status.Errorf(codes.NotFound, "%s (pod %s): %s", w.via, w.pod.String(), cause.Error())
 	}
 	if err != nil && status.Code(err) != codes.Canceled {
 		s.metrics.ended.WithLabelValues("error").Inc()
