@@ -34,8 +34,11 @@
 // Unimplemented: the mesh CAs issue no JWT-SVIDs.
 //
 // A stream ends, as the standard's workload lifecycle asks, when its pod
-// leaves the node or finishes (PodLeft, called by the pod index): a pid
-// reference is bound to the pod its process was in when the stream began.
+// leaves the node or finishes (PodLeft, called by the pod index), and for a
+// pid reference when the process exits: the process is pinned by a pidfd
+// before it is resolved (the resolver checks it read that process's
+// /proc files, so a reused pid is never another pod's), and the pidfd,
+// readable once the process exits, is waited on by the runtime's poller.
 //
 // Limits: Config.MaxStreams streams and Config.MaxWorkloads distinct pods
 // per broker, refused with ResourceExhausted naming the setting. A broker
