@@ -3,6 +3,7 @@ package brokerapi_test
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/pem"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +29,7 @@ import (
 
 	"github.com/meshagent/meshagent/brokerapi"
 	"github.com/meshagent/meshagent/brokerapi/brokerpb"
+	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/localca"
@@ -97,7 +100,7 @@ func mkpod(ns, name, uid, sa string, phase kubeclient.PodPhase) podindex.Pod {
 }
 
 // fakeProc writes <root>/<pid>/{stat,cgroup}: a process of the pod uid.
-func fakeProc(t *testing.T, root string, pid int, uid string) {
+func fakeProc(t testing.TB, root string, pid int, uid string) {
 	t.Helper()
 	dir := filepath.Join(root, strconv.Itoa(pid))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -127,6 +130,18 @@ type agent struct {
 	td     *x509bundle.Bundle
 	// procRoot is the /proc the resolver reads.
 	procRoot string
+	csrs     *countingCA
+}
+
+// countingCA counts the CSRs the cache makes.
+type countingCA struct {
+	caclient.Client
+	n atomic.Int64
+}
+
+func (c *countingCA) Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
+	c.n.Add(1)
+	return c.Client.Sign(ctx, csr, id, ttl)
 }
 
 var (
@@ -134,7 +149,7 @@ var (
 	farPID = os.Getppid()
 )
 
-func startAgent(t *testing.T, adjust func(*brokerapi.Config)) *agent {
+func startAgent(t testing.TB, adjust func(*brokerapi.Config)) *agent {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "brk")
 	if err != nil {
@@ -155,7 +170,8 @@ func startAgent(t *testing.T, adjust func(*brokerapi.Config)) *agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.mgr, err = secretmanager.New(secretmanager.Config{Identity: agentID, CA: dev, Roots: roots, TTL: time.Hour,
+	a.csrs = &countingCA{Client: dev}
+	a.mgr, err = secretmanager.New(secretmanager.Config{Identity: agentID, CA: a.csrs, Roots: roots, TTL: time.Hour,
 		Clock: a.clock, Rand: func() float64 { return 0.5 }})
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +224,7 @@ func startAgent(t *testing.T, adjust func(*brokerapi.Config)) *agent {
 
 // client is a broker with the SVID of id, from the same cache (the broker
 // would get it from the Workload API).
-func (a *agent) client(t *testing.T, id pki.Identity) *brokerclient.Client {
+func (a *agent) client(t testing.TB, id pki.Identity) *brokerclient.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -228,7 +244,7 @@ func (a *agent) client(t *testing.T, id pki.Identity) *brokerclient.Client {
 	return c
 }
 
-func callCtx(t *testing.T) context.Context {
+func callCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
