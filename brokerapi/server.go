@@ -202,7 +202,9 @@ func (s *Server) Run(ctx context.Context) error {
 		return errors.New("broker API: no socket path")
 	}
 	lis, err := udslisten.Listen(udslisten.Config{
-		Path: s.cfg.Socket, DirMode: udslisten.DefaultDirMode, SocketMode: udslisten.DefaultSocketMode,
+		// Brokers run as any uid; the endpoint's protection is its mutual
+		// TLS and the directory being mounted into the brokers' pods alone.
+		Path: s.cfg.Socket, DirMode: 0o755, SocketMode: udslisten.DefaultSocketMode,
 		Replace: true, Logger: s.log, CheckInterval: 5 * time.Second,
 	})
 	if err != nil {
