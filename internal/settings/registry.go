@@ -409,6 +409,12 @@ var Registry = []Setting{
 			"e.g. `spiffe://cluster.local/ns/istio-system/sa/ztunnel=pod;spiffe://cluster.local/ns/tunnel/sa/agent=pid,pod`. Any other caller is refused with PERMISSION_DENIED. " +
 			"A broker gets the keys of every workload of the node it names: list only node components trusted that far (docs/broker-api.md).",
 		Value: BrokerList(func(c *Config) *[]Broker { return &c.Brokers }),
+		Unused: func(c *Config, set bool) string {
+			if set && c.BrokerSocket == "" {
+				return "the Broker API is served only with MESHAGENT_BROKER_SOCKET set"
+			}
+			return ""
+		},
 	},
 	{
 		Name: "MESHAGENT_BROKER_MAX_STREAMS", Default: itoa(DefaultBrokerMaxStreams), Group: GroupMeshagent,
