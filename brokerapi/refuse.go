@@ -26,7 +26,6 @@ const (
 	reasonNotFound     = "WORKLOAD_NOT_FOUND"
 	reasonNotEntitled  = "WORKLOAD_NOT_ENTITLED"
 	errorInfoDomain    = "spiffe.io"
-	metadataBrokerKey  = "broker"
 	metadataRefTypeKey = "reference_type"
 )
 
