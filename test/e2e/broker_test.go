@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
@@ -88,13 +89,28 @@ func TestBrokerAPIOnARealNode(t *testing.T) {
 	if err := kube.ImportImage(tar); err != nil {
 		t.Fatal(err)
 	}
+	// The namespaces this test makes go with it, so that the tests after it
+	// find the cluster as they would without it.
+	var made []string
 	for _, ns := range []string{agentNamespace, brokerNamespace} {
 		if _, err := core.Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
 			if _, err := core.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
+			made = append(made, ns)
 		}
 	}
+	t.Cleanup(func() {
+		for _, ns := range made {
+			_ = core.Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+		}
+		for _, ns := range made {
+			waitGone(t, "namespace "+ns, func() bool {
+				_, err := core.Namespaces().Get(context.Background(), ns, metav1.GetOptions{})
+				return apierrors.IsNotFound(err)
+			})
+		}
+	})
 	waitRoots(t, agentNamespace)
 	brokerID := spiffeIDIn(brokerNamespace, "ztunnel")
 	run(t, "helm", "install", release, filepath.Join(repoRoot(), "deploy", "helm", "meshagent"),
@@ -107,7 +123,6 @@ func TestBrokerAPIOnARealNode(t *testing.T) {
 		"--wait", "--timeout", "3m")
 	t.Cleanup(func() {
 		run(t, "helm", "uninstall", release, "--namespace", agentNamespace, "--wait", "--timeout", "3m")
-		_ = core.Namespaces().Delete(context.Background(), brokerNamespace, metav1.DeleteOptions{})
 		waitGone(t, "the node agent's pods", func() bool {
 			pods, err := core.Pods(agentNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node"})
 			return err == nil && len(pods.Items) == 0
