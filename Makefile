@@ -97,7 +97,7 @@ fuzz:
 		done; \
 	done
 
-## proto: regenerate the Linkerd identity API code
+## proto: regenerate the Linkerd identity API and SPIFFE Broker API code
 proto:
 	bash scripts/proto.sh
 

@@ -367,6 +367,7 @@ func TestChartEnvIsAgentConfig(t *testing.T) {
 		{"sidecar-tokenrequest", "Deployment", "credentialFetcherType: TokenRequest\ntoken:\n  lifetime: 30m\n  audience: mesh-ca\ncaAddress: ca.mesh.svc:15012\n"},
 		{"sidecar-proxyless-linkerd", "Deployment", "caProvider: Linkerd\nclusterID: ''\nsidecar:\n  envoy:\n    enabled: false\n"},
 		{"node", "DaemonSet", "sidecar:\n  enabled: false\nnode:\n  enabled: true\n"},
+		{"node-broker", "DaemonSet", "sidecar:\n  enabled: false\nnode:\n  enabled: true\n  broker:\n    enabled: true\n    brokers: spiffe://cluster.local/ns/istio-system/sa/ztunnel=pod\n"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			objs, err := render(t, "cfg", "shop", tt.values)
@@ -472,6 +473,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 	for _, tt := range []struct{ values, want string }{
 		{"caProvider: Vault\n", "caProvider must be Citadel or Linkerd"},
 		{"credentialFetcherType: GoogleComputeEngine\n", "credentialFetcherType must be JWT or TokenRequest"},
+		{"sidecar:\n  enabled: false\nnode:\n  enabled: true\n  broker:\n    enabled: true\n", "node.broker.brokers: list the brokers"},
 	} {
 		_, err := render(t, "bad", "default", tt.values)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {

@@ -25,6 +25,14 @@ protoc=${PROTOC:-protoc}
 # written next to it.
 protos=(
 	caclient/linkerd/identitypb/identity.proto
+	brokerapi/brokerpb/brokerapi.proto
+)
+
+# Go packages of the files that are unmodified copies of another project's
+# and so name none (go_package): given to protoc-gen-go and protoc-gen-go-grpc
+# with their M option, so the copy need not be edited.
+declare -A gopkg=(
+	[brokerapi/brokerpb/brokerapi.proto]=github.com/meshagent/meshagent/brokerapi/brokerpb
 )
 
 die() { echo "proto.sh: $*" >&2; exit 1; }
@@ -66,11 +74,16 @@ fi
 cd "$root"
 for p in "${protos[@]}"; do
 	mkdir -p "$out/$(dirname "$p")"
+	mopt=()
+	if [[ -n "${gopkg[$p]:-}" ]]; then
+		mopt=(--go_opt="M$p=${gopkg[$p]}" --go-grpc_opt="M$p=${gopkg[$p]}")
+	fi
 	PATH="$tools:$PATH" "$protoc" -I . \
 		--plugin=protoc-gen-go="$tools/protoc-gen-go" \
 		--plugin=protoc-gen-go-grpc="$tools/protoc-gen-go-grpc" \
 		--go_out="$out" --go_opt=paths=source_relative \
 		--go-grpc_out="$out" --go-grpc_opt=paths=source_relative \
+		"${mopt[@]}" \
 		"$p"
 done
 

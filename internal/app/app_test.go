@@ -199,6 +199,9 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		{"node mode without a node name", []string{"MESHAGENT_MODE=node"}, "MESHAGENT_MODE=node needs NODE_NAME"},
 		{"node mode without the socket", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "DISABLE_ENVOY=true"}, "MESHAGENT_MODE=node needs the SDS socket"},
 		{"node uid identities", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "MESHAGENT_NODE_UID_IDENTITIES=0=https://x"}, "MESHAGENT_NODE_UID_IDENTITIES: "},
+		{"broker socket outside node mode", []string{"MESHAGENT_BROKER_SOCKET=/tmp/b/socket", "MESHAGENT_BROKERS=spiffe://cluster.local/ns/a/sa/b=pod"}, "MESHAGENT_BROKER_SOCKET is served in node mode only"},
+		{"broker socket beside the SDS socket", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "MESHAGENT_SDS_SOCKET=/tmp/s/socket", "MESHAGENT_BROKER_SOCKET=/tmp/s/broker", "MESHAGENT_BROKERS=spiffe://cluster.local/ns/a/sa/b=pod"}, "in the SDS socket's directory"},
+		{"broker socket without brokers", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "MESHAGENT_BROKER_SOCKET=/tmp/b/socket"}, "MESHAGENT_BROKERS lists no broker"},
 		{"token request without a pod", []string{"CREDENTIAL_FETCHER_TYPE=TokenRequest"}, "CREDENTIAL_FETCHER_TYPE=TokenRequest needs POD_NAME"},
 		{"no service account", []string{"SERVICE_ACCOUNT="}, "SERVICE_ACCOUNT is not set"},
 	}

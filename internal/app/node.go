@@ -3,16 +3,20 @@ package app
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/meshagent/meshagent/brokerapi"
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/node/podcgroup"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/node/podresolver"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/secretmanager"
 )
@@ -30,6 +34,9 @@ type nodeWiring struct {
 	// The CA client is built before it; its token source calls PodsOf only
 	// when a token is asked for, once Run runs, after New returned.
 	idx *podindex.Index
+	// broker serves the SPIFFE Broker API (MESHAGENT_BROKER_SOCKET); nil
+	// when off. Set before the pod index runs.
+	broker *brokerapi.Server
 	// podTokens: with Linkerd, the tokens of each service account with pods
 	// on the node (linkerdTokens).
 	podTokens *credfetcher.PodTokens
@@ -39,7 +46,13 @@ type nodeWiring struct {
 func (a *App) checkNode() error {
 	c := a.s
 	if !a.nodeMode() {
+		if c.BrokerSocket != "" {
+			return errors.New("MESHAGENT_BROKER_SOCKET is served in node mode only (MESHAGENT_MODE=node): unset it")
+		}
 		return nil
+	}
+	if err := checkBroker(c); err != nil {
+		return err
 	}
 	if c.NodeName == "" {
 		return errors.New("MESHAGENT_MODE=node needs NODE_NAME: only the pods of this node are served")
@@ -118,7 +131,12 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 				n.dropTokens(id)
 			},
 		},
-		PodLeft:    a.podLeft,
+		PodLeft: func(p podindex.Pod, why string) {
+			a.podLeft(p, why)
+			if n.broker != nil {
+				n.broker.PodLeft(p.UID, "pod "+p.String()+" "+why)
+			}
+		},
 		PodArrived: a.podArrived,
 		Logger:     a.base,
 		Registerer: a.reg,
@@ -142,7 +160,15 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	}
 	a.log.Info("node mode: serving the pods of this node", zap.String(logkeys.Node, c.NodeName), zap.Int(logkeys.NodeUIDIdentities, len(n.uids)),
 		zap.Stringer(logkeys.CgroupRoot, cgroupRoot), zap.String(logkeys.CgroupRootFrom, cgroupRootFrom))
-	return r, []component{{name: "pod_index", run: idx.Run}}, nil
+	cs := []component{{name: "pod_index", run: idx.Run}}
+	if c.BrokerSocket != "" {
+		b, err := n.brokerAPI(m, idx, cgroupRoot)
+		if err != nil {
+			return nil, nil, err
+		}
+		cs = append(cs, component{name: "broker_api", run: b.Run})
+	}
+	return r, cs, nil
 }
 
 // report shows the node's pods in the status port: the certificates each
@@ -231,4 +257,52 @@ func (n *nodeWiring) dropTokens(id pki.Identity) {
 	if ns, sa, ok := n.a.s.Scheme().Account(id); ok {
 		n.podTokens.Drop(ns, sa)
 	}
+}
+
+// checkBroker checks the Broker API's settings: its socket in a directory
+// of its own (the SDS socket's is mounted into every pod), and brokers
+// listed when it is served.
+func checkBroker(c *settings.Config) error {
+	if c.BrokerSocket == "" {
+		return nil
+	}
+	if err := checkSocketPath("MESHAGENT_BROKER_SOCKET", c.BrokerSocket, true); err != nil {
+		return err
+	}
+	bdir, _ := filepath.Abs(filepath.Dir(c.BrokerSocket))
+	sdir, _ := filepath.Abs(filepath.Dir(c.SDSSocket))
+	if bdir == sdir {
+		return fmt.Errorf("MESHAGENT_BROKER_SOCKET=%s is in the SDS socket's directory, which every pod mounts: give it a directory of its own, mounted only into the brokers' pods", c.BrokerSocket)
+	}
+	if len(c.Brokers) == 0 {
+		return errors.New("MESHAGENT_BROKER_SOCKET is set but MESHAGENT_BROKERS lists no broker: list the brokers' SPIFFE IDs, or unset MESHAGENT_BROKER_SOCKET")
+	}
+	return nil
+}
+
+// brokerAPI builds the SPIFFE Broker API server (docs/broker-api.md): the
+// brokers' pid references are resolved as the socket's callers are, but a
+// node process (MESHAGENT_NODE_UID_IDENTITIES) is never a broker's workload.
+func (n *nodeWiring) brokerAPI(m *secretmanager.Manager, idx *podindex.Index, cgroupRoot podcgroup.Root) (*brokerapi.Server, error) {
+	a, c := n.a, n.a.s
+	procs, err := podresolver.New(podresolver.Config{Pods: idx, CgroupRoot: cgroupRoot, Logger: a.base})
+	if err != nil {
+		return nil, err
+	}
+	brokers := make([]brokerapi.Broker, len(c.Brokers))
+	for i, b := range c.Brokers {
+		brokers[i] = brokerapi.Broker{ID: b.ID, PID: b.PID, Pod: b.Pod}
+	}
+	srv, err := brokerapi.New(brokerapi.Config{
+		Socket: c.BrokerSocket, Brokers: brokers, Secrets: m, Processes: procs, Pods: idx,
+		MaxStreams: c.BrokerMaxStreams, MaxWorkloads: c.BrokerMaxWorkloads,
+		MaxStreamsSetting: "MESHAGENT_BROKER_MAX_STREAMS", MaxWorkloadsSetting: "MESHAGENT_BROKER_MAX_WORKLOADS",
+		Policy: c.CompliancePolicy, Clock: a.clock, Logger: a.base, Registerer: a.reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	n.broker = srv
+	a.log.Info("node mode: serving the SPIFFE Broker API", zap.String(logkeys.Socket, c.BrokerSocket), zap.Int(logkeys.Brokers, len(brokers)))
+	return srv, nil
 }

@@ -14,9 +14,12 @@ const (
 	Audiences   = "audiences"
 	Backdate    = "backdate"
 	Backoff     = "backoff"
-	Bundle      = "bundle"
-	Bundles     = "bundles"
-	Bytes       = "bytes"
+	// Broker is the SPIFFE ID of a SPIFFE Broker API client.
+	Broker  = "broker"
+	Brokers = "brokers"
+	Bundle  = "bundle"
+	Bundles = "bundles"
+	Bytes   = "bytes"
 	// CAAddr is the CA address dialled.
 	CAAddr = "ca_addr"
 	// Caller is the caller of a local socket, as resolved: its pod, else its identity.
@@ -80,6 +83,8 @@ const (
 	// RefreshAt is when a credential or certificate is refreshed.
 	RefreshAt = "refresh_at"
 	// Refused is how many connections were refused.
+	// Reference is a SPIFFE Broker API workload reference, as the broker sent it.
+	Reference      = "reference"
 	Refused        = "refused"
 	RemoteAddr     = "remote_addr"
 	RenewAt        = "renew_at"
@@ -110,6 +115,8 @@ const (
 	Value      = "value"
 	Version    = "version"
 	Workers    = "workers"
+	// Suppressed counts log lines left out since the last one written.
+	Suppressed = "suppressed"
 	// Within is the interval a count covers.
 	Within = "within"
 )

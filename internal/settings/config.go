@@ -211,6 +211,17 @@ type Config struct {
 	// PodCertificateSigner is the signer name of the PodCertificateRequests
 	// the node agent signs; empty: none (MESHAGENT_POD_CERTIFICATE_SIGNER).
 	PodCertificateSigner string
+	// BrokerSocket is the SPIFFE Broker API's Unix socket, node mode only;
+	// "" serves none (MESHAGENT_BROKER_SOCKET).
+	BrokerSocket string
+	// Brokers are the brokers allowed on it (MESHAGENT_BROKERS).
+	Brokers []Broker
+	// BrokerMaxStreams bounds one broker's open streams
+	// (MESHAGENT_BROKER_MAX_STREAMS).
+	BrokerMaxStreams int
+	// BrokerMaxWorkloads bounds the workloads one broker holds streams for
+	// (MESHAGENT_BROKER_MAX_WORKLOADS).
+	BrokerMaxWorkloads int
 	// WorkloadAPI serves the SPIFFE Workload API on the SDS socket (MESHAGENT_WORKLOAD_API).
 	WorkloadAPI bool
 	// WorkloadAPIMaxStreams bounds the Workload API streams open at once

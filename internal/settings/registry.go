@@ -398,6 +398,35 @@ var Registry = []Setting{
 		},
 	},
 	{
+		Name: "MESHAGENT_BROKER_SOCKET", Group: GroupMeshagent,
+		Doc: "Node mode: the Unix socket on which the agent serves the SPIFFE Broker API (spiffe.broker.API) to the brokers of MESHAGENT_BROKERS, over mutual TLS with X509-SVIDs (docs/broker-api.md). " +
+			"Give it a directory of its own, mounted only into the brokers' pods. Empty: not served. Refused outside node mode.",
+		Value: Path(func(c *Config) *string { return &c.BrokerSocket }),
+	},
+	{
+		Name: "MESHAGENT_BROKERS", Group: GroupMeshagent,
+		Doc: "Node mode: the brokers allowed on MESHAGENT_BROKER_SOCKET, by the SPIFFE ID of their X509-SVID, each with the reference types it may use: `pid` (a process on the node) and `pod` (a pod of the node by name and/or UID); " +
+			"e.g. `spiffe://cluster.local/ns/istio-system/sa/ztunnel=pod;spiffe://cluster.local/ns/tunnel/sa/agent=pid,pod`. Any other caller is refused with PERMISSION_DENIED. " +
+			"A broker gets the keys of every workload of the node it names: list only node components trusted that far (docs/broker-api.md).",
+		Value: BrokerList(func(c *Config) *[]Broker { return &c.Brokers }),
+		Unused: func(c *Config, set bool) string {
+			if set && c.BrokerSocket == "" {
+				return "the Broker API is served only with MESHAGENT_BROKER_SOCKET set"
+			}
+			return ""
+		},
+	},
+	{
+		Name: "MESHAGENT_BROKER_MAX_STREAMS", Default: itoa(DefaultBrokerMaxStreams), Group: GroupMeshagent,
+		Doc:   "Node mode: most SPIFFE Broker API streams one broker holds open at once; one more is refused with gRPC status RESOURCE_EXHAUSTED naming this setting.",
+		Value: Int(func(c *Config) *int { return &c.BrokerMaxStreams }, 1, 1<<20),
+	},
+	{
+		Name: "MESHAGENT_BROKER_MAX_WORKLOADS", Default: itoa(DefaultBrokerMaxWorkloads), Group: GroupMeshagent,
+		Doc:   "Node mode: most distinct workloads (pods) one broker holds SPIFFE Broker API streams for at once; a stream for one more is refused with gRPC status RESOURCE_EXHAUSTED naming this setting.",
+		Value: Int(func(c *Config) *int { return &c.BrokerMaxWorkloads }, 1, 1<<20),
+	},
+	{
 		Name: "MESHAGENT_WORKLOAD_API", Flag: "workload-api", Default: "true", Group: GroupMeshagent,
 		Doc:   "Serve the SPIFFE Workload API (X.509-SVIDs and bundles, for go-spiffe, spiffe-helper and other SPIFFE clients) on the SDS socket beside SDS. Set SPIFFE_ENDPOINT_SOCKET=unix://<SDS socket> in the clients.",
 		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),

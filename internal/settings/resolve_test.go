@@ -79,7 +79,7 @@ func TestDefaults(t *testing.T) {
 		CAAddr: DefaultDiscoveryAddress, CAProvider: ProviderIstio, CARoot: "./var/run/secrets/istio/root-cert.pem",
 		XDSRoot: "./var/run/secrets/istio/root-cert.pem", PilotCertProvider: "istiod", TrustDomain: "cluster.local",
 		JWTPolicy: "third-party-jwt", CredentialFetcherType: "JWT", SecretTTL: 24 * time.Hour, GraceRatio: 0.5,
-		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadAPI: true, Mode: ModeSidecar, SDSMaxStreams: 4096, WorkloadAPIMaxStreams: 4096, SDSMaxStreamsPerPod: 64,
+		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadAPI: true, Mode: ModeSidecar, SDSMaxStreams: 4096, WorkloadAPIMaxStreams: 4096, SDSMaxStreamsPerPod: 64, BrokerMaxStreams: DefaultBrokerMaxStreams, BrokerMaxWorkloads: DefaultBrokerMaxWorkloads,
 		SocketMaxConnsPerCaller: 32, SocketMaxConnRatePerCaller: 20, SocketMaxStreamsPerConn: 100, SocketMaxUnaryPerCaller: 16, SocketMaxQueuedBytesPerCaller: 4 << 20, SocketIdleTimeout: 5 * time.Minute, SDSMaxFileResourcesPerCaller: 16, SDSMaxRecvBytes: 65536, CAMaxConcurrentCSRs: 8, IdentityIdleGrace: time.Minute, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
 		GRPCXDSBootstrap: "etc/istio/proxy/grpc-bootstrap.json", DiscoveryAddress: DefaultDiscoveryAddress,
 		StatusPort: 15020, WorkloadIdentitySocketFile: "socket", KeyType: pki.ECP256, LinkerdNamespace: "linkerd",

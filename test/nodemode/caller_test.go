@@ -36,6 +36,7 @@ import (
 //	next                       the stream's next answer, or how it ended: "error <code> <message>"
 //	close                      closes the stream: "closed"
 //	handoff                    connects, sends the connected socket over fd 3, answers "sent"
+//	svid                       one Workload API FetchX509SVID: "svid <base64 DER chain> <base64 PKCS#8 key>"
 //	flood <n>                  opens n connections at once, 64 at a time, each sending a client's
 //	                           preface and SETTINGS; keeps those the agent keeps: "flood closed <k> open <m>"
 const childEnv = "NODEMODE_TEST_CALLER"
@@ -114,6 +115,8 @@ func runChild(sock string) int {
 				_ = client.Close()
 			}
 			fmt.Println("closed")
+		case "svid":
+			fmt.Println(fetchSVID(sock))
 		case "flood":
 			n, _ := strconv.Atoi(f[1])
 			closed, open := flood(sock, n)

@@ -34,7 +34,8 @@ type node struct {
 	sys    string // the agent's namespace
 	ca     *istioca.Server
 	agent  *agentproc.Proc
-	status string // http://127.0.0.1:<port>
+	status string   // http://127.0.0.1:<port>
+	env    []string // the agent's environment, for restart
 }
 
 // uniq is a name no other test uses.
@@ -113,7 +114,7 @@ func startNodeWith(t *testing.T, cred *syscall.Credential, prepare func(dir stri
 	}
 	port := freePort(t)
 	n.status = "http://127.0.0.1:" + strconv.Itoa(port)
-	n.agent = agentproc.StartAs(t, cred, dir, append([]string{
+	n.env = append([]string{
 		"MESHAGENT_MODE=node",
 		"NODE_NAME=" + name,
 		"KUBECONFIG=" + filepath.Join(dir, "kubeconfig"),
@@ -130,7 +131,17 @@ func startNodeWith(t *testing.T, cred *syscall.Credential, prepare func(dir stri
 		// An identity nobody holds is dropped after a second, not the
 		// default minute, so the tests that see one dropped do not wait.
 		"MESHAGENT_IDENTITY_IDLE_GRACE=1s",
-	}, env...)...)
+	}, env...)
+	n.agent = agentproc.StartAs(t, cred, dir, n.env...)
+	n.waitReady()
+	return n
+}
+
+// waitReady waits until the agent reports ready; it fails the test after a
+// minute or when the agent exits.
+func (n *node) waitReady() {
+	t := n.t
+	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		code, body := n.get("/healthz/ready")
@@ -142,7 +153,6 @@ func startNodeWith(t *testing.T, cred *syscall.Credential, prepare func(dir stri
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return n
 }
 
 // ownIdentity is the agent's own SPIFFE ID.

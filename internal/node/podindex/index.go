@@ -250,6 +250,26 @@ func (x *Index) Get(uid string) (Pod, bool) {
 	return p, ok
 }
 
+// ByName returns the pod namespace/name, if it is on the node. While a pod
+// is replaced by another of the same name (a StatefulSet's), both may be
+// listed: the one that is neither finished nor being deleted is returned,
+// else either. It looks at every pod of the node (a few hundred at most).
+func (x *Index) ByName(namespace, name string) (Pod, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var found Pod
+	ok := false
+	for _, p := range x.pods {
+		if p.Namespace != namespace || p.Name != name {
+			continue
+		}
+		if !ok || (!p.Terminated() && !p.Deleting) {
+			found, ok = p, true
+		}
+	}
+	return found, ok
+}
+
 // Wait returns the pod with uid, waiting until the informer sees it or ctx
 // ends (then it returns ctx's error).
 func (x *Index) Wait(ctx context.Context, uid string) (Pod, error) {

@@ -511,3 +511,24 @@ func TestPrefetchOnlyForPodsThatAsk(t *testing.T) {
 		}
 	}
 }
+
+// ByName finds a pod of the node by namespace and name; a pod of another
+// node or of another name is not found.
+func TestByName(t *testing.T) {
+	f := newFixture(t, "node-a", "web")
+	w0 := f.pod(t, "web-0", "web", "node-a")
+	f.pod(t, "web-far", "web", "node-b")
+	f.seen(t, w0)
+	got, ok := f.idx.ByName(f.ns, "web-0")
+	if !ok || got.UID != string(w0.UID) {
+		t.Fatalf("ByName(web-0) = %v, %v; want pod %s", got, ok, w0.UID)
+	}
+	for _, name := range []string{"web-far", "web-1"} {
+		if got, ok := f.idx.ByName(f.ns, name); ok {
+			t.Fatalf("ByName(%s) = %v, want none", name, got)
+		}
+	}
+	if got, ok := f.idx.ByName("other", "web-0"); ok {
+		t.Fatalf("ByName(other/web-0) = %v, want none", got)
+	}
+}
