@@ -82,6 +82,21 @@ func (p *Pending) SetGroup(gid int) error {
 	return nil
 }
 
+// SetOwner gives the temporary file the owner uid and group gid, before
+// Commit puts it in place.
+func (p *Pending) SetOwner(uid, gid int) error {
+	var err error
+	if p.dir != nil {
+		err = unix.Fchownat(p.dir.fd(), p.tmpName, uid, gid, unix.AT_SYMLINK_NOFOLLOW)
+	} else {
+		err = os.Lchown(p.tmp, uid, gid)
+	}
+	if err != nil {
+		return fmt.Errorf("setting the owner of %s: %w", p.path, err)
+	}
+	return nil
+}
+
 // Commit renames the temporary file over the target. The caller syncs the
 // directory (SyncDir) once after its last Commit.
 func (p *Pending) Commit() error {
