@@ -20,7 +20,6 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
 	appsv1 "k8s.io/api/apps/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -32,7 +31,6 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
@@ -212,17 +210,19 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 	}, {
 		name:   "node-linkerd-and-sidecar",
 		values: "caProvider: Linkerd\nnode:\n  enabled: true\n",
-		kinds: []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount",
-			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"},
+		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount"},
 		check: func(t *testing.T, objs objects) {
 			checkNodePod(t, objs, "identity.l5d.io")
+			checkPodTokenHandOver(t, objs)
 		},
 		access: map[string][]access{
 			"node": {
 				{verb: "list", resource: "pods", allowed: true},
 				// Linkerd has no impersonation: the node agent presents a token of
-				// each workload's own service account.
-				{verb: "create", resource: "serviceaccounts", subresource: "token", namespace: "elsewhere", name: "app", allowed: true},
+				// each workload's own service account, which the kubelet hands
+				// the node's CSI driver: the agent creates none.
+				{verb: "create", resource: "serviceaccounts", subresource: "token", namespace: "elsewhere", name: "app"},
+				{verb: "create", resource: "serviceaccounts", subresource: "token", name: "$sa"},
 				{verb: "get", resource: "secrets"},
 			},
 			"": {
@@ -634,6 +634,41 @@ func checkCSI(t *testing.T, objs objects, pod corev1.PodSpec) {
 	}
 }
 
+// checkPodTokenHandOver checks the Linkerd node chart's token path: the
+// CSIDriver asks the kubelet for each pod's identity.l5d.io token and its
+// pod UID and republishes to refresh it; the CSI driver writes it into the
+// host directory the init container made the agent's, which the agent
+// reads (read-only) as MESHAGENT_NODE_POD_TOKENS_DIR.
+func checkPodTokenHandOver(t *testing.T, objs objects) {
+	t.Helper()
+	var d storagev1.CSIDriver
+	objs.find(t, "CSIDriver", &d)
+	if len(d.Spec.TokenRequests) != 1 || d.Spec.TokenRequests[0].Audience != "identity.l5d.io" ||
+		d.Spec.RequiresRepublish == nil || !*d.Spec.RequiresRepublish || d.Spec.PodInfoOnMount == nil || !*d.Spec.PodInfoOnMount {
+		t.Errorf("CSIDriver spec %+v, want tokenRequests [identity.l5d.io], requiresRepublish and podInfoOnMount", d.Spec)
+	}
+	var ds appsv1.DaemonSet
+	objs.find(t, "DaemonSet", &ds)
+	pod := ds.Spec.Template.Spec
+	const dir = "/var/run/meshagent/pod-tokens"
+	hostDir := func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == dir }
+	agent, csi := container(t, pod, "meshagent"), container(t, pod, "csi")
+	checkEnv(t, agent, "MESHAGENT_NODE_POD_TOKENS_DIR", dir)
+	checkMount(t, pod, agent, dir, hostDir)
+	checkMount(t, pod, csi, dir, hostDir)
+	for _, m := range agent.VolumeMounts {
+		if m.MountPath == dir && !m.ReadOnly {
+			t.Error("the agent mounts the token directory writable")
+		}
+	}
+	if !slices.Contains(csi.Args, "--token-dir="+dir) || !slices.Contains(csi.Args, "--token-audience=identity.l5d.io") {
+		t.Errorf("csi args %v, want --token-dir=%s --token-audience=identity.l5d.io", csi.Args, dir)
+	}
+	if init := pod.InitContainers; len(init) != 1 || !slices.Contains(init[0].Args, "--private-dir="+dir) {
+		t.Errorf("init containers %+v, want the socket-dir one to make %s the agent's", init, dir)
+	}
+}
+
 // TestChartFixesFromARealNode renders what a real node showed to be wrong: the release
 // name the docs use doubled "-node", a boolean in extraEnv failed the install, the Envoy
 // image followed the agent's pull policy, and the sidecar could not run without the xDS
@@ -995,9 +1030,6 @@ func helm(t *testing.T, args ...string) ([]byte, error) {
 var nodeAgentAllowed = []struct{ group, resource, verb, names string }{
 	{"", "pods", "list", ""},
 	{"", "pods", "watch", ""},
-	// Linkerd has no impersonation: a token of each workload's service account
-	// (docs/node-mode.md; the ValidatingAdmissionPolicy narrows it).
-	{"", "serviceaccounts/token", "create", "$linkerd"},
 	{"", "serviceaccounts/token", "create", "$sa"},
 	{"certificates.k8s.io", "signers", "sign", "$signer"},
 	{"certificates.k8s.io", "podcertificaterequests", "list", ""},
@@ -1026,7 +1058,6 @@ func TestNodeAgentPermissions(t *testing.T) {
 				t.Fatal(err)
 			}
 			sa := objs.serviceAccount(t, "node")
-			linkerd := strings.Contains(values, "Linkerd")
 			rules := rulesBoundTo(t, objs, ns, sa)
 			if len(rules) == 0 {
 				t.Fatal("no rule bound to the node agent")
@@ -1035,7 +1066,7 @@ func TestNodeAgentPermissions(t *testing.T) {
 				for _, g := range r.APIGroups {
 					for _, res := range r.Resources {
 						for _, v := range r.Verbs {
-							if !nodeAgentMay(g, res, v, r.ResourceNames, sa, signer, linkerd) {
+							if !nodeAgentMay(g, res, v, r.ResourceNames, sa, signer) {
 								t.Errorf("the node agent is granted %s %s/%s names %v: not in the allow-list", v, g, res, r.ResourceNames)
 							}
 						}
@@ -1112,7 +1143,7 @@ func TestNodeAgentPermissions(t *testing.T) {
 	}
 }
 
-func nodeAgentMay(group, resource, verb string, names []string, sa, signer string, linkerd bool) bool {
+func nodeAgentMay(group, resource, verb string, names []string, sa, signer string) bool {
 	for _, a := range nodeAgentAllowed {
 		if a.group != group || a.resource != resource || a.verb != verb {
 			continue
@@ -1128,10 +1159,6 @@ func nodeAgentMay(group, resource, verb string, names []string, sa, signer strin
 			}
 		case "$signer":
 			if slices.Equal(names, []string{signer}) {
-				return true
-			}
-		case "$linkerd":
-			if linkerd {
 				return true
 			}
 		}
@@ -1208,90 +1235,5 @@ func allowedIn(t *testing.T, ns, sa, group, verb, resource, name string, waitFor
 			return false
 		case <-time.After(50 * time.Millisecond):
 		}
-	}
-}
-
-// TestLinkerdTokenRequestPolicy: with Linkerd the node agent may create tokens of any
-// service account; the chart's ValidatingAdmissionPolicy, applied for real, lets it
-// have only Linkerd-audience tokens bound to a pod.
-func TestLinkerdTokenRequestPolicy(t *testing.T) {
-	ctx := context.Background()
-	ns := newNamespace(t, "l5d-policy")
-	objs, err := render(t, "l5d", ns, "caProvider: Linkerd\nsidecar:\n  enabled: false\nnode:\n  enabled: true\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var real objects
-	for _, o := range objs {
-		switch o.GetKind() {
-		case "ClusterRole", "ClusterRoleBinding", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
-			real = append(real, o)
-		}
-	}
-	if len(real) != 5 {
-		t.Fatalf("rendered %d of the RBAC and policy objects, want 5 (the policy and its binding included)", len(real))
-	}
-	if err := apply(ctx, ns, real, false); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { deleteClusterScoped(real) })
-	sa := objs.serviceAccount(t, "node")
-	if _, err := kube.CreateServiceAccount(ctx, ns, "app"); err != nil {
-		t.Fatal(err)
-	}
-	pod, err := kube.CreatePod(ctx, ns, "app-0", "app", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentToken, err := kube.Token(ctx, ns, sa, nil, nil, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err := kubernetes.NewForConfig(kube.ConfigForToken(agentToken))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bound := &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
-	ask := func(audiences []string, ref *authenticationv1.BoundObjectReference) error {
-		_, err := agent.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "app", &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{Audiences: audiences, BoundObjectRef: ref},
-		}, metav1.CreateOptions{})
-		return err
-	}
-	// The policy reaches admission a moment after it is created: wait for the
-	// first refusal, then check the rest.
-	deadline := time.Now().Add(rbacPropagation)
-	for {
-		err := ask([]string{"istio-ca"}, bound)
-		if err != nil && strings.Contains(err.Error(), "identity.l5d.io") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a token for audience istio-ca: %v, want the policy's refusal", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err := ask([]string{"identity.l5d.io"}, bound); err != nil {
-		t.Errorf("a Linkerd token bound to a pod: %v, want it issued", err)
-	}
-	for name, tc := range map[string]struct {
-		audiences []string
-		ref       *authenticationv1.BoundObjectReference
-		want      string
-	}{
-		"unbound":           {[]string{"identity.l5d.io"}, nil, "bound to a pod"},
-		"API audience":      {nil, bound, "identity.l5d.io"},
-		"two audiences":     {[]string{"identity.l5d.io", "istio-ca"}, bound, "identity.l5d.io"},
-		"bound to a secret": {[]string{"identity.l5d.io"}, &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: "s", UID: "1"}, "bound to a pod"},
-	} {
-		if err := ask(tc.audiences, tc.ref); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want a refusal naming %q", name, err, tc.want)
-		}
-	}
-	// The policy binds the node agent only: the admin is not held to it.
-	if _, err := kube.Client().CoreV1().ServiceAccounts(ns).CreateToken(ctx, "app", &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca"}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Errorf("the admin's token request: %v", err)
 	}
 }

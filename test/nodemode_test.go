@@ -48,7 +48,7 @@ func svidClient(socket string) int {
 	return 0
 }
 
-// svidAsPod runs svidClient in container c0ffee of pod uid (no pod when uid
+// svidAsPod runs svidClient in container podproc.ContainerID(0) of pod uid (no pod when uid
 // is empty: a node process) and returns what it printed.
 func svidAsPod(t *testing.T, socket, uid string) string {
 	t.Helper()
@@ -68,7 +68,7 @@ func svidAsPod(t *testing.T, socket, uid string) string {
 	}
 	defer podproc.Kill(child) // before Move's cleanup removes the cgroup
 	if uid != "" {
-		podproc.Move(t, child.Process.Pid, podproc.Cgroupfs, uid, "c0ffee")
+		podproc.Move(t, child.Process.Pid, podproc.Cgroupfs, uid, podproc.ContainerID(0))
 	}
 	if _, err := io.WriteString(stdin, "go\n"); err != nil {
 		t.Fatal(err)

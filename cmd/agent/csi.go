@@ -17,7 +17,7 @@ import (
 // which mounts the node agent's socket directory read-only into pods (internal/csi).
 // It runs as its own privileged container beside the unprivileged agent container.
 func newCSICommand(stderr io.Writer) *cobra.Command {
-	var nodeID, socketDir, kubeletDir, logLevel string
+	var nodeID, socketDir, kubeletDir, logLevel, tokenDir, tokenAudience string
 	cmd := &cobra.Command{
 		Use:   "csi",
 		Short: "Run the CSI driver " + csi.DriverName + " that mounts the node agent's socket directory read-only into pods",
@@ -31,11 +31,13 @@ func newCSICommand(stderr io.Writer) *cobra.Command {
 				return configError{err}
 			}
 			d, err := csi.NewDriver(csi.DriverConfig{
-				NodeID:     nodeID,
-				SocketDir:  socketDir,
-				TargetRoot: filepath.Join(kubeletDir, "pods"),
-				Version:    version,
-				Logger:     log.Named("csi"),
+				NodeID:        nodeID,
+				SocketDir:     socketDir,
+				TargetRoot:    filepath.Join(kubeletDir, "pods"),
+				TokenDir:      tokenDir,
+				TokenAudience: tokenAudience,
+				Version:       version,
+				Logger:        log.Named("csi"),
 			})
 			if err != nil {
 				return configError{err}
@@ -62,5 +64,7 @@ func newCSICommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&socketDir, "socket-dir", "/var/run/secrets/workload-spiffe-uds", "the node agent's socket directory as this container sees it: what pods get")
 	f.StringVar(&kubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root directory (--root-dir), mounted at the same path with Bidirectional propagation")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&tokenDir, "token-dir", "", "hand each pod's service-account token for --token-audience, which the kubelet passes the driver (CSIDriver tokenRequests), over to the node agent in this directory (its MESHAGENT_NODE_POD_TOKENS_DIR); empty: none")
+	f.StringVar(&tokenAudience, "token-audience", "identity.l5d.io", "the audience of the token handed over with --token-dir")
 	return cmd
 }

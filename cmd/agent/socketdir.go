@@ -16,9 +16,10 @@ import (
 // hands the host directory of the socket (which the kubelet makes
 // root-owned) to the agent's non-root uid. It makes dir if missing, sets
 // it 0755 and owns it to uid:gid; a symbolic link or a file at dir is an
-// error.
+// error. With --private-dir it does the same for a second directory, 0700:
+// the one the CSI driver hands the pods' tokens over to the agent in.
 func newSocketDirCommand() *cobra.Command {
-	var owner string
+	var owner, private string
 	cmd := &cobra.Command{
 		Use:   "socket-dir --owner <uid>:<gid> <dir>",
 		Short: "Make the socket directory the non-root node agent's (run as root with CAP_CHOWN, before the agent)",
@@ -28,13 +29,19 @@ func newSocketDirCommand() *cobra.Command {
 			if err != nil {
 				return configError{err}
 			}
-			if err := ownSocketDir(args[0], uid, gid); err != nil {
+			if err := ownDir(args[0], 0o755, uid, gid); err != nil {
 				return runFailure{err}
+			}
+			if private != "" {
+				if err := ownDir(private, 0o700, uid, gid); err != nil {
+					return runFailure{err}
+				}
 			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "numeric <uid>:<gid> the directory is given to")
+	cmd.Flags().StringVar(&private, "private-dir", "", "a second directory made 0700 and given to the owner (the pods' token hand-over of the CSI driver)")
 	return cmd
 }
 
@@ -52,12 +59,15 @@ func parseOwner(s string) (uid, gid int, err error) {
 	return uid, gid, nil
 }
 
-// ownSocketDir makes dir (0755) if missing and gives it to uid:gid. The mode
+// ownSocketDir is ownDir of a socket directory, 0755.
+func ownSocketDir(dir string, uid, gid int) error { return ownDir(dir, 0o755, uid, gid) }
+
+// ownDir makes dir (mode) if missing and gives it to uid:gid. The mode
 // is set only while the caller owns the directory (no CAP_FOWNER needed),
 // before the owner is changed (CAP_CHOWN); a directory already the agent's
 // is left as it is, so that the command can run at every start.
-func ownSocketDir(dir string, uid, gid int) error {
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+func ownDir(dir string, mode os.FileMode, uid, gid int) error {
+	if err := os.Mkdir(dir, mode); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("making the socket directory: %w", err)
 	}
 	fi, err := os.Lstat(dir)
@@ -75,7 +85,7 @@ func ownSocketDir(dir string, uid, gid int) error {
 		return nil
 	}
 	if int(st.Uid) == os.Geteuid() {
-		if err := os.Chmod(dir, 0o755); err != nil {
+		if err := os.Chmod(dir, mode); err != nil {
 			return fmt.Errorf("setting the socket directory's mode: %w", err)
 		}
 	}

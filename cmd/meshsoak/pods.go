@@ -339,7 +339,7 @@ func startPodProc(tb *programtb.TB, self, socket, sa, mode string, n int, uid st
 		tb.Fatal(err)
 	}
 	p := &podProc{name: sa, cmd: cmd, stdin: stdin, seen: make(chan struct{}, 1)}
-	podproc.Move(tb, cmd.Process.Pid, shape, uid, "c0ffee"+strconv.Itoa(len(sa)))
+	podproc.Move(tb, cmd.Process.Pid, shape, uid, podproc.ContainerID(len(sa)))
 	// Cleanups run newest first: the process dies before its cgroup goes.
 	tb.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	sc := bufio.NewScanner(stdout)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
+
+	"github.com/meshagent/meshagent/internal/files/atomicfile"
 )
 
 func main() {
@@ -70,14 +72,35 @@ func run(socket, out string, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
+	if err := writeFiles(out, map[string][]byte{"svid.pem": certPEM, "svid.key": keyPEM, "bundle.pem": bundlePEM}); err != nil {
+		return err
+	}
+	fmt.Printf("wrote svid.pem, svid.key and bundle.pem to %s\n", out)
+	return nil
+}
+
+// writeFiles writes each file 0600 into the directory out (made if
+// missing; a link there is refused), through the open directory: a new
+// file is created with O_EXCL|O_NOFOLLOW and renamed over the name, so a
+// link or file someone put at a name is replaced, never written through.
+func writeFiles(out string, files map[string][]byte) error {
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return err
 	}
-	for name, b := range map[string][]byte{"svid.pem": certPEM, "svid.key": keyPEM, "bundle.pem": bundlePEM} {
-		if err := os.WriteFile(filepath.Join(out, name), b, 0o600); err != nil {
+	dir, err := atomicfile.OpenDir(out)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	for name, b := range files {
+		p, err := dir.Prepare(name, b, 0o600)
+		if err != nil {
+			return err
+		}
+		if err := p.Commit(); err != nil {
 			return err
 		}
 	}
-	fmt.Printf("wrote svid.pem, svid.key and bundle.pem to %s\n", out)
+	dir.Sync()
 	return nil
 }

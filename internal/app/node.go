@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
@@ -37,9 +36,6 @@ type nodeWiring struct {
 	// broker serves the SPIFFE Broker API (MESHAGENT_BROKER_SOCKET); nil
 	// when off. Set before the pod index runs.
 	broker *brokerapi.Server
-	// podTokens: with Linkerd, the tokens of each service account with pods
-	// on the node (linkerdTokens).
-	podTokens *credfetcher.PodTokens
 }
 
 // checkNode checks node mode's settings, before anything is built.
@@ -128,7 +124,6 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 					delete(prefetched, id)
 					m.Release(id)
 				}
-				n.dropTokens(id)
 			},
 		},
 		PodLeft: func(p podindex.Pod, why string) {
@@ -216,47 +211,26 @@ func (n *nodeWiring) PodsOf(namespace, serviceAccount string) []credfetcher.PodR
 
 // linkerdTokens returns the token source of a node agent's Linkerd client:
 // Linkerd's identity service has no impersonation, so each identity's CSR
-// carries a token of that identity's own service account, bound to one of
-// its pods on this node.
+// carries a token of that identity's own service account: the one the
+// node's CSI driver was handed by the kubelet for one of its pods on this
+// node (MESHAGENT_NODE_POD_TOKENS_DIR). The agent creates no token.
 func (n *nodeWiring) linkerdTokens() (func(pki.Identity) (credfetcher.Fetcher, error), error) {
 	a, c := n.a, n.a.s
-	kube, err := a.kubeClient()
-	if err != nil {
-		return nil, configError(fmt.Errorf("MESHAGENT_MODE=node with CA_PROVIDER=Linkerd: %w", err))
+	dir, err := filepath.Abs(c.NodePodTokensDir)
+	if err != nil || c.NodePodTokensDir == "" {
+		return nil, configError(fmt.Errorf("MESHAGENT_NODE_POD_TOKENS_DIR %q: want the directory the CSI driver hands the pods' tokens over in", c.NodePodTokensDir))
 	}
-	pt, err := credfetcher.NewPodTokens(credfetcher.PodTokensConfig{
-		Client:       kube,
-		Pods:         n,
-		Audiences:    strings.Split(c.CredentialIdentityProvider, ","),
-		Lifetime:     c.TokenLifetime,
-		RefreshRatio: c.TokenRefreshRatio,
-		Clock:        a.clock,
-		Logger:       a.base,
-	})
-	if err != nil {
-		return nil, configError(err)
-	}
-	n.podTokens = pt
-	a.log.Info("node mode: each identity's CSR carries a token of its own service account, bound to one of its pods on this node",
-		zap.String(logkeys.Audience, c.CredentialIdentityProvider), zap.Duration(logkeys.Lifetime, c.TokenLifetime))
+	files := credfetcher.PodTokenFiles{Dir: dir, Pods: n, Clock: a.clock}
+	a.log.Info("node mode: each identity's CSR carries the token of one of its pods on this node, handed over by the CSI driver",
+		zap.String(logkeys.Audience, c.CredentialIdentityProvider), zap.String(logkeys.Dir, dir))
 	scheme := c.Scheme()
 	return func(id pki.Identity) (credfetcher.Fetcher, error) {
 		ns, sa, ok := scheme.Account(id)
 		if !ok {
 			return nil, fmt.Errorf("%s is not a service-account identity of %s", id, scheme)
 		}
-		return pt.For(ns, sa)
+		return files.For(ns, sa)
 	}, nil
-}
-
-// dropTokens forgets the tokens of a released identity's account.
-func (n *nodeWiring) dropTokens(id pki.Identity) {
-	if n.podTokens == nil {
-		return
-	}
-	if ns, sa, ok := n.a.s.Scheme().Account(id); ok {
-		n.podTokens.Drop(ns, sa)
-	}
 }
 
 // checkBroker checks the Broker API's settings: its socket in a directory

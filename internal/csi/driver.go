@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/internal/files/mountinfo"
+	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/node/podtokens"
 )
 
 // DriverName is the CSI driver's name: the CSIDriver object's name and what pods write
@@ -33,6 +35,16 @@ type DriverConfig struct {
 	// TargetRoot is the directory every target path must be under: the kubelet's pods
 	// directory (/var/lib/kubelet/pods). Required.
 	TargetRoot string
+	// TokenDir, when set, is the directory the driver hands each pod's
+	// service-account token for TokenAudience over to the node agent in
+	// (internal/node/podtokens): the kubelet passes the token in every
+	// NodePublishVolume (the CSIDriver's tokenRequests and
+	// requiresRepublish), the driver writes it under the pod's UID and
+	// removes it at NodeUnpublishVolume. Empty: no tokens are handed over.
+	TokenDir string
+	// TokenAudience is the audience of the token handed over (Linkerd's
+	// identity.l5d.io). Required with TokenDir.
+	TokenAudience string
 	// Version is reported by GetPluginInfo.
 	Version string
 	// Logger; nil logs nothing.
@@ -70,6 +82,9 @@ func NewDriver(cfg DriverConfig) (*Driver, error) {
 		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
 			return nil, fmt.Errorf("csi: %s %q: want a clean absolute path", name, p)
 		}
+	}
+	if cfg.TokenDir != "" && (!filepath.IsAbs(cfg.TokenDir) || cfg.TokenAudience == "") {
+		return nil, fmt.Errorf("csi: token directory %q: want an absolute path and a token audience", cfg.TokenDir)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -120,6 +135,11 @@ func (d *Driver) NodePublishVolume(_ context.Context, req *csipb.NodePublishVolu
 	log := d.log.With(zap.String("volume_id", req.GetVolumeId()), zap.String("target_path", target))
 	unlock := d.lock(target)
 	defer unlock()
+	// Every publish, the first and each republish, hands the pod's current
+	// token over before anything else.
+	if err := d.handOverToken(req, target, log); err != nil {
+		return nil, err
+	}
 
 	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, status.Errorf(codes.Internal, "creating target: %v", err)
@@ -196,6 +216,13 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublish
 	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, status.Errorf(codes.Internal, "removing target: %v", err)
 	}
+	if d.cfg.TokenDir != "" {
+		if uid, ok := d.podUIDOf(target); ok {
+			if err := podtokens.Remove(d.cfg.TokenDir, uid); err != nil {
+				return nil, status.Errorf(codes.Internal, "removing the pod's token: %v", err)
+			}
+		}
+	}
 	d.log.Info("volume unpublished", zap.String("volume_id", req.GetVolumeId()), zap.String("target_path", target))
 	return &csipb.NodeUnpublishVolumeResponse{}, nil
 }
@@ -233,6 +260,48 @@ func (d *Driver) checkTarget(p string) (string, error) {
 		return "", status.Errorf(codes.InvalidArgument, "target_path %q is not under %s", p, d.cfg.TargetRoot)
 	}
 	return p, nil
+}
+
+// handOverToken writes the token for the configured audience that the
+// kubelet passed in req's volume context into the token directory, under
+// the UID of the pod the target path belongs to. A volume context naming
+// another pod is refused; one without the token is published all the same
+// (the socket is what every pod gets), and logged.
+func (d *Driver) handOverToken(req *csipb.NodePublishVolumeRequest, target string, log *zap.Logger) error {
+	if d.cfg.TokenDir == "" {
+		return nil
+	}
+	uid, ok := d.podUIDOf(target)
+	if !ok {
+		return status.Errorf(codes.InvalidArgument, "target_path %q is not under a pod's directory (%s/<pod UID>/...)", target, d.cfg.TargetRoot)
+	}
+	if named := req.GetVolumeContext()[podtokens.PodUIDKey]; named != "" && named != uid {
+		return status.Errorf(codes.InvalidArgument, "volume context names pod %s, the target path pod %s", named, uid)
+	}
+	tok, ok, err := podtokens.FromVolumeContext(req.GetVolumeContext(), d.cfg.TokenAudience)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if !ok {
+		log.Warn("no service-account token for the audience in the volume context: is the CSIDriver's tokenRequests set?", zap.String(logkeys.Audience, d.cfg.TokenAudience))
+		return nil
+	}
+	if err := podtokens.Write(d.cfg.TokenDir, uid, tok); err != nil {
+		return status.Errorf(codes.Internal, "handing the pod's token over: %v", err)
+	}
+	log.Debug("pod token handed over", zap.String("pod_uid", uid), zap.Time(logkeys.NotAfter, tok.ExpirationTimestamp))
+	return nil
+}
+
+// podUIDOf returns the pod UID a target path belongs to: the kubelet's
+// <pods dir>/<pod UID>/volumes/kubernetes.io~csi/<volume>/mount.
+func (d *Driver) podUIDOf(target string) (string, bool) {
+	rel, err := filepath.Rel(d.cfg.TargetRoot, target)
+	if err != nil {
+		return "", false
+	}
+	uid, _, _ := strings.Cut(rel, "/")
+	return uid, podtokens.ValidPodUID(uid)
 }
 
 func (d *Driver) lock(target string) (unlock func()) {

@@ -202,6 +202,9 @@ type Config struct {
 	// absolute paths; "" means learned from the agent's own pod, else the
 	// top-level kubepods and kubepods.slice (MESHAGENT_NODE_CGROUP_ROOT).
 	NodeCgroupRoot string
+	// NodePodTokensDir is where the CSI driver hands the pods' Linkerd
+	// tokens over, in node mode (MESHAGENT_NODE_POD_TOKENS_DIR).
+	NodePodTokensDir string
 	// NodePrefetchAll fetches certificates ahead for every pod of the node,
 	// not only for pods that ask for it (MESHAGENT_NODE_PREFETCH_ALL).
 	NodePrefetchAll bool

@@ -378,6 +378,14 @@ var Registry = []Setting{
 		Value: Bool(func(c *Config) *bool { return &c.NodePrefetchAll }),
 	},
 	{
+		Name: "MESHAGENT_NODE_POD_TOKENS_DIR", Default: "./var/run/meshagent/pod-tokens", Group: GroupMeshagent,
+		Doc: "Node mode with CA_PROVIDER=Linkerd: the directory in which the node's CSI driver (`meshagent csi --token-dir`) hands over " +
+			"each pod's service-account token for Linkerd's identity audience, one file per pod UID, as the kubelet gives it to the driver " +
+			"(the CSIDriver's tokenRequests and requiresRepublish). Each identity's CSR carries the token of a pod of its service account " +
+			"on the node: the agent creates no token.",
+		Value: String(func(c *Config) *string { return &c.NodePodTokensDir }),
+	},
+	{
 		Name: "MESHAGENT_NODE_FILE_RESOURCES", Default: "false", Group: GroupMeshagent,
 		Doc: "Node mode: serve `file-cert:` and `file-root:` SDS resources (files of the node). Off by default, and refused then: " +
 			"with it on, ANY pod on the node can read any certificate, key or bundle file the agent can read, by naming its path. " +

@@ -85,7 +85,7 @@ func TestDefaults(t *testing.T) {
 		StatusPort: 15020, WorkloadIdentitySocketFile: "socket", KeyType: pki.ECP256, LinkerdNamespace: "linkerd",
 		LinkerdIdentityServiceName: "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local",
 		SDSSocket:                  "./var/run/secrets/workload-spiffe-uds/socket", XDSSocket: "./etc/istio/proxy/XDS",
-		WorkloadCredentialsDir: "./var/run/secrets/workload-spiffe-credentials", FileMountedCertsDir: "./etc/certs", FileResourceDirs: DefaultFileResourceDirs,
+		WorkloadCredentialsDir: "./var/run/secrets/workload-spiffe-credentials", FileMountedCertsDir: "./etc/certs", FileResourceDirs: DefaultFileResourceDirs, NodePodTokensDir: "./var/run/meshagent/pod-tokens",
 		TokenPath: "./var/run/secrets/tokens/istio-token", LogLevel: "info", InstanceIP: "127.0.0.1",
 		CredentialIdentityProvider: "istio-ca", TokenLifetime: time.Hour, TokenRefreshRatio: 0.8,
 		CRLFile: "./var/run/secrets/istio/crl/ca-crl.pem", OutputKeyMode: 0o600, OutputCertMode: 0o644,

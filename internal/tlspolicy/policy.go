@@ -4,6 +4,7 @@ import (
 	"crypto/fips140"
 	"crypto/tls"
 	"fmt"
+	"slices"
 )
 
 // Policy is a COMPLIANCE_POLICY value.
@@ -15,8 +16,9 @@ const (
 	None Policy = ""
 	// FIPS1402: TLS 1.2 only, the four ECDHE AES-GCM suites, P-256.
 	FIPS1402 Policy = "fips-140-2"
-	// FIPS1403: TLS 1.2 and 1.3, the same suites, P-256 and P-384; Go's
-	// FIPS 140-3 mode should be on (Check says so when it is not).
+	// FIPS1403: TLS 1.2 and 1.3, the same suites (TLS 1.3: the AES-GCM
+	// ones), P-256 and P-384; Go's FIPS 140-3 mode should be on (Check
+	// says so when it is not).
 	FIPS1403 Policy = "fips-140-3"
 	// PQC: TLS 1.3 only, the post-quantum hybrid key exchange
 	// X25519MLKEM768 alone.
@@ -27,14 +29,19 @@ const (
 var Policies = []Policy{FIPS1402, FIPS1403, PQC}
 
 // fipsSuites are the TLS 1.2 suites the FIPS policies allow. TLS 1.3
-// suites cannot be chosen in Go; in FIPS 140-3 mode Go offers only the
-// AES-GCM ones.
+// suites cannot be chosen in Go (tls.Config.CipherSuites is ignored for
+// them): in FIPS 140-3 mode Go offers only fipsSuitesTLS13; outside it,
+// it offers ChaCha20-Poly1305 as well, and Apply refuses a connection on
+// which the peer chose it.
 var fipsSuites = []uint16{
 	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
 	tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
 	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
 	tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
 }
+
+// fipsSuitesTLS13 are the TLS 1.3 suites FIPS 140-3 approves.
+var fipsSuitesTLS13 = []uint16{tls.TLS_AES_128_GCM_SHA256, tls.TLS_AES_256_GCM_SHA384}
 
 // Apply restricts tc to what p allows. None (and an unknown policy, which
 // settings refuse before this is called) leaves tc as it is.
@@ -48,9 +55,29 @@ func Apply(tc *tls.Config, p Policy) {
 		tc.MinVersion, tc.MaxVersion = tls.VersionTLS12, tls.VersionTLS13
 		tc.CipherSuites = append([]uint16(nil), fipsSuites...)
 		tc.CurvePreferences = []tls.CurveID{tls.CurveP256, tls.CurveP384}
+		if !fips140.Enabled() {
+			refuseTLS13Suites(tc, fipsSuitesTLS13)
+		}
 	case PQC:
 		tc.MinVersion, tc.MaxVersion = tls.VersionTLS13, tls.VersionTLS13
 		tc.CurvePreferences = []tls.CurveID{tls.X25519MLKEM768}
+	}
+}
+
+// refuseTLS13Suites makes tc fail a TLS 1.3 handshake whose suite is not
+// one of allowed (before the client's Finished: nothing is sent on it),
+// then runs tc's own VerifyConnection, if any.
+func refuseTLS13Suites(tc *tls.Config, allowed []uint16) {
+	next := tc.VerifyConnection
+	tc.VerifyConnection = func(cs tls.ConnectionState) error {
+		if cs.Version == tls.VersionTLS13 && !slices.Contains(allowed, cs.CipherSuite) {
+			return fmt.Errorf("the fips-140-3 compliance policy allows the TLS 1.3 suites TLS_AES_128_GCM_SHA256 and TLS_AES_256_GCM_SHA384 alone; the peer chose %s (outside Go's FIPS 140-3 mode Go offers it too)",
+				tls.CipherSuiteName(cs.CipherSuite))
+		}
+		if next != nil {
+			return next(cs)
+		}
+		return nil
 	}
 }
 

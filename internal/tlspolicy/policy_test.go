@@ -1,14 +1,23 @@
 package tlspolicy
 
 import (
+	"bufio"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/fips140"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -119,4 +128,103 @@ func TestModuleNamesTheMode(t *testing.T) {
 	if m := Module(); m == "" || Check(FIPS1402) != "" || Check(None) != "" {
 		t.Errorf("Module %q, Check(fips-140-2) %q", m, Check(FIPS1402))
 	}
+}
+
+// TestFIPS1403KeepsTLS13ToTheFIPSSuites: Go's client offers ChaCha20-Poly1305
+// in TLS 1.3 whatever tls.Config says (outside FIPS 140-3 mode), and a server
+// may choose it. A TLS 1.3 server that takes nothing else (OpenSSL's
+// s_server: Go's server cannot be restricted so) is refused under
+// fips-140-3; one that takes an AES-GCM suite is not; with no policy the
+// ChaCha20 server is accepted.
+func TestFIPS1403KeepsTLS13ToTheFIPSSuites(t *testing.T) {
+	openssl, err := exec.LookPath("openssl")
+	if err != nil {
+		t.Skip("no openssl to serve a TLS 1.3 suite of its choice")
+	}
+	cert := serverCert(t)
+	dir := t.TempDir()
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath, keyPath := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		suite  string
+		policy Policy
+		want   uint16 // 0: refused
+	}{
+		{"TLS_CHACHA20_POLY1305_SHA256", FIPS1403, 0},
+		{"TLS_AES_256_GCM_SHA384", FIPS1403, tls.TLS_AES_256_GCM_SHA384},
+		{"TLS_AES_128_GCM_SHA256", FIPS1403, tls.TLS_AES_128_GCM_SHA256},
+		{"TLS_CHACHA20_POLY1305_SHA256", None, tls.TLS_CHACHA20_POLY1305_SHA256},
+	} {
+		t.Run(string(tt.policy)+" vs "+tt.suite, func(t *testing.T) {
+			if tt.policy == None && fips140.Enabled() {
+				t.Skip("FIPS 140-3 mode offers no ChaCha20, whatever the policy")
+			}
+			addr := opensslServer(t, openssl, certPath, keyPath, tt.suite)
+			cc := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the handshake's parameters are tested, not the peer
+			Apply(cc, tt.policy)
+			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, cc)
+			if tt.want == 0 {
+				if err == nil {
+					cs := conn.ConnectionState()
+					conn.Close()
+					t.Fatalf("handshake succeeded with %s", tls.CipherSuiteName(cs.CipherSuite))
+				}
+				// Outside FIPS mode the client offered the suite and
+				// refused the server's choice; in it, it never offered it.
+				if !fips140.Enabled() && !strings.Contains(err.Error(), "TLS_CHACHA20_POLY1305_SHA256") {
+					t.Fatalf("handshake: %v, want the policy's refusal naming the suite", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("handshake: %v", err)
+			}
+			defer conn.Close()
+			if cs := conn.ConnectionState(); cs.Version != tls.VersionTLS13 || cs.CipherSuite != tt.want {
+				t.Errorf("version %x suite %s, want TLS 1.3 with %s", cs.Version, tls.CipherSuiteName(cs.CipherSuite), tls.CipherSuiteName(tt.want))
+			}
+		})
+	}
+}
+
+// opensslServer starts `openssl s_server` on 127.0.0.1, TLS 1.3 with suite
+// alone, for one connection, and returns its address.
+func opensslServer(t *testing.T, openssl, certPath, keyPath, suite string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	cmd := exec.CommandContext(ctx, openssl, "s_server", "-accept", "127.0.0.1:0", "-cert", certPath, "-key", keyPath,
+		"-tls1_3", "-ciphersuites", suite, "-naccept", "1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// s_server ends the connection when its stdin ends: held open.
+	if _, err := cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = cmd.Wait()
+	})
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if addr, ok := strings.CutPrefix(sc.Text(), "ACCEPT "); ok {
+			go func() { _, _ = io.Copy(io.Discard, stdout) }()
+			return addr
+		}
+	}
+	t.Fatalf("openssl s_server printed no ACCEPT line: %v", sc.Err())
+	return ""
 }

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	certsv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -174,9 +175,76 @@ func TestNodeAgentSignsPodCertificates(t *testing.T) {
 	}
 }
 
+// A node agent's API token is bound to its pod, and the API server names
+// the pod's node in the token's user (the extra
+// authentication.kubernetes.io/node-name): with the chart's policy the
+// agent of nodeA writes the status of nodeA's requests, and the API server
+// refuses it another node's, so a compromised node can neither deny, fail
+// nor issue (to a victim's key) another node's requests. A token bound to
+// no pod names no node and is refused too.
+func TestNodeAgentAnswersItsOwnNodesRequestsAlone(t *testing.T) {
+	env := kube.Env(t)
+	admin := env.Client()
+	ctx := context.Background()
+	for _, n := range []string{nodeA, nodeB} {
+		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	sys, ns := env.TestNamespace(t), env.TestNamespace(t)
+	if _, err := env.CreateServiceAccount(ctx, sys, agentSA); err != nil {
+		t.Fatal(err)
+	}
+	bindChartRBAC(t, admin, "own-node", sys)
+	agentPod, err := env.CreatePod(ctx, sys, "meshagent-"+nodeA, agentSA, nodeA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := func(p *corev1.Pod) kubernetes.Interface {
+		token, err := env.Token(ctx, sys, agentSA, nil, p, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := kubernetes.NewForConfig(env.ConfigForToken(token))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	agent, unbound := client(agentPod), client(nil)
+	fail := func(c kubernetes.Interface, req *certsv1.PodCertificateRequest) func(dryRun []string) error {
+		return func(dryRun []string) error {
+			out := req.DeepCopy()
+			out.Status.Conditions = append(out.Status.Conditions, metav1.Condition{
+				Type: "Failed", Status: metav1.ConditionTrue, Reason: "Test", Message: "answered by the agent of " + nodeA,
+				LastTransitionTime: metav1.Now(), ObservedGeneration: req.Generation,
+			})
+			_, err := c.CertificatesV1().PodCertificateRequests(req.Namespace).UpdateStatus(ctx, out, metav1.UpdateOptions{DryRun: dryRun})
+			return err
+		}
+	}
+	theirs := request(t, env, pod(t, env, ns, "theirs", "web", nodeB), ecKey(t))
+	if err := oncePoliciesEnforce(t, fail(agent, theirs)); err == nil || !strings.Contains(err.Error(), "its own node") {
+		t.Errorf("the agent of %s failing a request of %s: %v, want the policy's refusal", nodeA, nodeB, err)
+	}
+	if got, err := admin.CertificatesV1().PodCertificateRequests(ns).Get(ctx, theirs.Name, metav1.GetOptions{}); err != nil || len(got.Status.Conditions) != 0 {
+		t.Errorf("another node's request after the refusal: %+v (%v), want it unanswered", got.Status, err)
+	}
+	mine := request(t, env, pod(t, env, ns, "mine", "web", nodeA), ecKey(t))
+	if err := fail(agent, mine)(nil); err != nil {
+		t.Errorf("the agent of %s failing a request of its own node: %v", nodeA, err)
+	}
+	other := request(t, env, pod(t, env, ns, "mine-too", "web", nodeA), ecKey(t))
+	if err := fail(unbound, other)(nil); err == nil || !strings.Contains(err.Error(), "its own node") {
+		t.Errorf("a token bound to no pod answering a request: %v, want the policy's refusal", err)
+	}
+}
+
 // bindChartRBAC renders the chart's RBAC for release with a signer (the node
 // agent's and the trust publisher's) and creates its ClusterRoles, their
-// bindings and the publisher's service account in sys, whose name it returns.
+// bindings, its ValidatingAdmissionPolicies and their bindings (admission
+// enforces them a moment later: see oncePoliciesEnforce) and the publisher's
+// service account in sys, whose name it returns.
 func bindChartRBAC(t *testing.T, admin kubernetes.Interface, release, sys string) (publisherSA string) {
 	t.Helper()
 	helm, err := kubeenv.ToolPath("helm")
@@ -186,12 +254,13 @@ func bindChartRBAC(t *testing.T, admin kubernetes.Interface, release, sys string
 	out, err := exec.Command(helm, "template", release, "../../deploy/helm/meshagent", "--namespace", sys,
 		"--set", "sidecar.enabled=false", "--set", "node.enabled=true",
 		"--set", "node.serviceAccount.name="+agentSA, "--set", "node.podCertificateSigner="+signer,
-		"--show-only", "templates/rbac.yaml", "--show-only", "templates/trust-publisher.yaml").CombinedOutput()
+		"--show-only", "templates/rbac.yaml", "--show-only", "templates/trust-publisher.yaml",
+		"--show-only", "templates/admission.yaml").CombinedOutput()
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
 	}
 	ctx := context.Background()
-	roles := 0
+	roles, policies := 0, 0
 	for _, doc := range bytes.Split(out, []byte("\n---")) {
 		var meta metav1.TypeMeta
 		if err := yaml.Unmarshal(doc, &meta); err != nil {
@@ -223,7 +292,29 @@ func bindChartRBAC(t *testing.T, admin kubernetes.Interface, release, sys string
 				t.Fatal(err)
 			}
 			publisherSA = sa.Name
+		case "ValidatingAdmissionPolicy":
+			var p admissionv1.ValidatingAdmissionPolicy
+			mustUnmarshal(t, doc, &p)
+			if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(context.Background(), p.Name, metav1.DeleteOptions{})
+			})
+			policies++
+		case "ValidatingAdmissionPolicyBinding":
+			var b admissionv1.ValidatingAdmissionPolicyBinding
+			mustUnmarshal(t, doc, &b)
+			if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &b, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(context.Background(), b.Name, metav1.DeleteOptions{})
+			})
 		}
+	}
+	if policies != 2 {
+		t.Fatalf("%d ValidatingAdmissionPolicies in the chart, want the node agents' and the trust publisher's:\n%s", policies, out)
 	}
 	if roles != 2 {
 		t.Fatalf("%d ClusterRoles in the chart's RBAC, want the node agent's and the trust publisher's:\n%s", roles, out)
@@ -461,9 +552,49 @@ func TestOnlyThePublisherWritesTrust(t *testing.T) {
 		t.Errorf("the node agent deleting the bundle: %v, want Forbidden", err)
 	}
 
+	// The publisher's own credentials write that bundle alone: RBAC cannot
+	// limit a create by name, the chart's policy does. (With attest on the
+	// signer, RBAC alone let it add bundles of the signer under any name,
+	// and bundles of no signer at all.)
+	publisher, err := kubernetes.NewForConfig(env.ConfigForToken(pubToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []*certsv1.ClusterTrustBundle{
+		bundleOf(attacker.RootPEM(), strings.ReplaceAll(signer, "/", ":")+":extra"),
+		{ObjectMeta: metav1.ObjectMeta{Name: "unsigned-roots"}, Spec: certsv1.ClusterTrustBundleSpec{TrustBundle: string(attacker.RootPEM())}},
+	} {
+		err := oncePoliciesEnforce(t, func(dryRun []string) error {
+			_, err := publisher.CertificatesV1().ClusterTrustBundles().Create(ctx, b, metav1.CreateOptions{DryRun: dryRun})
+			return err
+		})
+		if err == nil || !strings.Contains(err.Error(), "alone") {
+			_ = admin.CertificatesV1().ClusterTrustBundles().Delete(ctx, b.Name, metav1.DeleteOptions{})
+			t.Errorf("the trust publisher creating bundle %s: %v, want the policy's refusal", b.Name, err)
+		}
+	}
+
 	// A rotation: the file gains a root; the publisher follows it alone.
 	next := istioca.Start(t, istioca.Config{})
 	both := append(append([]byte(nil), ca.RootPEM()...), next.RootPEM()...)
 	write(t, roots, both)
 	eventually(t, "the ClusterTrustBundle with both roots", published(both))
+}
+
+// oncePoliciesEnforce runs op as a dry run (which passes admission and
+// changes nothing) until admission refuses it, for at most eventually's
+// time (a policy reaches admission a moment after it is created), then
+// runs it for real and returns its error: nil means the policy never
+// refused it.
+func oncePoliciesEnforce(t *testing.T, op func(dryRun []string) error) error {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := op([]string{metav1.DryRunAll})
+		if err != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return op(nil)
 }

@@ -92,7 +92,7 @@ func FetchAsPod(t testing.TB, sock, uid string, shape Shape, name string) (*x509
 		t.Fatal(err)
 	}
 	defer Kill(child) // if Move fails
-	Move(t, child.Process.Pid, shape, uid, "c0ffee")
+	Move(t, child.Process.Pid, shape, uid, ContainerID(0))
 	if _, err := io.WriteString(stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}

@@ -238,3 +238,7 @@ func StartWithPID(t testing.TB, pid int) *exec.Cmd {
 	t.Fatalf("could not start a process with pid %d", pid)
 	return nil
 }
+
+// ContainerID returns the n-th container ID of the tests, in the shape a
+// CRI runtime gives one (64 hexadecimal digits; podcgroup takes no other).
+func ContainerID(n int) string { return fmt.Sprintf("c0ffee%058x", n) }

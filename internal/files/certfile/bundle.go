@@ -15,7 +15,12 @@ import (
 // LoadBundle reads and parses a root bundle file (see pki.ParseBundle: strict,
 // so a truncated file is never taken for a smaller bundle).
 func LoadBundle(path string) (*pki.Bundle, error) {
-	data, err := regularfile.Read(path, 0)
+	return loadBundle(nil, path)
+}
+
+// loadBundle is LoadBundle with the file opened by open (nil: by path).
+func loadBundle(open func(string) (*os.File, error), path string) (*pki.Bundle, error) {
+	data, err := regularfile.ReadWith(open, path, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading root bundle: %w", err)
 	}

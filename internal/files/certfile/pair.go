@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/meshagent/meshagent/internal/files/regularfile"
@@ -80,11 +81,16 @@ func ParsePair(chainPEM, keyPEM []byte, now time.Time) (*Pair, error) {
 
 // LoadPair reads and parses a chain file and a key file (see ParsePair).
 func LoadPair(certPath, keyPath string, now time.Time) (*Pair, error) {
-	chainPEM, err := regularfile.Read(certPath, 0)
+	return loadPair(nil, certPath, keyPath, now)
+}
+
+// loadPair is LoadPair with the files opened by open (nil: by path).
+func loadPair(open func(string) (*os.File, error), certPath, keyPath string, now time.Time) (*Pair, error) {
+	chainPEM, err := regularfile.ReadWith(open, certPath, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading certificate chain: %w", err)
 	}
-	keyPEM, err := regularfile.Read(keyPath, 0)
+	keyPEM, err := regularfile.ReadWith(open, keyPath, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading private key: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,11 @@ type SourceConfig struct {
 	// metrics. Nil means they are not registered. Several sources may share
 	// one registry.
 	Registerer prometheus.Registerer
+	// Open, when set, opens the files of a pair or bundle source at every
+	// load (for example beneath a directory they must not leave, whatever
+	// links appear later); nil opens each path as given. The system bundle
+	// is always opened as given.
+	Open func(path string) (*os.File, error)
 }
 
 // Source holds the last good value loaded from a set of watched files.
@@ -98,7 +104,7 @@ func NewPairSource(cfg SourceConfig, certPath, keyPath string) (*Source[*Pair], 
 		return nil, errors.New("certfile: certificate and key paths are required")
 	}
 	return NewSource(cfg, certPath+"~"+keyPath, "pair", []string{certPath, keyPath}, func(now time.Time) (*Pair, error) {
-		return LoadPair(certPath, keyPath, now)
+		return loadPair(cfg.Open, certPath, keyPath, now)
 	})
 }
 
@@ -108,7 +114,7 @@ func NewBundleSource(cfg SourceConfig, path string) (*Source[*pki.Bundle], error
 		return nil, errors.New("certfile: root bundle path is required")
 	}
 	return NewSource(cfg, path, "bundle", []string{path}, func(time.Time) (*pki.Bundle, error) {
-		return LoadBundle(path)
+		return loadBundle(cfg.Open, path)
 	})
 }
 

@@ -20,7 +20,9 @@
 // does.
 //
 // It does not own the files, does not write them and does not renew anything.
-// Paths are used as given (relative ones against the working directory).
+// Paths are used as given (relative ones against the working directory);
+// with Config.AllowedDirs, a held name's files are opened beneath their
+// allowed directory at every load.
 //
 // Ownership and locking: Run starts the watchers of every held name under
 // its context and stops them all when it returns; names first held while

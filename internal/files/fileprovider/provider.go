@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meshagent/meshagent/internal/files/certfile"
+	"github.com/meshagent/meshagent/internal/files/regularfile"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
@@ -87,6 +89,10 @@ func New(cfg Config) *Provider {
 	}
 	p := &Provider{cfg: cfg, log: cfg.Logger.Named("fileprovider"), entries: map[string]*entry{}}
 	if cfg.AllowedDirs != nil {
+		// Checked once when a name is first asked for (checkPath), and
+		// at every load its files are opened beneath their directory: a
+		// link put in later cannot lead out of it.
+		p.cfg.Files.Open = p.openBeneath
 		p.dirs = []string{}
 		for _, d := range cfg.AllowedDirs {
 			abs, err := filepath.Abs(d)
@@ -122,6 +128,42 @@ func (p *Provider) checkPath(path string) error {
 		}
 	}
 	return fmt.Errorf("%w: %s", ErrOutsideDirs, path)
+}
+
+// openBeneath opens path, which checkPath accepted, beneath the allowed
+// directory it lies in (os.Root): a link met on the way, the file's own
+// included, is followed only while it stays beneath that directory.
+func (p *Provider) openBeneath(path string) (*os.File, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	err = fmt.Errorf("%w: %s", ErrOutsideDirs, path)
+	for _, d := range p.dirs {
+		if !within(abs, d) {
+			continue
+		}
+		rel, rerr := filepath.Rel(d, abs)
+		if rerr != nil {
+			continue
+		}
+		var f *os.File
+		if f, err = openIn(d, rel); err == nil {
+			return f, nil
+		}
+		err = fmt.Errorf("%w: %s: %v", ErrOutsideDirs, path, err)
+	}
+	return nil, err
+}
+
+// openIn opens name beneath dir for reading.
+func openIn(dir, name string) (*os.File, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	return root.OpenFile(name, os.O_RDONLY|regularfile.Flags, 0)
 }
 
 // within reports whether the clean absolute path p is dir or lies under it.

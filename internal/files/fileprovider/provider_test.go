@@ -401,3 +401,56 @@ func TestAllowedDirs(t *testing.T) {
 		}
 	}
 }
+
+// A held name's files are opened beneath their allowed directory at every
+// load, not only checked when it was first asked for: a file replaced
+// later by a link that leads out of the directory is not read (the load is
+// rejected and the last good value stays); a link that stays inside is
+// followed.
+func TestAllowedDirsHoldAfterALinkIsSwappedIn(t *testing.T) {
+	ca, evil := newCA(t), newCA(t)
+	root := t.TempDir()
+	allowed, other := filepath.Join(root, "certs"), filepath.Join(root, "secret")
+	for _, d := range []string{allowed, other} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(allowed, "root.pem")
+	writeAtomic(t, path, ca.RootPEM())
+	writeAtomic(t, filepath.Join(other, "root.pem"), evil.RootPEM())
+	reg := prometheus.NewRegistry()
+	p := startWith(t, Config{Files: certfile.SourceConfig{Debounce: debounce, Registerer: reg}, AllowedDirs: []string{allowed}})
+	name := secretmanager.FileRootPrefix + path
+	ch, stop := p.Watch(name)
+	defer stop()
+	if ch == nil {
+		t.Fatal("Watch refused an allowed file")
+	}
+	first := secret(t, p, name)
+
+	tmp := filepath.Join(allowed, "swap")
+	if err := os.Symlink(filepath.Join(other, "root.pem"), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	waitRejected(t, reg, 1)
+	if s := secret(t, p, name); !bytes.Equal(s.Roots, first.Roots) {
+		t.Fatal("a link swapped in later led out of the allowed directory: its target was served")
+	}
+
+	// A link inside the directory is followed.
+	next := newCA(t)
+	writeAtomic(t, filepath.Join(allowed, "next.pem"), next.RootPEM())
+	if err := os.Symlink("next.pem", tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "the new root served", func() bool {
+		return !bytes.Equal(secret(t, p, name).Roots, first.Roots)
+	})
+}

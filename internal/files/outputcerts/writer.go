@@ -9,11 +9,13 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/atomicfile"
@@ -39,7 +41,9 @@ type Config struct {
 	// (the directory is then given the group too), else 0700. An existing
 	// directory keeps its mode and group; it must be a directory (not a
 	// link) owned by root or the agent's uid and writable by neither its
-	// group nor others, or every write is refused.
+	// group nor others, and so must every directory above it (sticky ones
+	// and mount points excepted: see checkParents), or every write is
+	// refused.
 	DirMode fs.FileMode
 	// KeyMode is the mode of key.pem and of the bundle file: 0600 (the
 	// default), 0640, 0400 or 0440. Never readable by others.
@@ -218,9 +222,11 @@ func (w *Writer) write(f Files) ([]string, error) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if err := w.ensureDir(); err != nil {
+	dir, err := w.openDir()
+	if err != nil {
 		return nil, err
 	}
+	defer dir.Close()
 	// Write and sync every changed file first, then rename them back to
 	// back, key first: the time in which a reader can see a new key with the
 	// old chain is that between two renames.
@@ -241,20 +247,19 @@ func (w *Writer) write(f Files) ([]string, error) {
 		if file.data == nil {
 			continue
 		}
-		path := filepath.Join(w.dir, file.name)
-		same, err := atomicfile.Unchanged(path, file.data, file.mode)
+		same, err := dir.Unchanged(file.name, file.data, file.mode)
 		if err != nil {
 			return nil, fmt.Errorf("outputcerts: %w", err)
 		}
 		if same {
 			if w.gid >= 0 {
-				if err := os.Lchown(path, -1, w.gid); err != nil {
-					return nil, fmt.Errorf("outputcerts: setting the group of %s: %w", path, err)
+				if err := dir.Lchown(file.name, w.gid); err != nil {
+					return nil, fmt.Errorf("outputcerts: %w", err)
 				}
 			}
 			continue
 		}
-		p, err := atomicfile.Prepare(path, file.data, file.mode)
+		p, err := dir.Prepare(file.name, file.data, file.mode)
 		if err != nil {
 			return nil, fmt.Errorf("outputcerts: %w", err)
 		}
@@ -275,7 +280,7 @@ func (w *Writer) write(f Files) ([]string, error) {
 		w.writes.WithLabelValues(p.name).Inc()
 	}
 	if len(written) > 0 {
-		atomicfile.SyncDir(w.dir)
+		dir.Sync()
 	}
 	return written, nil
 }
@@ -349,51 +354,80 @@ func validate(f Files) error {
 	return nil
 }
 
-// ensureDir makes the directory if missing, or checks the one there (with
-// Lstat: a symbolic link is refused) is one nobody else controls: owned by
-// root or the agent's uid, and writable by neither its group nor others,
-// who could otherwise swap the files between the agent's writes. The first
-// call also removes the temporary files a write cut short left (a
-// ".key.pem.tmp-*" holds a private key).
-func (w *Writer) ensureDir() error {
-	fi, err := os.Lstat(w.dir)
-	switch {
-	case err == nil:
-		if err := checkDir(w.dir, fi); err != nil {
-			return err
-		}
-	case !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("outputcerts: %w", err)
-	default:
+// openDir makes the directory if missing and opens it without following a
+// link, then checks the open directory (never the path again): a directory
+// nobody else controls, owned by root or the agent's uid and writable by
+// neither its group nor others, with every directory above it as safe
+// (see checkParents): otherwise another user could replace the files, or
+// the directory itself, between the agent's writes. Every file of the write
+// goes through the handle it returns. The first call also removes the
+// temporary files a write cut short left (a ".key.pem.tmp-*" holds a
+// private key).
+func (w *Writer) openDir() (*atomicfile.Dir, error) {
+	d, err := atomicfile.OpenDir(w.dir)
+	created := false
+	if errors.Is(err, fs.ErrNotExist) {
 		// Directories above it are made as mkdir -p makes them: a group given
 		// the files must be able to reach them.
 		if err := os.MkdirAll(filepath.Dir(w.dir), 0o755); err != nil {
-			return fmt.Errorf("outputcerts: creating directory: %w", err)
+			return nil, fmt.Errorf("outputcerts: creating directory: %w", err)
 		}
 		if err := os.Mkdir(w.dir, w.dirMode); err != nil && !errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("outputcerts: creating directory: %w", err)
+			return nil, fmt.Errorf("outputcerts: creating directory: %w", err)
 		}
-		if w.gid >= 0 {
-			if err := os.Lchown(w.dir, -1, w.gid); err != nil {
-				return fmt.Errorf("outputcerts: setting the group of %s: %w", w.dir, err)
-			}
-		}
-		// Mkdir's mode is subject to the umask; make it exact.
-		if err := os.Chmod(w.dir, w.dirMode); err != nil {
-			return fmt.Errorf("outputcerts: setting directory mode: %w", err)
-		}
+		d, err = atomicfile.OpenDir(w.dir)
+		created = true
+	}
+	if err != nil {
+		return nil, fmt.Errorf("outputcerts: %w", err)
+	}
+	if created {
+		err = w.setUpDir(d.File())
+	}
+	if err == nil {
+		err = checkDir(d.File())
+	}
+	if err == nil {
+		err = checkParents(d.File())
+	}
+	if err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	if created {
 		w.log.Info("output directory created")
 	}
 	if !w.swept {
 		w.swept = true
-		w.removeStaleTemps()
+		w.removeStaleTemps(d)
+	}
+	return d, nil
+}
+
+// setUpDir gives a directory the writer made its group and exact mode.
+func (w *Writer) setUpDir(dir *os.File) error {
+	if w.gid >= 0 {
+		if err := dir.Chown(-1, w.gid); err != nil {
+			return fmt.Errorf("outputcerts: setting the group of %s: %w", w.dir, err)
+		}
+	}
+	// Mkdir's mode is subject to the umask; make it exact.
+	if err := dir.Chmod(w.dirMode); err != nil {
+		return fmt.Errorf("outputcerts: setting directory mode: %w", err)
 	}
 	return nil
 }
 
-// checkDir refuses an output directory that is a link, not a directory, or
-// controlled by another user.
-func checkDir(dir string, fi fs.FileInfo) error {
+// checkDir refuses an open output directory controlled by another user.
+func checkDir(dir *os.File) error {
+	fi, err := dir.Stat()
+	if err != nil {
+		return fmt.Errorf("outputcerts: %w", err)
+	}
+	return checkDirInfo(dir.Name(), fi)
+}
+
+func checkDirInfo(dir string, fi fs.FileInfo) error {
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
 		return fmt.Errorf("outputcerts: %s is a symbolic link: name the directory itself", dir)
@@ -411,22 +445,72 @@ func checkDir(dir string, fi fs.FileInfo) error {
 	return nil
 }
 
+// checkParents walks up from the open directory dir through "..", the
+// directories it really is in (not those its path names now), to the root:
+// each must be owned by root or the agent's uid, and writable by neither
+// its group nor others unless it is sticky (as /tmp: others cannot move
+// what they do not own) or a mount point (a volume, as checkDir allows).
+// A directory above OUTPUT_CERTS that another user may write lets that
+// user rename OUTPUT_CERTS away and put a directory of theirs in its place.
+func checkParents(dir *os.File) error {
+	path := dir.Name()
+	var child unix.Stat_t
+	if err := unix.Fstat(int(dir.Fd()), &child); err != nil {
+		return fmt.Errorf("outputcerts: %s: %w", path, err)
+	}
+	fd := int(dir.Fd())
+	for depth := 0; depth < 256; depth++ {
+		pfd, err := unix.Openat(fd, "..", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if depth > 0 {
+			_ = unix.Close(fd)
+		}
+		if err != nil {
+			return fmt.Errorf("outputcerts: opening the directory above %s: %w", path, err)
+		}
+		fd = pfd
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			_ = unix.Close(fd)
+			return fmt.Errorf("outputcerts: the directory above %s: %w", path, err)
+		}
+		if st.Dev == child.Dev && st.Ino == child.Ino {
+			_ = unix.Close(fd) // "/" is its own parent
+			return nil
+		}
+		path = filepath.Dir(path)
+		if real, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil {
+			path = real
+		}
+		if st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+			_ = unix.Close(fd)
+			return fmt.Errorf("outputcerts: %s, above the output directory, is owned by uid %d, neither root nor the agent (uid %d): its owner could replace the directory", path, st.Uid, os.Geteuid())
+		}
+		if st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0 && !isMountPoint(path) {
+			_ = unix.Close(fd)
+			return fmt.Errorf("outputcerts: %s, above the output directory, is writable by its group or others (mode %v) and not sticky: another user could replace the directory", path, fs.FileMode(st.Mode&0o777))
+		}
+		child = st
+	}
+	_ = unix.Close(fd)
+	return fmt.Errorf("outputcerts: %s is nested too deep", dir.Name())
+}
+
 // removeStaleTemps removes the temporary files of the writer's own files
 // (atomicfile's ".<name>.tmp-*") that a write cut short left in the
 // directory.
-func (w *Writer) removeStaleTemps() {
+func (w *Writer) removeStaleTemps(d *atomicfile.Dir) {
 	names := []string{files.KeyFile, files.CertChainFile, files.RootCertFile, files.BundleMapFile}
 	if w.bundle != "" {
 		names = append(names, w.bundle)
 	}
-	for _, name := range names {
-		stale, _ := filepath.Glob(filepath.Join(w.dir, "."+name+".tmp-*"))
-		for _, path := range stale {
-			if fi, err := os.Lstat(path); err != nil || !fi.Mode().IsRegular() {
+	entries, _ := d.Names()
+	for _, entry := range entries {
+		for _, name := range names {
+			if !strings.HasPrefix(entry, "."+name+".tmp-") {
 				continue
 			}
-			if err := os.Remove(path); err == nil {
-				w.log.Info("stale temporary file removed", zap.String(logkeys.File, filepath.Base(path)))
+			if d.RemoveRegular(entry) {
+				w.log.Info("stale temporary file removed", zap.String(logkeys.File, entry))
 			}
 		}
 	}

@@ -427,7 +427,7 @@ func TestWriterRefusesBadModesGroupsAndBundleNames(t *testing.T) {
 	}
 }
 
-// An existing OUTPUT_CERTS directory is checked with Lstat before anything
+// An existing OUTPUT_CERTS directory is checked, once opened, before anything
 // is written into it: another user's, one others may write, or a link is
 // refused, and nothing is written.
 func TestWriterRefusesADirectoryOthersControl(t *testing.T) {
@@ -567,7 +567,7 @@ func TestMountedVolumeMayBeShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	fi, _ := os.Lstat(dir)
-	if err := checkDir(dir, fi); err == nil {
+	if err := checkDirInfo(dir, fi); err == nil {
 		t.Fatal("a world-writable directory that is no mount point was accepted")
 	}
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "mode=0777"); err != nil {
@@ -575,7 +575,95 @@ func TestMountedVolumeMayBeShared(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
 	fi, _ = os.Lstat(dir)
-	if err := checkDir(dir, fi); err != nil {
+	if err := checkDirInfo(dir, fi); err != nil {
 		t.Fatalf("a world-writable volume (mount point): %v", err)
+	}
+}
+
+// A directory above OUTPUT_CERTS that another user may write (not sticky,
+// no mount point) lets that user move the output directory away and put one
+// of theirs in its place between two writes: refused, whatever the depth;
+// a sticky one (as /tmp) is not, since others cannot move what they do not
+// own.
+func TestWriterRefusesParentsOthersMayWrite(t *testing.T) {
+	ca := newCA(t)
+	f := issue(t, ca, localca.Leaf{}).files(ca)
+	for name, tc := range map[string]struct {
+		mode fs.FileMode // of the directory two levels above
+		up   string      // which one gets it
+		want string      // "" for accepted
+	}{
+		"parent world-writable":      {0o777, "parent", "writable by its group or others"},
+		"grandparent group-writable": {0o775, "grandparent", "writable by its group or others"},
+		"parent sticky":              {0o777 | fs.ModeSticky, "parent", ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			grand := filepath.Join(t.TempDir(), "grand")
+			parent := filepath.Join(grand, "parent")
+			dir := filepath.Join(parent, "out")
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			target := parent
+			if tc.up == "grandparent" {
+				target = grand
+			}
+			if err := os.Chmod(target, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			_, err := newWriter(t, Config{Dir: dir}).Write(f)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Write: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), target) {
+				t.Fatalf("Write: %v, want a refusal naming %s and saying %q", err, target, tc.want)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Errorf("files written under the refused parent: %v", entries)
+			}
+		})
+	}
+}
+
+// The files of one write go into the directory that was checked: one
+// replaced by another after the writer opened it (a rename in the parent)
+// gets nothing of that write.
+func TestWriterWritesThroughTheDirectoryItChecked(t *testing.T) {
+	ca := newCA(t)
+	f := issue(t, ca, localca.Leaf{}).files(ca)
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "out")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	w := newWriter(t, Config{Dir: dir})
+	d, err := w.openDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	// Between the check and the files, the directory is moved and another
+	// takes its name.
+	if err := os.Rename(dir, filepath.Join(parent, "moved")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p, err := d.Prepare("key.pem", f.Key, KeyMode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("the directory put in place got %v", entries)
+	}
+	if b, err := os.ReadFile(filepath.Join(parent, "moved", "key.pem")); err != nil || !bytes.Equal(b, f.Key) {
+		t.Errorf("the checked directory's key.pem: %v", err)
 	}
 }

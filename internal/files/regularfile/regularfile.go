@@ -29,10 +29,19 @@ var (
 // Open opens path for reading if it is a regular file (after symlinks),
 // without blocking on a FIFO.
 func Open(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|Flags, 0)
 	if err != nil {
 		return nil, err
 	}
+	return check(f, path)
+}
+
+// Flags are the open flags Open adds to O_RDONLY, for a caller that opens
+// files another way (os.Root) and hands them to ReadWith.
+const Flags = syscall.O_NONBLOCK | syscall.O_NOCTTY
+
+// check returns f if it is a regular file, else closes it.
+func check(f *os.File, path string) (*os.File, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
@@ -48,10 +57,26 @@ func Open(path string) (*os.File, error) {
 // Read returns the content of the regular file at path, or an error if it
 // is not one or holds more than max bytes (max <= 0 means MaxSize).
 func Read(path string, max int64) ([]byte, error) {
+	return ReadWith(nil, path, max)
+}
+
+// ReadWith is Read with the file opened by open (nil means os.Open's way,
+// following links, with Flags): the content of the regular file open
+// returns for path, or an error if it is not one or holds more than max
+// bytes.
+func ReadWith(open func(path string) (*os.File, error), path string, max int64) ([]byte, error) {
 	if max <= 0 {
 		max = MaxSize
 	}
-	f, err := Open(path)
+	var (
+		f   *os.File
+		err error
+	)
+	if open == nil {
+		f, err = Open(path)
+	} else if f, err = open(path); err == nil {
+		f, err = check(f, path)
+	}
 	if err != nil {
 		return nil, err
 	}

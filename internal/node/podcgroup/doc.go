@@ -21,7 +21,12 @@
 //
 // A pod UID is a UUID or the 32 hexadecimal digits of a static pod's hash.
 // The container component is optional (a process placed in the pod's own
-// cgroup has none); components below it are allowed and ignored.
+// cgroup has none); components below it are allowed and ignored. It is
+// recognised by an allow-list: <runtime>-<id>.scope with runtime
+// cri-containerd, crio or docker (systemd), <id> or crio-<id> (cgroupfs),
+// the id being a CRI container ID (64 lower-case hexadecimal digits);
+// anything else under a pod (CRI-O's conmon scope, another runtime's or a
+// made-up name) is not a pod container and makes Parse fail.
 //
 // Trust: the path is written by the kubelet and the container runtime, and a
 // process inside a container cannot change it (the cgroup file system is

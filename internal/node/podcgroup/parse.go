@@ -136,9 +136,9 @@ func parseCgroupfs(rest []string) (Pod, bool, string) {
 	}
 	p := Pod{UID: uid}
 	if len(rest) > 1 {
-		id, ok := containerID(rest[1], "")
+		id, ok := containerID(rest[1], "", cgroupfsRuntimes)
 		if !ok {
-			return Pod{}, false, "container component is not a container ID"
+			return Pod{}, false, "container component is not a container ID of a known runtime ([crio-]<64 hexadecimal digits>)"
 		}
 		p.ContainerID = id
 	}
@@ -170,41 +170,62 @@ func parseSystemd(stem string, rest []string) (Pod, bool, string) {
 	}
 	p := Pod{UID: uid}
 	if len(rest) > 1 {
-		id, ok := containerID(rest[1], ".scope")
+		id, ok := containerID(rest[1], ".scope", systemdRuntimes)
 		if !ok {
-			return Pod{}, false, "container component is not a <runtime>-<id>.scope"
+			return Pod{}, false, "container component is not a <runtime>-<id>.scope of a known runtime (cri-containerd, crio, docker; a 64-hexadecimal-digit id)"
 		}
 		p.ContainerID = id
 	}
 	return p, true, ""
 }
 
-// runtimePrefixes are the container runtimes' cgroup name prefixes, longest
-// first where one is a prefix of another.
-var runtimePrefixes = []string{"cri-containerd-", "crio-conmon-", "crio-", "docker-"}
+// The container component is taken from an allow-list of what Kubernetes'
+// container runtimes write, and nothing else is a pod's container: a
+// runtime prefix (systemd driver: required, the component a .scope;
+// cgroupfs driver: CRI-O's only) followed by the 64 lower-case hexadecimal
+// digits of a CRI container ID. CRI-O's conmon scope (crio-conmon-<id>) is
+// the runtime's monitor, not the pod's container; a component of another
+// shape (another runtime's, a name chosen by whoever made the cgroup) is
+// refused rather than taken for a container.
+var (
+	// systemdRuntimes are the <runtime>- prefixes of a systemd scope:
+	// containerd, CRI-O, Docker (cri-dockerd).
+	systemdRuntimes = []string{"cri-containerd-", "crio-", "docker-"}
+	// cgroupfsRuntimes are the prefixes a cgroupfs container directory may
+	// have: none (containerd, Docker) or CRI-O's.
+	cgroupfsRuntimes = []string{"", "crio-"}
+)
 
-// containerID reads a container component: <id> or <runtime>-<id>, followed
-// by suffix (which is then required).
-func containerID(c, suffix string) (string, bool) {
+// containerIDLen is the length of a CRI container ID (hexadecimal).
+const containerIDLen = 64
+
+// containerID reads a container component: <runtime><id> with runtime one
+// of runtimes, followed by suffix (which is then required).
+func containerID(c, suffix string, runtimes []string) (string, bool) {
 	c, found := strings.CutSuffix(c, suffix)
 	if !found {
 		return "", false
 	}
-	for _, p := range runtimePrefixes {
-		if id, ok := strings.CutPrefix(c, p); ok {
-			c = id
-			break
+	for _, p := range runtimes {
+		if id, ok := strings.CutPrefix(c, p); ok && isContainerID(id) {
+			return id, true
 		}
 	}
-	if c == "" || len(c) > 128 {
-		return "", false
+	return "", false
+}
+
+// isContainerID reports whether s is a CRI container ID: 64 lower-case
+// hexadecimal digits.
+func isContainerID(s string) bool {
+	if len(s) != containerIDLen {
+		return false
 	}
-	for i := 0; i < len(c); i++ {
-		if !isAlnum(c[i]) {
-			return "", false
+	for i := 0; i < len(s); i++ {
+		if !isHex(s[i]) {
+			return false
 		}
 	}
-	return c, true
+	return true
 }
 
 // validUID accepts a lower-case UUID (8-4-4-4-12) or 32 lower-case

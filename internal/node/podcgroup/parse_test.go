@@ -36,7 +36,6 @@ func TestParse(t *testing.T) {
 		{"cgroupfs nested below container", "0::/kubepods/pod" + uid + "/" + cid + "/init.scope\n", Pod{uid, cid}},
 		{"systemd containerd", "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", Pod{uid, cid}},
 		{"systemd crio", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + uidU + ".slice/crio-" + cid + ".scope\n", Pod{uid, cid}},
-		{"systemd crio conmon", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + uidU + ".slice/crio-conmon-" + cid + ".scope\n", Pod{uid, cid}},
 		{"systemd docker", "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + uidU + ".slice/docker-" + cid + ".scope\n", Pod{uid, cid}},
 		{"systemd guaranteed", "0::/kubepods.slice/kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n", Pod{uid, cid}},
 		{"systemd v1 hierarchies", "11:memory:/kubepods.slice/kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + ".scope\n" +
@@ -177,6 +176,16 @@ func TestParseRefuses(t *testing.T) {
 		{"systemd container not a scope", "0::/kubepods.slice/kubepods-pod" + uidU + ".slice/cri-containerd-" + cid + "\n", "not a <runtime>"},
 		{"container with odd characters", "0::/kubepods/pod" + uid + "/../x\n", "not a container ID"},
 		{"empty container", "0::/kubepods/pod" + uid + "//\n", "not a container ID"},
+		// Only the runtimes' own names are containers (an allow-list):
+		// anything else under a pod is refused, not taken for a container.
+		{"systemd crio conmon", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + uidU + ".slice/crio-conmon-" + cid + ".scope\n", "known runtime"},
+		{"systemd unknown runtime", "0::/kubepods.slice/kubepods-pod" + uidU + ".slice/libpod-" + cid + ".scope\n", "known runtime"},
+		{"systemd scope without runtime", "0::/kubepods.slice/kubepods-pod" + uidU + ".slice/" + cid + ".scope\n", "known runtime"},
+		{"systemd short id", "0::/kubepods.slice/kubepods-pod" + uidU + ".slice/cri-containerd-c0ffee.scope\n", "known runtime"},
+		{"systemd upper-case id", "0::/kubepods.slice/kubepods-pod" + uidU + ".slice/docker-" + strings.ToUpper(cid) + ".scope\n", "known runtime"},
+		{"cgroupfs name not an id", "0::/kubepods/pod" + uid + "/sandbox\n", "known runtime"},
+		{"cgroupfs short id", "0::/kubepods/pod" + uid + "/c0ffee\n", "known runtime"},
+		{"cgroupfs docker prefix", "0::/kubepods/pod" + uid + "/docker-" + cid + "\n", "known runtime"},
 		{"user slice", "0::/user.slice/user-1000.slice/user@1000.service/kubepods.slice/kubepods-pod" + uidU + ".slice/x-1.scope\n", "outside the kubelet's cgroup root"},
 		// A user with a delegated subtree (systemd Delegate=, nspawn, LXD)
 		// names a cgroup after another pod.
