@@ -100,7 +100,7 @@ func needRoot(t *testing.T) {
 // then a GOAWAY, then the connection is closed).
 func TestFinalRefusalsHoldNoTransport(t *testing.T) {
 	needRoot(t)
-	f := start(t, func(c *Config) { c.Resolver = podsByUID{}; c.DirMode = 0o755 })
+	f := start(t, func(c *Config) { c.Resolver = podsByUID{}; c.DirMode = 0o755; c.MaxConnRatePerCaller = 1000 })
 	openSocketDir(t, f.socket)
 	for i := range 40 {
 		nc, err := dialAs(t, f.socket, firstUIDOfA+uint32(i))

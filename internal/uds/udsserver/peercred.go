@@ -297,11 +297,11 @@ func (s *Server) parkEnded(lc *localConn, err error) {
 // nc was refused (and closed).
 //
 // In order, each step cheaper than the next: the connection's group
-// (groupOf) and a slot of the handshakes in flight (Config.MaxHandshakes,
-// shared among groups), the caller (a pidfd, the Resolver, which does not
-// wait for a pod here), the caller's connections
-// (Config.MaxConnsPerCaller) and its connection rate
-// (Config.MaxConnRatePerCaller). The slot is given back before a refusal is
+// (groupOf) and its connection rate (Config.MaxConnRatePerCaller: the
+// group is the caller's pod, or its uid outside pods), a slot of the
+// handshakes in flight (Config.MaxHandshakes, shared among groups), the
+// caller (a pidfd, the Resolver, which does not wait for a pod here) and
+// the caller's connections (Config.MaxConnsPerCaller). The slot is given back before a refusal is
 // told (tell): a refused connection holds no more than its share of the
 // refusals waiting for their client's call.
 func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
@@ -319,6 +319,12 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
 	}
 	c.cred, c.credOK = cred, true
 	c.group = s.groupOf(cred)
+	if !s.rate.allow(c.group, s.cfg.Clock.Now()) {
+		// Before any identification: a pod that floods pays for its
+		// refusals, not for its identifications.
+		s.refuseConn(uc, refusedRate, c.group, c.group, cred, codes.ResourceExhausted, rateMessage(s.cfg.MaxConnRatePerCaller))
+		return nil, info, nil, errRefusedAtHandshake
+	}
 	if !s.handshakes.acquire(c.group, s.cfg.MaxHandshakes, handshakeShare(s.cfg.MaxHandshakes)) {
 		s.refuseConn(uc, refusedHandshakes, c.group, c.group, cred, codes.ResourceExhausted,
 			fmt.Sprintf("too many connections being identified at once: at most %d, %d of one pod", s.cfg.MaxHandshakes, handshakeShare(s.cfg.MaxHandshakes)))
@@ -409,10 +415,6 @@ func (s *Server) admitConn(uc *net.UnixConn, c *conn) (*localConn, *connRefusal)
 		return nil, &connRefusal{nc: uc, reason: refusedConnections, key: key, code: codes.ResourceExhausted, msg: status.Convert(err).Message()}
 	}
 	s.metrics.conns.Inc()
-	if !s.rate.allow(key, s.cfg.Clock.Now()) {
-		// lc.Close gives back what join took.
-		return nil, &connRefusal{nc: lc, reason: refusedRate, key: key, code: codes.ResourceExhausted, msg: rateMessage(s.cfg.MaxConnRatePerCaller)}
-	}
 	return lc, nil
 }
 
