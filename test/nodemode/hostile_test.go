@@ -156,16 +156,19 @@ func openFDs(t *testing.T, pid int) int {
 }
 
 // whileFlooding fetches as another pod until the flood answers, each
-// fetch on a new connection; it returns the flood's answer and the
-// fetches' latencies, failing the test for each fetch not served.
+// fetch on a new connection, at most four a second (well within the pod's
+// own connection rate); it returns the flood's answer and the fetches'
+// latencies, failing the test for each fetch not served.
 func whileFlooding(t *testing.T, other *caller, want string, flood <-chan string) (string, []time.Duration) {
 	t.Helper()
 	var took []time.Duration
+	pace := time.NewTicker(250 * time.Millisecond)
+	defer pace.Stop()
 	for {
 		select {
 		case got := <-flood:
 			return got, took
-		default:
+		case <-pace.C:
 		}
 		start := time.Now()
 		got := other.fetch()
