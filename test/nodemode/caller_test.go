@@ -37,6 +37,9 @@ import (
 //	close                      closes the stream: "closed"
 //	handoff                    connects, sends the connected socket over fd 3, answers "sent"
 //	svid                       one Workload API FetchX509SVID: "svid <base64 DER chain> <base64 PKCS#8 key>"
+//	forkflood <w> <ms> <s>     w workers fork, for s seconds, children that take fresh uids, connect
+//	                           a socket and exit, each connection kept ms (see forkFlood)
+//	threadflood <n> <s>        n threads connect, send a preface, wait 200 ms, again, for s seconds
 //	flood <n>                  opens n connections at once, 64 at a time, each sending a client's
 //	                           preface and SETTINGS; keeps those the agent keeps: "flood closed <k> open <m>"
 const childEnv = "NODEMODE_TEST_CALLER"
@@ -137,6 +140,15 @@ func runChild(sock string) int {
 				continue
 			}
 			fmt.Println("sent")
+		case "forkflood": // forkflood <workers> <hold ms> <seconds>
+			workers, _ := strconv.Atoi(f[1])
+			hold, _ := strconv.Atoi(f[2])
+			secs, _ := strconv.Atoi(f[3])
+			fmt.Println(forkFlood(sock, workers, time.Duration(hold)*time.Millisecond, time.Duration(secs)*time.Second))
+		case "threadflood": // threadflood <threads> <seconds>
+			threads, _ := strconv.Atoi(f[1])
+			secs, _ := strconv.Atoi(f[2])
+			fmt.Println(threadFlood(sock, threads, time.Duration(secs)*time.Second))
 		default:
 			fmt.Println("error unknown command", f[0])
 		}

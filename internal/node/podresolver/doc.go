@@ -72,9 +72,15 @@
 //     what was read was that process's. The connection's pidfd must name the
 //     pid of SO_PEERCRED; once the connecting process has exited (fdinfo
 //     "Pid: -1") the connection is refused, whoever holds its pid now.
-//   - It also reads the process start time (/proc/<pid>/stat field 22)
-//     before and after, and refuses when it changed. This is the whole
-//     guard where pidfds cannot be used (a test's /proc root).
+//   - Where pidfds cannot be used (a test's /proc root), it reads the
+//     process start time (field 22 of /proc/<pid>/task/<pid>/stat, the main
+//     thread's: /proc/<pid>/stat sums every thread and costs O(threads))
+//     before and after, and refuses when it changed. With a pidfd it reads
+//     no start time: the pinned process alive after the read is the guard.
+//
+// Group (caller.Grouper) reads the cgroup file alone, unpinned, to tell
+// the socket server which pod a connection counts against before it is
+// resolved; it is never an identity.
 //
 // Limits: the pidfd must be taken when the connection is accepted
 // (peerpidfd.FromConn). SO_PEERPIDFD (Linux 6.5) is taken by the kernel at

@@ -116,7 +116,10 @@ type Resolver struct {
 	afterCgroupRead func()
 }
 
-var _ caller.Resolver = (*Resolver)(nil)
+var (
+	_ caller.Resolver = (*Resolver)(nil)
+	_ caller.Grouper  = (*Resolver)(nil)
+)
 
 // New returns a Resolver. It starts nothing.
 func New(cfg Config) (*Resolver, error) {
@@ -246,11 +249,27 @@ func (r *Resolver) readCgroup(ctx context.Context, pid int32) ([]byte, error) {
 	}
 	defer pin.release()
 	dir := filepath.Join(r.cfg.ProcRoot, strconv.Itoa(int(pid)))
+	buf := make([]byte, 0, procBuffer)
+	if pin.fd >= 0 {
+		// The process is pinned: alive after the read, it held its pid
+		// throughout, and what was read was its own.
+		data, err := appendFile(buf, filepath.Join(dir, "cgroup"), maxCgroupFile)
+		if err != nil {
+			return nil, procError(pid, err)
+		}
+		if r.afterCgroupRead != nil {
+			r.afterCgroupRead()
+		}
+		if err := pin.alive(pid); err != nil {
+			return nil, err
+		}
+		return data, nil
+	}
+	// Without a pidfd the start time before and after tells a reused pid.
 	// One buffer for the three files: the first stat file at its start
 	// (parsed, then overwritten), the cgroup file there, and the second
 	// stat file after the cgroup file.
-	buf := make([]byte, 0, procBuffer)
-	before, err := startTime(dir, buf)
+	before, err := startTime(dir, pid, buf)
 	if err != nil {
 		return nil, procError(pid, err)
 	}
@@ -261,17 +280,38 @@ func (r *Resolver) readCgroup(ctx context.Context, pid int32) ([]byte, error) {
 	if r.afterCgroupRead != nil {
 		r.afterCgroupRead()
 	}
-	after, err := startTime(dir, data)
+	after, err := startTime(dir, pid, data)
 	if err != nil {
 		return nil, procError(pid, err)
 	}
 	if after != before {
 		return nil, refuse(ReasonPIDReused, "process %d exited and its pid was reused during the lookup", pid)
 	}
-	if err := pin.alive(pid); err != nil {
-		return nil, err
-	}
 	return data, nil
+}
+
+// Group names the pod the process behind cred is in now, from its cgroup
+// file alone (caller.Grouper): one small read, and no identity (the
+// process is not pinned; Resolve decides who it is). ok is false when
+// the file cannot be read (the process has exited) or names no pod of a
+// known shape.
+func (r *Resolver) Group(cred caller.Cred) (podUID string, ok bool) {
+	if cred.PID <= 0 {
+		return "", false
+	}
+	var buf [procBuffer]byte
+	data, err := appendFile(buf[:0], filepath.Join(r.cfg.ProcRoot, strconv.Itoa(int(cred.PID)), "cgroup"), maxCgroupFile)
+	if err != nil {
+		return "", false
+	}
+	where, err := r.cfg.CgroupRoot.Parse(data)
+	switch {
+	case errors.Is(err, podcgroup.ErrNotInPod):
+		return "", true
+	case err != nil:
+		return "", false
+	}
+	return where.UID, true
 }
 
 func procError(pid int32, err error) error {

@@ -70,14 +70,17 @@ func statLine(pid int, start uint64) string {
 	return strings.Join(f, " ") + "\n"
 }
 
-// fakeProc writes <root>/<pid>/{stat,cgroup}.
+// fakeProc writes <root>/<pid>/{task/<pid>/stat,cgroup}. There is no
+// <root>/<pid>/stat: the resolver reads the main thread's, whose cost does
+// not grow with the process's threads.
 func fakeProc(t *testing.T, root string, pid int, start uint64, cgroup string) {
 	t.Helper()
 	dir := filepath.Join(root, strconv.Itoa(pid))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	task := filepath.Join(dir, "task", strconv.Itoa(pid))
+	if err := os.MkdirAll(task, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(statLine(pid, start)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(task, "stat"), []byte(statLine(pid, start)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cgroup), 0o644); err != nil {
@@ -354,5 +357,28 @@ func TestResolveNoWaitNamesThePod(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Fatal("Resolve waited for the pod under NoWait")
+	}
+}
+
+// Group names the pod a process's cgroup names, with no pod lookup: a
+// process in no pod is "" and told; one that has exited, or whose cgroup
+// names two pods, cannot be told.
+func TestGroup(t *testing.T) {
+	root := t.TempDir()
+	fakeProc(t, root, 300, 1, "0::/kubepods/besteffort/pod"+uidA+"/"+cid+"\n")
+	fakeProc(t, root, 301, 1, "0::/system.slice/sshd.service\n")
+	fakeProc(t, root, 302, 1, "8:pids:/kubepods/besteffort/pod"+uidA+"\n7:memory:/kubepods/pod"+uidB+"\n")
+	r, err := New(Config{Pods: podMap{}, ProcRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		pid  int32
+		want string
+		ok   bool
+	}{{300, uidA, true}, {301, "", true}, {302, "", false}, {303, "", false}, {0, "", false}} {
+		if got, ok := r.Group(caller.Cred{PID: c.pid}); got != c.want || ok != c.ok {
+			t.Errorf("Group(pid %d) = %q, %v; want %q, %v", c.pid, got, ok, c.want, c.ok)
+		}
 	}
 }

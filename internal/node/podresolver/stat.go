@@ -10,12 +10,16 @@ import (
 	"strconv"
 )
 
-// startTime reads field 22 of <dir>/stat: when the process started, in clock
-// ticks since boot. Two processes that ever held one pid differ in it
-// (unless both started within one tick, see doc.go). The file is read into
-// buf[len(buf):], grown if it is too small; buf's content is left as it is.
-func startTime(dir string, buf []byte) (uint64, error) {
-	data, err := appendFile(buf, filepath.Join(dir, "stat"), maxStatFile)
+// startTime reads field 22 of the stat file of pid's main thread,
+// <dir>/task/<pid>/stat: when the process started, in clock ticks since
+// boot. Two processes that ever held one pid differ in it (unless both
+// started within one tick, see doc.go). <dir>/stat would say the same but
+// costs O(threads): the kernel sums every thread's times into it (0.8 ms
+// at 8,000 threads), and a caller chooses how many threads it has. The
+// file is read into buf[len(buf):], grown if it is too small; buf's
+// content is left as it is.
+func startTime(dir string, pid int32, buf []byte) (uint64, error) {
+	data, err := appendFile(buf, filepath.Join(dir, "task", strconv.Itoa(int(pid)), "stat"), maxStatFile)
 	if err != nil {
 		return 0, err
 	}

@@ -65,6 +65,20 @@ func PodOf(err error) string {
 	return ""
 }
 
+// Grouper is implemented by a Resolver that can tell, cheaply and before
+// resolving, which pod the process behind a connection is in now (in node
+// mode, the pod its cgroup names). The socket server shares what
+// identifying and refusing connections may hold among pods by it: one pod
+// cannot take it all, whatever uids its processes take. It is no identity:
+// the process may exit and its pid be reused meanwhile; Resolve decides
+// who the caller is.
+type Grouper interface {
+	// Group returns the UID of the pod the process behind cred is in, ""
+	// for a process in no pod; ok is false when it cannot be told (the
+	// process has exited, its cgroup is not a pod's of a known shape).
+	Group(cred Cred) (podUID string, ok bool)
+}
+
 type ctxKey struct{}
 
 type noWaitKey struct{}

@@ -22,9 +22,6 @@ import (
 // PermissionDenied naming the reason.
 func (s *Server) admit(ctx context.Context, method string) (context.Context, error) {
 	c, ok := connOf(ctx)
-	if ok && c.refusal != nil {
-		return nil, c.refusal
-	}
 	if ok {
 		if st := c.state.Load(); st != nil {
 			if g := st.gone.Load(); g != nil {

@@ -37,11 +37,14 @@ func callerKey(info caller.Info, cred caller.Cred) string {
 
 func uidKey(cred caller.Cred) string { return "uid:" + strconv.FormatUint(uint64(cred.UID), 10) }
 
-// connKey is the caller key c counts against, for the logs: its uid's when
-// it counts against none.
+// connKey is the caller key c counts against, for the logs: its group's
+// when it counts against none.
 func connKey(c *conn) string {
 	if st := c.state.Load(); st != nil {
 		return st.key
+	}
+	if c.group != "" {
+		return c.group
 	}
 	return uidKey(c.cred)
 }

@@ -22,25 +22,30 @@
 // (so a pid reused since connect() is seen) and kept for the connection's
 // life; the pidfd is closed as soon as the caller is resolved. At accept the
 // Resolver is told not to wait (caller.NoWait). A caller the Resolver
-// refuses for good at accept has every RPC refused with PermissionDenied
-// naming the reason, and its connection is closed after a moment (at most
-// maxHeldRefusals such connections per uid; more are refused at the
-// handshake); one refused for now (caller.IsTemporary: its pod is not known
+// refuses for good at accept (its process may have exited: it can never be
+// served) is refused at the handshake, with PermissionDenied naming the
+// reason; one refused for now (caller.IsTemporary: its pod is not known
 // yet) is asked again at each RPC and when CallerArrived names its pod,
 // keeping its pidfd until then and counted against the pod its cgroup
 // names (caller.PodOf) meanwhile, or its uid when none. Refusals are
 // counted in meshagent_socket_refused_total and logged at a bounded rate
-// (refuse.go: per caller, the first of an interval, then one line with how
-// many followed).
+// (refuse.go: per pod, or per uid outside pods, the first of an interval,
+// then one line with how many followed).
 //
-// Refusing at the handshake (refuse.go): a connection over the handshakes
-// being identified (Config.MaxHandshakes), its caller's connections or its
-// caller's connection rate (Config.MaxConnRatePerCaller) gets no gRPC
-// transport: the server answers its first call, when it comes at once,
-// with the status naming the setting, writes a GOAWAY carrying the same
-// text and closes it. Interceptors put the caller in every
-// RPC's context (caller.NewContext): without a Resolver, caller.Info with
-// the credentials only (the agent's own identity is meant).
+// Refusing at the handshake (refuse.go): a connection over its pod's share
+// of the handshakes being identified or over them all
+// (Config.MaxHandshakes), its caller's connections or its caller's
+// connection rate (Config.MaxConnRatePerCaller), or whose caller is refused
+// for good, gets no gRPC transport: the server answers its first call, when
+// it comes at once, with the status naming the setting or the reason,
+// writes a GOAWAY carrying the same text and closes it. Before its caller
+// is known a connection counts against the pod its process's cgroup names
+// (caller.Grouper), a group for processes that have exited, or its uid: a
+// pod whose processes connect as a fresh uid each time is still one pod,
+// for the handshakes it holds, the refusals waiting for their client's
+// call and the log. Interceptors put the caller in every RPC's context
+// (caller.NewContext): without a Resolver, caller.Info with the
+// credentials only (the agent's own identity is meant).
 //
 // Limits per caller, a pod when the Resolver names one, else the uid of the
 // connecting process: connections (Config.MaxConnsPerCaller; one more is

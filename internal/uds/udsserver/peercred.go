@@ -51,9 +51,9 @@ type conn struct {
 	resolved bool
 	info     caller.Info
 
-	// refusal, set at accept, refuses every RPC of a connection over its
-	// caller's limit (closed shortly after).
-	refusal error
+	// group is what the connection counted against before its caller was
+	// known (see groupOf), for the logs.
+	group string
 	// key and state are the caller the connection counts against (see
 	// callers); key is guarded by callers.mu.
 	key    string
@@ -250,8 +250,8 @@ type peerCreds struct {
 // wait for a pod is shorter).
 const resolveTimeout = 10 * time.Second
 
-// refusedGrace is how long a connection of a caller refused for good stays
-// open, for its first RPCs to be told why (at most maxHeldRefusals per uid).
+// refusedGrace is how long a connection of a pod that left stays open, for
+// its RPCs to be told why.
 const refusedGrace = 2 * time.Second
 
 // ServerHandshake identifies the caller of a new connection and, when it
@@ -296,13 +296,14 @@ func (s *Server) parkEnded(lc *localConn, err error) {
 // connection to park when the caller is let in; errRefusedAtHandshake when
 // nc was refused (and closed).
 //
-// In order, each step cheaper than the next: the handshakes in flight
-// (Config.MaxHandshakes), the caller (SO_PEERCRED, a pidfd, the Resolver,
-// which does not wait for a pod here), the caller's connections
-// (Config.MaxConnsPerCaller) and its connection rate
-// (Config.MaxConnRatePerCaller). A caller refused for good has a few
-// connections per uid held for a moment, so that its RPCs are told why;
-// more are refused at the handshake.
+// In order, each step cheaper than the next: the connection's group
+// (groupOf) and its connection rate (Config.MaxConnRatePerCaller: the
+// group is the caller's pod, or its uid outside pods), a slot of the
+// handshakes in flight (Config.MaxHandshakes, shared among groups), the
+// caller (a pidfd, the Resolver, which does not wait for a pod here) and
+// the caller's connections (Config.MaxConnsPerCaller). The slot is given back before a refusal is
+// told (tell): a refused connection holds no more than its share of the
+// refusals waiting for their client's call.
 func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
 	c := newConn()
 	info := authInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, conn: c}
@@ -317,12 +318,62 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
 		return nc, info, nil, nil
 	}
 	c.cred, c.credOK = cred, true
-	key := uidKey(cred)
-	if !s.handshakes.acquire(s.cfg.MaxHandshakes) {
-		s.refuseConn(uc, refusedHandshakes, key, cred, codes.ResourceExhausted, fmt.Sprintf("too many connections being identified at once: at most %d", s.cfg.MaxHandshakes))
+	c.group = s.groupOf(cred)
+	if !s.rate.allow(c.group, s.cfg.Clock.Now()) {
+		// Before any identification: a pod that floods pays for its
+		// refusals, not for its identifications.
+		s.refuseConn(uc, refusedRate, c.group, c.group, cred, codes.ResourceExhausted, rateMessage(s.cfg.MaxConnRatePerCaller))
 		return nil, info, nil, errRefusedAtHandshake
 	}
-	defer s.handshakes.release()
+	if !s.handshakes.acquire(c.group, s.cfg.MaxHandshakes, handshakeShare(s.cfg.MaxHandshakes)) {
+		s.refuseConn(uc, refusedHandshakes, c.group, c.group, cred, codes.ResourceExhausted,
+			fmt.Sprintf("too many connections being identified at once: at most %d, %d of one pod", s.cfg.MaxHandshakes, handshakeShare(s.cfg.MaxHandshakes)))
+		return nil, info, nil, errRefusedAtHandshake
+	}
+	lc, no := s.admitConn(uc, c)
+	s.handshakes.release(c.group)
+	if no != nil {
+		s.refuseConn(no.nc, no.reason, no.key, c.group, cred, no.code, no.msg)
+		return nil, info, nil, errRefusedAtHandshake
+	}
+	s.log.Info("local client connected", zap.Uint32(logkeys.UID, cred.UID), zap.Uint32(logkeys.GID, cred.GID), zap.Int32(logkeys.PID, cred.PID),
+		zap.String(logkeys.Caller, c.key))
+	return lc, info, lc, nil
+}
+
+// groupOf is what a new connection counts against until its caller is
+// known: the pod its process's cgroup names, when the Resolver can tell
+// (caller.Grouper); unidentifiedGroup when it cannot (the process has
+// exited); else its uid.
+func (s *Server) groupOf(cred caller.Cred) string {
+	if g, ok := s.cfg.Resolver.(caller.Grouper); ok {
+		switch uid, ok := g.Group(cred); {
+		case !ok:
+			return unidentifiedGroup
+		case uid != "":
+			return podKey(uid)
+		}
+	}
+	return uidKey(cred)
+}
+
+// unidentifiedGroup holds the connections whose pod cannot be told: their
+// process has exited (a caller can never be served then), or its cgroup is
+// no pod's of a known shape.
+const unidentifiedGroup = "unidentified"
+
+// connRefusal is how a connection is refused at its handshake.
+type connRefusal struct {
+	nc          net.Conn // to answer and close
+	reason, key string
+	code        codes.Code
+	msg         string
+}
+
+// admitConn identifies c's caller and counts uc against it, holding a
+// handshake slot: the connection to serve, or how to refuse it.
+func (s *Server) admitConn(uc *net.UnixConn, c *conn) (*localConn, *connRefusal) {
+	cred, key := c.cred, c.group
 	if fd, err := peerpidfd.FromConn(uc); err != nil {
 		c.pidfdErr = err
 		s.log.Debug("local client connected; its process could not be pinned", zap.Int32(logkeys.PID, cred.PID), zap.Error(err))
@@ -334,7 +385,8 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
 		// from the start; the resolver does not wait for a pod it does not
 		// know yet: the connection counts against the pod its cgroup names
 		// and the first RPC asks again (or CallerArrived does). A final
-		// refusal refuses the connection.
+		// refusal refuses the connection here, with no transport: its
+		// caller can never be served (it may have exited).
 		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
 		who, err := c.resolve(caller.NoWait(ctx), s.cfg.Resolver)
 		cancel()
@@ -347,18 +399,11 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
 			}
 		default:
 			c.closePIDFD()
-			msg := fmt.Sprintf("caller not identified: %v", err)
-			if !s.refusals.hold(cred.UID) {
-				s.refuseConn(uc, refusedUnresolved, key, cred, codes.PermissionDenied, msg)
-				return nil, info, nil, errRefusedAtHandshake
+			if uid := caller.PodOf(err); uid != "" {
+				key = podKey(uid)
 			}
-			c.refusal = status.Error(codes.PermissionDenied, msg)
-			s.metrics.refused.WithLabelValues(refusedUnresolved).Inc()
-			s.refusals.log(key, refusedUnresolved, cred, msg)
-			lc := newLocalConn(uc, c, s)
-			c.closeConn = func() { _ = lc.Close() }
-			time.AfterFunc(refusedGrace, c.closeConn)
-			return lc, info, nil, nil
+			return nil, &connRefusal{nc: uc, reason: refusedUnresolved, key: key, code: codes.PermissionDenied,
+				msg: fmt.Sprintf("caller not identified: %v", err)}
 		}
 	} else {
 		c.closePIDFD()
@@ -367,17 +412,10 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
 	c.closeConn = func() { _ = lc.Close() } // before join: CallerArrived may close it
 	if err := s.callers.join(c, key, s.cfg.MaxConnsPerCaller); err != nil {
 		c.closePIDFD()
-		s.refuseConn(uc, refusedConnections, key, cred, codes.ResourceExhausted, status.Convert(err).Message())
-		return nil, info, nil, errRefusedAtHandshake
+		return nil, &connRefusal{nc: uc, reason: refusedConnections, key: key, code: codes.ResourceExhausted, msg: status.Convert(err).Message()}
 	}
 	s.metrics.conns.Inc()
-	if !s.rate.allow(key, s.cfg.Clock.Now()) {
-		s.refuseConn(lc, refusedRate, key, cred, codes.ResourceExhausted, rateMessage(s.cfg.MaxConnRatePerCaller)) // lc.Close gives back what join took
-		return nil, info, nil, errRefusedAtHandshake
-	}
-	s.log.Info("local client connected", zap.Uint32(logkeys.UID, cred.UID), zap.Uint32(logkeys.GID, cred.GID), zap.Int32(logkeys.PID, cred.PID),
-		zap.String(logkeys.Caller, key))
-	return lc, info, lc, nil
+	return lc, nil
 }
 
 // localConn is a connection to the socket: it gives back its caller's
@@ -424,18 +462,16 @@ func (p *localConn) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// Close gives back what the connection counted against its caller, then
+// closes it: a client that sees its connection end finds its count given
+// back.
 func (p *localConn) Close() error {
-	err := p.Conn.Close()
 	p.once.Do(func() {
 		p.c.closePIDFD()
-		if p.c.refusal == nil {
-			p.s.callers.leave(p.c)
-			p.s.metrics.conns.Dec()
-		} else {
-			p.s.refusals.unhold(p.c.cred.UID)
-		}
+		p.s.callers.leave(p.c)
+		p.s.metrics.conns.Dec()
 	})
-	return err
+	return p.Conn.Close()
 }
 
 func (peerCreds) ClientHandshake(_ context.Context, _ string, nc net.Conn) (net.Conn, credentials.AuthInfo, error) {

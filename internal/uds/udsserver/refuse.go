@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -25,14 +24,21 @@ import (
 )
 
 // Refusing at the handshake. A connection refused when it is accepted (over
-// its caller's connections or connection rate, over the handshakes in
-// flight, or a caller refused for good beyond the few held to be told why)
+// its group's share of the handshakes in flight or over them all, over its
+// caller's connections or connection rate, or a caller refused for good)
 // never gets a gRPC transport: the server answers on the socket itself
 // (tell) and closes it: the client's first call, when it comes at once, gets
 // the status (ResourceExhausted naming the setting, or PermissionDenied
 // with the reason), then a GOAWAY carries the same text (ENHANCE_YOUR_CALM).
 // What it costs is the accept, the identification and a few small reads and
-// writes within refusalWait; nothing stays.
+// writes within refusalWait, waited for by at most maxAwaitingPerGroup
+// refused connections of one group and maxAwaiting in all (beyond, the
+// GOAWAY is written at once); nothing stays.
+//
+// A group is what a connection counts against before its caller is known
+// (groupOf): the pod its process's cgroup names, unidentified when that
+// cannot be told (the process has exited), else its uid. A pod whose
+// processes take a fresh uid for each connection is one group.
 
 // errRefusedAtHandshake ends a connection refused at its handshake: gRPC
 // closes it without logging (it is closed already).
@@ -65,29 +71,63 @@ func (s *Server) goAwayFrame(last uint32, debug string) []byte {
 // refuseConn refuses nc at its handshake: GOAWAY saying msg, then closed;
 // counted under reason and logged at a bounded rate under key, before the
 // client can hear of it (a client told, then reading the metric, sees it).
-func (s *Server) refuseConn(nc net.Conn, reason, key string, cred caller.Cred, code codes.Code, msg string) {
+// Its wait for the client's call counts against group.
+func (s *Server) refuseConn(nc net.Conn, reason, key, group string, cred caller.Cred, code codes.Code, msg string) {
 	s.metrics.refused.WithLabelValues(reason).Inc()
 	s.refusals.log(key, reason, cred, msg)
-	s.tell(nc, code, msg)
+	s.tell(nc, group, code, msg)
 	_ = nc.Close()
 }
 
-// handshakes counts connections at a step of their handshake (being
-// identified, bounded by Config.MaxHandshakes; refused and waiting for
-// their preface, bounded by maxAwaiting).
-type handshakes struct {
-	n atomic.Int64
+// slots bound what connections hold at one step of their handshake (being
+// identified, Config.MaxHandshakes; refused and waiting for their client's
+// call, maxAwaiting), in all and per group, so that one pod cannot take
+// them all.
+type slots struct {
+	mu    sync.Mutex
+	total int
+	per   map[string]int
 }
 
-func (h *handshakes) acquire(max int) bool {
-	if h.n.Add(1) > int64(max) {
-		h.n.Add(-1)
+// acquire takes a slot of group, or reports false when the group holds
+// share of them or all hold max.
+func (s *slots) acquire(group string, max, share int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.total >= max || s.per[group] >= share {
 		return false
 	}
+	if s.per == nil {
+		s.per = map[string]int{}
+	}
+	s.total++
+	s.per[group]++
 	return true
 }
 
-func (h *handshakes) release() { h.n.Add(-1) }
+func (s *slots) release(group string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.total--
+	if s.per[group]--; s.per[group] <= 0 {
+		delete(s.per, group)
+	}
+}
+
+// count is the slots group holds.
+func (s *slots) count(group string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.per[group]
+}
+
+// handshakeShares: one group holds at most 1/handshakeShares of
+// Config.MaxHandshakes (at least one): an identification takes tens of
+// microseconds, so that many pods flooding at once are needed to keep
+// another pod's connection waiting, not one.
+const handshakeShares = 8
+
+func handshakeShare(total int) int { return max(1, total/handshakeShares) }
 
 // connRate is a token bucket per caller key: a caller may open burst
 // connections at once, then perSec a second.
@@ -137,11 +177,6 @@ func (r *connRate) sweep(now time.Time) {
 	}
 }
 
-// maxHeldRefusals bounds the connections of one uid refused for good that
-// are held open for a moment so that their first RPCs are told why
-// (PermissionDenied with the reason); more are refused at the handshake.
-const maxHeldRefusals = 4
-
 // refusalLogInterval is how often a caller's refusals are logged: its
 // first at once, then one line per interval with how many followed.
 const refusalLogInterval = 10 * time.Second
@@ -153,16 +188,15 @@ const maxRefusalLogKeys = 256
 
 const refusalLogOthers = "others"
 
-// refusals holds what refusing needs across connections: the held
-// connections of callers refused for good, per uid, and the rate-bounded
-// log.
+// refusals is the rate-bounded log of refusals, per group or caller: a pod
+// is one key whatever uids its processes take, so that it cannot push
+// another pod's refusals out of the log.
 type refusals struct {
 	logger   *zap.Logger
 	interval time.Duration
 
 	mu      sync.Mutex
-	held    map[uint32]int           // connections held per uid
-	pending map[string]*refusalCount // refusals not logged yet, per caller key
+	pending map[string]*refusalCount // refusals not logged yet, per key
 }
 
 type refusalCount struct {
@@ -171,26 +205,7 @@ type refusalCount struct {
 }
 
 func newRefusals(log *zap.Logger) *refusals {
-	return &refusals{logger: log, interval: refusalLogInterval, held: map[uint32]int{}, pending: map[string]*refusalCount{}}
-}
-
-// hold counts one more held connection of uid, or reports false at the bound.
-func (r *refusals) hold(uid uint32) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.held[uid] >= maxHeldRefusals {
-		return false
-	}
-	r.held[uid]++
-	return true
-}
-
-func (r *refusals) unhold(uid uint32) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.held[uid]--; r.held[uid] <= 0 {
-		delete(r.held, uid)
-	}
+	return &refusals{logger: log, interval: refusalLogInterval, pending: map[string]*refusalCount{}}
 }
 
 // log logs a refusal of caller key: the first of an interval at once, the
@@ -241,17 +256,18 @@ func rateMessage(perSec int) string {
 // within refusalWait (clients send their preface, SETTINGS and first call as
 // they connect), that call gets the gRPC status code and msg, as one more
 // RPC on a connection let in would; then, or at once, a GOAWAY carrying
-// msg. At most maxAwaiting refused connections wait at once; beyond, the
-// GOAWAY is written without waiting. A client whose connection is closed
-// before it has written its preface reports a broken pipe instead.
-func (s *Server) tell(nc net.Conn, code codes.Code, msg string) {
-	if !s.awaiting.acquire(maxAwaiting) {
+// msg. At most maxAwaitingPerGroup refused connections of group, and
+// maxAwaiting in all, wait at once; beyond, the GOAWAY is written without
+// waiting. A client whose connection is closed before it has written its
+// preface reports a broken pipe instead.
+func (s *Server) tell(nc net.Conn, group string, code codes.Code, msg string) {
+	if !s.awaiting.acquire(group, maxAwaiting, maxAwaitingPerGroup) {
 		_ = nc.SetDeadline(time.Now().Add(handshakeWriteTimeout))
 		_, _ = nc.Write(s.goAway(0, msg))
 		return
 	}
-	defer s.awaiting.release()
-	_ = nc.SetDeadline(time.Now().Add(refusalWait))
+	defer s.awaiting.release(group)
+	_ = nc.SetDeadline(time.Now().Add(s.refusalWait))
 	var preface [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(nc, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
 		_, _ = nc.Write(s.goAway(0, msg))
@@ -310,10 +326,12 @@ func grpcMessage(msg string) string {
 }
 
 // refusalWait bounds tell's wait; maxAwaiting bounds the refused
-// connections waiting in it at once; maxRefusedFrame bounds a frame tell
-// reads (the client's first HEADERS; the server's SETTINGS allow 16 KiB).
+// connections waiting in it at once, maxAwaitingPerGroup those of one group;
+// maxRefusedFrame bounds a frame tell reads (the client's first HEADERS;
+// the server's SETTINGS allow 16 KiB).
 const (
-	refusalWait     = 250 * time.Millisecond
-	maxAwaiting     = 64
-	maxRefusedFrame = 16 << 10
+	refusalWait         = 250 * time.Millisecond
+	maxAwaiting         = 64
+	maxAwaitingPerGroup = 4
+	maxRefusedFrame     = 16 << 10
 )

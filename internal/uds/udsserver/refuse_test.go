@@ -35,6 +35,12 @@ func rawRefusal(t *testing.T, socket string) string {
 		t.Fatal(err)
 	}
 	defer nc.Close()
+	return rawRefusalConn(t, nc)
+}
+
+// rawRefusalConn is rawRefusal on a connection opened already.
+func rawRefusalConn(t *testing.T, nc net.Conn) string {
+	t.Helper()
 	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
 	// Frames are written to out, then to the socket in one write: the
 	// server closes the connection once it has answered, maybe before the
@@ -200,11 +206,11 @@ func (b blocking) Resolve(ctx context.Context, cred caller.Cred) (caller.Info, e
 	return caller.Info{Cred: cred}, nil
 }
 
-// At most MaxHandshakes connections are being identified at once; one more
-// is refused at once, saying so.
+// At most MaxHandshakes connections are being identified at once, an
+// eighth of them of one caller; one more is refused at once, saying so.
 func TestMaxHandshakes(t *testing.T) {
 	b := blocking{waiting: make(chan struct{}, 8), release: make(chan struct{})}
-	f := start(t, func(c *Config) { c.Resolver = b; c.MaxHandshakes = 2 })
+	f := start(t, func(c *Config) { c.Resolver = b; c.MaxHandshakes = 2 * handshakeShares })
 	testwait.Within(t, 20*time.Second, "the socket", func() bool { _, err := os.Stat(f.socket); return err == nil })
 	var opened []net.Conn
 	defer func() {
@@ -223,38 +229,25 @@ func TestMaxHandshakes(t *testing.T) {
 	got := rawRefusal(t, f.socket)
 	close(b.release)
 	if !strings.HasPrefix(got, "status:8 ") || !strings.Contains(got, "being identified") {
-		t.Fatalf("a third connection while two are identified: %q, want it refused", got)
+		t.Fatalf("a third connection of a caller while two are identified: %q, want it refused", got)
 	}
 	if got := counter(t, f.srv.metrics.refused.WithLabelValues(refusedHandshakes)); got != 1 {
 		t.Errorf("refused{handshakes} = %v, want 1", got)
 	}
 }
 
-// A caller refused for good has at most maxHeldRefusals connections held
-// for its RPCs to be told why; more are refused at the handshake, with the
-// same reason.
-func TestFinalRefusalsHeldPerUID(t *testing.T) {
+// A caller refused for good is told why by the server's own answer: its
+// first RPC gets PermissionDenied with the reason, through gRPC's client.
+func TestFinalRefusalToldByGRPCClient(t *testing.T) {
 	r := &resolver{known: map[int32]caller.Info{}, final: true}
 	f := start(t, func(c *Config) { c.Resolver = r })
 	want := fmt.Sprintf("pid %d belongs to no known pod", me().PID)
-	var conns []*grpc.ClientConn
-	for range maxHeldRefusals + 6 {
-		c := f.dial()
-		conns = append(conns, c)
+	for range 6 {
 		var out wrapperspb.StringValue
-		err := c.Invoke(rpcCtx(t), whoUnary, wrapperspb.String("who"), &out, grpc.WaitForReady(true))
+		err := f.dial().Invoke(rpcCtx(t), whoUnary, wrapperspb.String("who"), &out, grpc.WaitForReady(true))
 		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), want) {
 			t.Fatalf("%v, want PermissionDenied naming %q", err, want)
 		}
-	}
-	f.srv.refusals.mu.Lock()
-	held := f.srv.refusals.held[me().UID]
-	f.srv.refusals.mu.Unlock()
-	if held > maxHeldRefusals {
-		t.Fatalf("%d refused connections held, want at most %d", held, maxHeldRefusals)
-	}
-	for _, c := range conns {
-		_ = c.Close()
 	}
 }
 

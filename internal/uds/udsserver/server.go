@@ -98,8 +98,9 @@ type Config struct {
 	// is refused at its handshake. Default DefaultMaxConnRatePerCaller.
 	MaxConnRatePerCaller int
 	// MaxHandshakes bounds the connections being identified at once (read
-	// their credentials, pinned, resolved); one more is refused at its
-	// handshake. Default DefaultMaxHandshakes.
+	// their credentials, pinned, resolved), one pod's (or uid's) to an
+	// eighth of it; one more is refused at its handshake. Default
+	// DefaultMaxHandshakes.
 	MaxHandshakes int
 }
 
@@ -128,10 +129,13 @@ type Server struct {
 	// handshake, written by park.
 	settingsFrame []byte
 	parked        parkedConns
-	handshakes    handshakes
-	awaiting      handshakes
+	handshakes    slots
+	awaiting      slots
 	rate          connRate
 	refusals      *refusals
+	// refusalWait is how long a refused connection waits for its client's
+	// call (refusalWait; tests change it).
+	refusalWait time.Duration
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -182,7 +186,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Clock = clock.RealClock{}
 	}
 	log := cfg.Logger.Named("uds")
-	s := &Server{cfg: cfg, log: log, metrics: m, callers: callers{m: map[string]*callerState{}}, refusals: newRefusals(log),
+	s := &Server{cfg: cfg, log: log, metrics: m, callers: callers{m: map[string]*callerState{}}, refusals: newRefusals(log), refusalWait: refusalWait,
 		rate: connRate{
 			perSec: float64(cfg.MaxConnRatePerCaller),
 			burst:  float64(max(cfg.MaxConnsPerCaller, cfg.MaxConnRatePerCaller)),

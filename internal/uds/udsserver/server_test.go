@@ -24,7 +24,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -358,9 +357,9 @@ func TestResolverTemporaryRefusal(t *testing.T) {
 	}
 }
 
-// A final refusal at accept refuses every RPC of the connection, without
-// asking again, and the connection is closed: it is counted against
-// nobody, holds no pidfd, and does not stay.
+// A final refusal at accept is answered by the server itself and the
+// connection closed: no transport, asked once, counted against nobody.
+// A new connection is a new caller, asked again.
 func TestResolverFinalRefusal(t *testing.T) {
 	r := &resolver{known: map[int32]caller.Info{}, final: true}
 	f := start(t, func(c *Config) { c.Resolver = r })
@@ -369,18 +368,15 @@ func TestResolverFinalRefusal(t *testing.T) {
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), want) {
 		t.Fatalf("%v, want PermissionDenied naming the reason %q", err, want)
 	}
-	r.learn(me().PID, caller.Info{Identity: pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/a/sa/late"}})
-	if _, err := unary(t, f.conn); status.Code(err) != codes.PermissionDenied && status.Code(err) != codes.Unavailable {
-		t.Fatalf("the refused connection was served: %v", err)
-	}
 	if n := r.calls.Load(); n != 1 {
 		t.Fatalf("resolver asked %d times, want once", n)
 	}
-	ctx := rpcCtx(t)
-	for s := f.conn.GetState(); s == connectivity.Ready; s = f.conn.GetState() {
-		if !f.conn.WaitForStateChange(ctx, s) {
-			t.Fatal("the refused connection was not closed")
-		}
+	if n := f.connsOf(uidKey(me())); n != 0 {
+		t.Fatalf("%d refused connections counted, want none", n)
+	}
+	r.learn(me().PID, caller.Info{Identity: pki.Identity{SPIFFEID: "spiffe://cluster.local/ns/a/sa/late"}})
+	if got, err := unary(t, f.dial()); err != nil || !strings.Contains(got, "sa/late") {
+		t.Fatalf("a new connection once the caller is known: %q, %v", got, err)
 	}
 }
 
