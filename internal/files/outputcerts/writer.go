@@ -12,12 +12,12 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/atomicfile"
-	"github.com/meshagent/meshagent/internal/files/mountinfo"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -435,6 +435,6 @@ func (w *Writer) removeStaleTemps() {
 // isMountPoint reports whether dir is the mount point of a file system in
 // the agent's mount namespace.
 func isMountPoint(dir string) bool {
-	m, err := mountinfo.At(filepath.Clean(dir))
+	m, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(filepath.Clean(dir)))
 	return err == nil && len(m) > 0
 }
