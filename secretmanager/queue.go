@@ -3,6 +3,8 @@ package secretmanager
 import (
 	stdheap "container/heap"
 	"time"
+
+	"github.com/meshagent/meshagent/internal/pki"
 )
 
 // heap is a binary min-heap ordered by less (container/heap). The
@@ -96,12 +98,20 @@ type timed struct {
 
 func timedLess(a, b timed) bool { return a.at.Before(b.at) }
 
-// ranked is a due entry waiting for a CSR slot.
+// ranked is a due entry, or a CSRJob, waiting for a CSR slot.
 type ranked struct {
-	e      *entry
+	e      *entry // nil for a job
+	j      *job
 	ticket uint64 // of dueQueue
 	prio   priority
 	due    time.Time
+}
+
+func (r ranked) id() pki.Identity {
+	if r.j != nil {
+		return r.j.id
+	}
+	return r.e.id
 }
 
 // rankedLess orders by priority (highest first), then due time (earliest
@@ -112,8 +122,8 @@ func rankedLess(a, b ranked) bool {
 		return a.prio > b.prio
 	case !a.due.Equal(b.due):
 		return a.due.Before(b.due)
-	case a.e.id.SPIFFEID != b.e.id.SPIFFEID:
-		return a.e.id.SPIFFEID < b.e.id.SPIFFEID
+	case a.id().SPIFFEID != b.id().SPIFFEID:
+		return a.id().SPIFFEID < b.id().SPIFFEID
 	}
-	return a.e.id.DNSName < b.e.id.DNSName
+	return a.id().DNSName < b.id().DNSName
 }
