@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // DriverName is the CSI driver's name: the CSIDriver object's name and what pods write
@@ -118,7 +119,7 @@ func (d *Driver) NodePublishVolume(_ context.Context, req *csipb.NodePublishVolu
 	if err != nil {
 		return nil, err
 	}
-	log := d.log.With(zap.String("volume_id", req.GetVolumeId()), zap.String("target_path", target))
+	log := d.log.With(zap.String(logkeys.VolumeID, req.GetVolumeId()), zap.String(logkeys.TargetPath, target))
 	unlock := d.lock(target)
 	defer unlock()
 
@@ -189,7 +190,7 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublish
 		case err == nil:
 		case errors.Is(err, unix.EINVAL) && !lazy:
 			lazy = true
-			d.log.Warn("the target is listed as mounted but umount says it is not: detaching lazily", zap.String("target_path", target))
+			d.log.Warn("the target is listed as mounted but umount says it is not: detaching lazily", zap.String(logkeys.TargetPath, target))
 		default:
 			return nil, status.Errorf(codes.Internal, "unmounting (flags %#x): %v", flags, err)
 		}
@@ -197,7 +198,7 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublish
 	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, status.Errorf(codes.Internal, "removing target: %v", err)
 	}
-	d.log.Info("volume unpublished", zap.String("volume_id", req.GetVolumeId()), zap.String("target_path", target))
+	d.log.Info("volume unpublished", zap.String(logkeys.VolumeID, req.GetVolumeId()), zap.String(logkeys.TargetPath, target))
 	return &csipb.NodeUnpublishVolumeResponse{}, nil
 }
 

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
 )
 
 // node is a socket directory and a kubelet pods directory in a temporary directory.
