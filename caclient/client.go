@@ -5,6 +5,9 @@ import (
 	"crypto/x509"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
@@ -25,4 +28,15 @@ type Preconnecter interface {
 	// Preconnect starts connecting in the background and returns at once.
 	// A failure is not reported here: the first Sign meets it and reports it.
 	Preconnect()
+}
+
+// Permanent reports whether err is a CA's refusal for good: asking again
+// with the same request cannot succeed (gRPC InvalidArgument,
+// PermissionDenied, FailedPrecondition or Unimplemented).
+func Permanent(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.FailedPrecondition, codes.Unimplemented:
+		return true
+	}
+	return false
 }

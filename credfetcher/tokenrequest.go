@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sync/singleflight"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -97,16 +98,13 @@ type TokenRequest struct {
 	tok       string    // current token; empty after Invalidate
 	expiry    time.Time // expiry of tok
 	refreshAt time.Time // when tok is due for replacement
-	flight    *flight   // the request in progress, or nil
-	failures  int       // failed requests since the last success
-	retryAt   time.Time // no request before this after a failure
-	lastErr   error     // the last failure, returned while waiting to retry
-}
-
-type flight struct {
-	done chan struct{}
-	tok  string
-	err  error
+	// requesting is set while a request runs in flight, whose callers
+	// share it.
+	requesting bool
+	flight     singleflight.Group
+	failures   int       // failed requests since the last success
+	retryAt    time.Time // no request before this after a failure
+	lastErr    error     // the last failure, returned while waiting to retry
 }
 
 var (
@@ -169,26 +167,26 @@ func (t *TokenRequest) Token(ctx context.Context) (string, error) {
 		t.mu.Unlock()
 		return tok, nil
 	}
-	f := t.flight
-	if f == nil {
+	if !t.requesting {
 		if now.Before(t.retryAt) {
 			tok, err := t.fallbackLocked(now)
 			t.mu.Unlock()
 			return tok, err
 		}
-		f = &flight{done: make(chan struct{})}
-		t.flight = f
-		go t.request(f)
+		t.requesting = true
 	}
+	// Under mu: the request clears requesting under mu before it returns,
+	// so a caller that saw it set joins that request.
+	done := t.flight.DoChan("", t.request)
 	t.mu.Unlock()
 
 	select {
-	case <-f.done:
+	case r := <-done:
+		if r.Err == nil {
+			return r.Val.(string), nil
+		}
 	case <-ctx.Done():
 		return "", fmt.Errorf("waiting for a token for serviceaccount %s: %w", t.name, ctx.Err())
-	}
-	if f.err == nil {
-		return f.tok, nil
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -217,9 +215,9 @@ func (t *TokenRequest) Invalidate(tok string) {
 	t.log.Info("token refused by a peer; a new one will be requested")
 }
 
-// request makes one TokenRequest and records its outcome in f and in t.
-func (t *TokenRequest) request(f *flight) {
-	defer close(f.done)
+// request makes one TokenRequest, records its outcome in t and returns the
+// token.
+func (t *TokenRequest) request() (any, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.RequestTimeout)
 	defer cancel()
 	secs := int64(t.cfg.Lifetime / time.Second)
@@ -240,32 +238,33 @@ func (t *TokenRequest) request(f *flight) {
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.flight = nil
+	t.requesting = false
+	t.flight.Forget("") // the next request is a new one, even before this returns
 	if err != nil {
 		if apierrors.IsUnauthorized(err) {
 			err = fmt.Errorf("the API server refused the agent's own credentials (deleted service account or expired token?): %w", err)
 		}
-		f.err = fmt.Errorf("requesting a token for serviceaccount %s: %w", t.name, err)
-		t.lastErr = f.err
+		err = fmt.Errorf("requesting a token for serviceaccount %s: %w", t.name, err)
+		t.lastErr = err
 		t.failures++
 		wait := retryDelay(t.failures)
 		t.retryAt = received.Add(wait)
-		fields := []zap.Field{zap.Int(logkeys.Failures, t.failures), zap.Duration(logkeys.RetryIn, wait), zap.Error(f.err)}
+		fields := []zap.Field{zap.Int(logkeys.Failures, t.failures), zap.Duration(logkeys.RetryIn, wait), zap.Error(err)}
 		if t.tok != "" && received.Before(t.expiry) {
 			t.log.Warn("token refresh failed; the current token is used until it expires",
 				append(fields, zap.Time(logkeys.Expiry, t.expiry))...)
 		} else {
 			t.log.Error("token request failed; no valid token", fields...)
 		}
-		return
+		return "", err
 	}
 	expiry := resp.Status.ExpirationTimestamp.Time
-	f.tok = resp.Status.Token
-	t.tok, t.expiry = f.tok, expiry
+	t.tok, t.expiry = resp.Status.Token, expiry
 	t.refreshAt = RefreshTime(received, expiry, t.cfg.RefreshRatio)
 	t.failures, t.retryAt, t.lastErr = 0, time.Time{}, nil
 	t.log.Info("token obtained", zap.Time(logkeys.Expiry, expiry), zap.Time(logkeys.RefreshAt, t.refreshAt),
 		zap.Strings(logkeys.Audiences, t.cfg.Audiences))
+	return t.tok, nil
 }
 
 func checkTokenResponse(resp *authenticationv1.TokenRequest) error {

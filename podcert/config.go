@@ -2,7 +2,6 @@ package podcert
 
 import (
 	"context"
-	"crypto/x509"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -17,21 +16,21 @@ import (
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/secretmanager"
 )
 
 // Defaults of Config.
 const (
-	DefaultMaxConcurrentCSRs = 8
-	DefaultTTL               = 24 * time.Hour
-	DefaultRefreshRatio      = 0.5
-	DefaultRefreshJitter     = 0.01
-	DefaultBackoffBase       = 500 * time.Millisecond
-	DefaultBackoffCap        = 60 * time.Second
-	DefaultSignTimeout       = time.Minute
-	DefaultMaxAttempts       = 8
-	DefaultPodWait           = time.Minute
-	DefaultCABackdate        = time.Minute
-	DefaultBundleResync      = 10 * time.Minute
+	DefaultWorkers       = 8
+	DefaultTTL           = 24 * time.Hour
+	DefaultRefreshRatio  = 0.5
+	DefaultRefreshJitter = 0.01
+	DefaultBackoffBase   = 500 * time.Millisecond
+	DefaultBackoffCap    = 60 * time.Second
+	DefaultMaxAttempts   = 8
+	DefaultPodWait       = time.Minute
+	DefaultCABackdate    = time.Minute
+	DefaultBundleResync  = 10 * time.Minute
 )
 
 // API is the part of the Kubernetes API the signer uses
@@ -44,11 +43,12 @@ type API interface {
 	UpdatePodCertificateRequestStatus(ctx context.Context, req *kubeclient.PodCertificateRequest) (*kubeclient.PodCertificateRequest, error)
 }
 
-// CA signs a CSR for an identity (caclient.Client's Sign): the node agent's
-// Istio client, which asks on the pod's behalf (ImpersonatedIdentity), or
-// the development CA. It returns the chain, leaf first, unjudged.
+// CA signs the pods' CSRs through the agent's one signing pipeline
+// (secretmanager.Manager.SignCSR): its CSR budget, its per-identity
+// backoff (a failure is a *secretmanager.BackoffError) and its checks of
+// every CA answer.
 type CA interface {
-	Sign(ctx context.Context, csrDER []byte, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error)
+	SignCSR(ctx context.Context, job secretmanager.CSRJob) (secretmanager.Signed, error)
 }
 
 // Pods finds the pods of the agent's node by UID (podindex.Index).
@@ -64,13 +64,6 @@ type Pods interface {
 type RootSource interface {
 	Bundle() (*pki.Bundle, string)
 	Watch() (<-chan struct{}, func())
-}
-
-// Budget bounds the CSRs in flight to the CA. Acquire waits for a slot
-// (or ctx); every successful Acquire is followed by one Release.
-type Budget interface {
-	Acquire(ctx context.Context) error
-	Release()
 }
 
 // Config describes a Signer. Zero values get the defaults noted.
@@ -113,24 +106,17 @@ type Config struct {
 	// by up to this share of the life either way. Default 0.01; negative
 	// means none.
 	RefreshJitter float64
-	// MaxConcurrentCSRs bounds the CA requests in flight
-	// (MESHAGENT_CA_MAX_CONCURRENT_CSRS); it is also the number of workers.
-	// Default 8.
-	MaxConcurrentCSRs int
-	// Budget, when set, is the CSR budget shared with other parts of the
-	// agent; default a budget of MaxConcurrentCSRs of the signer's own.
-	Budget Budget
-	// BackoffBase and BackoffCap: the wait after a failed CA request of an
-	// identity doubles per failure of that identity, with jitter. Other
-	// identities are not delayed. Defaults 500ms and 60s.
+	// Workers is how many requests are worked on at once; the CA's budget
+	// is CA's. Default 8.
+	Workers int
+	// BackoffBase and BackoffCap: the wait after a failed status write of
+	// a request doubles per failure, with jitter. Defaults 500ms and 60s.
 	BackoffBase, BackoffCap time.Duration
 	// MaxAttempts is how many rejected CA answers (a certificate that fails
 	// the checks) a PodCertificateRequest gets before it is marked Failed.
 	// A CA that cannot answer is retried while the request is pending.
 	// Default 8.
 	MaxAttempts int
-	// SignTimeout bounds one CA request. Default 1m.
-	SignTimeout time.Duration
 	// PodWait is how long a request for a pod the index does not hold is
 	// retried before it is denied (the pod informer may lag the kubelet),
 	// counted from the request's creation or from the first full list of
@@ -180,11 +166,8 @@ func (c *Config) setDefaults() error {
 		c.RefreshJitter = DefaultRefreshJitter
 	}
 	c.RefreshJitter = max(c.RefreshJitter, 0)
-	if c.MaxConcurrentCSRs <= 0 {
-		c.MaxConcurrentCSRs = DefaultMaxConcurrentCSRs
-	}
-	if c.Budget == nil {
-		c.Budget = newSemaphore(c.MaxConcurrentCSRs)
+	if c.Workers <= 0 {
+		c.Workers = DefaultWorkers
 	}
 	if c.BackoffBase <= 0 {
 		c.BackoffBase = DefaultBackoffBase
@@ -194,9 +177,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.SignTimeout <= 0 {
-		c.SignTimeout = DefaultSignTimeout
 	}
 	if c.PodWait <= 0 {
 		c.PodWait = DefaultPodWait
@@ -232,19 +212,3 @@ func ValidateSignerName(name string) error {
 func BundleName(signer string) string {
 	return strings.ReplaceAll(signer, "/", ":") + ":mesh-roots"
 }
-
-// semaphore is the signer's own Budget.
-type semaphore chan struct{}
-
-func newSemaphore(n int) semaphore { return make(semaphore, n) }
-
-func (s semaphore) Acquire(ctx context.Context) error {
-	select {
-	case s <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (s semaphore) Release() { <-s }

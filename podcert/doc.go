@@ -12,11 +12,11 @@
 // accept, a pod of the node's pod index with the request's UID, name,
 // namespace and service account); the CA request made with the stub CSR as
 // is (it is signed by the pod's key, which never leaves the pod) for the
-// pod's identity, within the CSR budget (Config.Budget, MaxConcurrentCSRs
-// workers) and a per-identity backoff, so a failing identity never delays
-// another; the check of the answer as any CA answer (pki.VerifyIssued with
-// the request's public key, the pod's identity and the current roots) and
-// of the validity window the API server accepts (one hour to the request's
+// pod's identity, through the agent's one signing pipeline
+// (secretmanager.Manager.SignCSR: one CSR budget with the certificate
+// cache, a per-identity backoff so a failing identity never delays
+// another, and the checks of every CA answer); the check of the validity
+// window the API server accepts (one hour to the request's
 // maxExpirationSeconds, NotBefore within five minutes of now, the CA's
 // backdating learnt from its answers and subtracted from the validity
 // asked); the status written through the status subresource (Issued with
@@ -33,9 +33,9 @@
 // kubelet owns the key, the files and the refresh.
 //
 // Concurrency: Run starts the informer and, once both the requests and the
-// node's pods have been listed, MaxConcurrentCSRs workers fed by one delaying work queue keyed by
-// request; the queue never hands one request to two workers. Signer.mu
-// guards the per-request attempt counts, the per-identity backoff and the
-// learnt backdating; it is never held across a CA or API request. New
-// starts nothing; Run returns after every goroutine it started has ended.
+// node's pods have been listed, Workers workers fed by one delaying work
+// queue keyed by request; the queue never hands one request to two
+// workers. Signer.mu guards the per-request attempt counts and the learnt
+// backdating; it is never held across a CA or API request. New starts
+// nothing; Run returns after every goroutine it started has ended.
 package podcert

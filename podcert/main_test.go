@@ -174,10 +174,15 @@ func (c *cluster) agentCA() *istio.Client {
 	return client
 }
 
-// startSigner runs a signer for nodeA with the node's pod index, the agent's
-// CA client and the CA's roots, until the test ends. edit changes the
-// configuration first.
+// startSigner runs a signer for nodeA with the node's pod index and the
+// agent's certificate cache (its CSRs signed by the agent's CA client) over
+// the CA's roots, until the test ends. edit changes the signer's
+// configuration and editCache the cache's, first.
 func (c *cluster) startSigner(edit func(*Config)) (*Signer, *secretmanager.Roots) {
+	return c.startSignerCache(edit, nil)
+}
+
+func (c *cluster) startSignerCache(edit func(*Config), editCache func(*secretmanager.Config)) (*Signer, *secretmanager.Roots) {
 	c.t.Helper()
 	admin, err := kubeclient.NewForConfig(c.env.Config())
 	if err != nil {
@@ -203,8 +208,19 @@ func (c *cluster) startSigner(edit func(*Config)) (*Signer, *secretmanager.Roots
 	if err != nil {
 		c.t.Fatal(err)
 	}
+	mc := secretmanager.Config{
+		Roots: roots, CSRSigner: c.agentCA(),
+		BackoffBase: 10 * time.Millisecond, BackoffCap: 100 * time.Millisecond,
+	}
+	if editCache != nil {
+		editCache(&mc)
+	}
+	m, err := secretmanager.New(mc)
+	if err != nil {
+		c.t.Fatal(err)
+	}
 	cfg := Config{
-		SignerName: c.signer, NodeName: nodeA, API: api, Pods: idx, Roots: roots, CA: c.agentCA(),
+		SignerName: c.signer, NodeName: nodeA, API: api, Pods: idx, Roots: roots, CA: m,
 		BackoffBase: 10 * time.Millisecond, BackoffCap: 100 * time.Millisecond,
 	}
 	if edit != nil {
@@ -217,6 +233,7 @@ func (c *cluster) startSigner(edit func(*Config)) (*Signer, *secretmanager.Roots
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = idx.Run(ctx) })
+	wg.Go(func() { _ = m.Run(ctx) })
 	wg.Go(func() {
 		if err := s.Run(ctx); err != nil {
 			c.t.Errorf("signer: %v", err)

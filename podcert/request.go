@@ -2,6 +2,7 @@ package podcert
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
@@ -14,14 +15,13 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/secretmanager"
 )
 
 // Reasons of the Denied and Failed conditions the signer writes, besides
@@ -96,7 +96,7 @@ func (s *Signer) process(ctx context.Context, key string) (time.Duration, bool) 
 		}
 		if err != nil {
 			log.Warn("cannot write the request's status", zap.String(logkeys.Condition, v.condition), zap.Error(err))
-			return s.failedAttempt(key, ""), true
+			return s.failedAttempt(key), true
 		}
 	}
 	s.forget(key)
@@ -178,9 +178,6 @@ func (s *Signer) decide(ctx context.Context, key string, req *kubeclient.PodCert
 		return fail(ReasonPodTerminated, "pod %s has terminated (%s)", pod, pod.Phase)
 	}
 	id := pod.Identity
-	if wait := s.identityWait(id); wait > 0 {
-		return retryAfter(wait)
-	}
 	maxExp := DefaultMaxExpiration
 	if req.Spec.MaxExpirationSeconds != nil {
 		maxExp = time.Duration(*req.Spec.MaxExpirationSeconds) * time.Second
@@ -189,21 +186,22 @@ func (s *Signer) decide(ctx context.Context, key string, req *kubeclient.PodCert
 	// and the first answer lives too long (or too short) for the request.
 	for try := 0; ; try++ {
 		plan := planLifetime(s.cfg.TTL, maxExp, s.currentBackdate())
-		chain, err := s.sign(ctx, req.Spec.StubPKCS10Request, id, plan.ask)
-		if err != nil {
-			if ctx.Err() != nil {
-				return retryAfter(0)
-			}
-			if permanent(err) {
-				return fail(ReasonCARefused, "the CA refused to sign for %s: %v", id, err)
-			}
-			return s.caFailure(key, id, err, false)
+		// The answer comes checked (pki.VerifyIssued with the stub's key,
+		// the pod's identity and the roots in force).
+		chain, err := s.sign(ctx, req.Spec.StubPKCS10Request, csr.PublicKey, id, plan.ask)
+		var backoff *secretmanager.BackoffError
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return retryAfter(0)
+		case errors.As(err, &backoff) && errors.Is(err, secretmanager.ErrBackingOff):
+			return retryAfter(backoff.RetryIn)
+		case errors.As(err, &backoff):
+			return s.caFailure(key, id, backoff.Err, backoff.RetryIn, errors.Is(err, secretmanager.ErrRejected))
+		default:
+			return fail(ReasonCARefused, "the CA refused to sign for %s: %v", id, err)
 		}
 		now := s.cfg.Clock.Now()
-		if err := pki.VerifyIssued(chain, csr.PublicKey, id, s.roots().Pool(), now); err != nil {
-			s.metrics.rejected.WithLabelValues(pki.Reason(err)).Inc()
-			return s.caFailure(key, id, fmt.Errorf("CA answer rejected: %w", err), true)
-		}
 		leaf := chain[0]
 		// What the CA added to the validity asked is its backdating.
 		if extra := leaf.NotAfter.Sub(leaf.NotBefore) - plan.ask; extra >= 0 && extra <= MaxNotBeforeSkew {
@@ -216,7 +214,6 @@ func (s *Signer) decide(ctx context.Context, key string, req *kubeclient.PodCert
 			}
 			return fail(ReasonLifetimeRejected, "the CA's certificate cannot be accepted for this request: %v", err)
 		}
-		s.succeeded(id)
 		return verdict{
 			condition: kubeclient.PodCertificateRequestIssued,
 			reason:    ReasonIssued,
@@ -227,34 +224,34 @@ func (s *Signer) decide(ctx context.Context, key string, req *kubeclient.PodCert
 	}
 }
 
-// sign sends one CSR to the CA within the budget.
-func (s *Signer) sign(ctx context.Context, csr []byte, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
-	if err := s.cfg.Budget.Acquire(ctx); err != nil {
+// sign sends one CSR to the CA through the agent's signing pipeline.
+func (s *Signer) sign(ctx context.Context, csr []byte, pub crypto.PublicKey, id pki.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
+	started := false
+	signed, err := s.cfg.CA.SignCSR(ctx, secretmanager.CSRJob{
+		CSR: csr, PublicKey: pub, Identity: id, TTL: ttl,
+		OnStart: func() { started = true; s.metrics.inFlight.Inc() },
+	})
+	if !started {
 		return nil, err
 	}
-	defer s.cfg.Budget.Release()
-	s.metrics.inFlight.Inc()
-	defer s.metrics.inFlight.Dec()
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.SignTimeout)
-	defer cancel()
-	start := s.cfg.Clock.Now()
-	chain, err := s.cfg.CA.Sign(ctx, csr, id, ttl)
-	s.metrics.latency.Observe(s.cfg.Clock.Since(start).Seconds())
-	if err != nil {
+	s.metrics.inFlight.Dec()
+	s.metrics.latency.Observe(signed.Latency.Seconds())
+	if err != nil && !errors.Is(err, secretmanager.ErrRejected) {
 		s.metrics.caRequests.WithLabelValues(resultCAError).Inc()
 		return nil, err
 	}
 	s.metrics.caRequests.WithLabelValues(resultSuccess).Inc()
-	return chain, nil
+	return signed.Chain, err
 }
 
-// caFailure backs the identity of key off after a failed CA request. A
+// caFailure answers a failed CA request of key, whose identity backs off
+// for wait (secretmanager's backoff). A
 // rejected answer (counted) also counts towards MaxAttempts, after which the
 // request is Failed; a CA that could not answer (down, overloaded, timed
 // out) is retried for as long as the request is pending, because the
 // kubelet never asks again after Failed: the pod would wait for ever for
 // its first certificate, or keep its old one until it expires.
-func (s *Signer) caFailure(key string, id pki.Identity, err error, counted bool) verdict {
+func (s *Signer) caFailure(key string, id pki.Identity, err error, wait time.Duration, counted bool) verdict {
 	s.mu.Lock()
 	if counted {
 		s.attempts[key]++
@@ -264,54 +261,18 @@ func (s *Signer) caFailure(key string, id pki.Identity, err error, counted bool)
 	if counted && n >= s.cfg.MaxAttempts {
 		return fail(ReasonCAUnavailable, "no certificate for %s after %d CA requests: %v", id, n, err)
 	}
-	wait := s.failedAttempt("", id.String())
 	s.log.Warn("pod certificate request failed; retrying", zap.String(logkeys.Request, key), zap.String(logkeys.Identity, id.String()),
 		zap.Int(logkeys.Attempt, n), zap.Duration(logkeys.RetryIn, wait), zap.Error(err))
 	return retryAfter(wait)
 }
 
-// failedAttempt backs off identity (when set) and returns the wait before
-// the next try; with a key only (a status write failed), the wait of the
-// key's attempts.
-func (s *Signer) failedAttempt(key, identity string) time.Duration {
+// failedAttempt counts a failed status write of key and returns the wait
+// before the next try.
+func (s *Signer) failedAttempt(key string) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if identity == "" {
-		s.attempts[key]++
-		return s.backoff.Delay(s.attempts[key]-1, s.cfg.Rand())
-	}
-	w := s.waits[identity]
-	wait := s.backoff.Delay(w.failures, s.cfg.Rand())
-	w.failures++
-	w.until = s.cfg.Clock.Now().Add(wait)
-	s.waits[identity] = w
-	return wait
-}
-
-// identityWait returns how long the identity is still backed off. An
-// identity quiet for longer than BackoffCap after its wait is forgotten:
-// its next failure starts the backoff afresh, and identities that left the
-// node are not kept.
-func (s *Signer) identityWait(id pki.Identity) time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, ok := s.waits[id.String()]
-	if !ok {
-		return 0
-	}
-	now := s.cfg.Clock.Now()
-	if now.After(w.until.Add(s.cfg.BackoffCap)) {
-		delete(s.waits, id.String())
-		return 0
-	}
-	return w.until.Sub(now)
-}
-
-// succeeded ends the identity's backoff.
-func (s *Signer) succeeded(id pki.Identity) {
-	s.mu.Lock()
-	delete(s.waits, id.String())
-	s.mu.Unlock()
+	s.attempts[key]++
+	return s.backoff.Delay(s.attempts[key]-1, s.cfg.Rand())
 }
 
 func (s *Signer) currentBackdate() time.Duration {
@@ -328,16 +289,6 @@ func (s *Signer) setBackdate(d time.Duration) {
 			zap.Duration(logkeys.Backdate, d), zap.Duration(logkeys.Expected, s.backdate))
 	}
 	s.backdate = d
-}
-
-// permanent reports whether the CA refused for good: asking again with
-// the same request cannot succeed.
-func permanent(err error) bool {
-	switch status.Code(err) {
-	case codes.InvalidArgument, codes.PermissionDenied, codes.FailedPrecondition, codes.Unimplemented:
-		return true
-	}
-	return false
 }
 
 // keyTypeSupported names the key type of pub as the API does and says

@@ -29,20 +29,11 @@ type Signer struct {
 	mu sync.Mutex
 	// attempts counts the failed CA requests of each request, by key.
 	attempts map[string]int
-	// waits holds each identity's backoff after a failed CA request.
-	waits map[string]identityWait
 	// backdate is how far the CA was last seen to move NotBefore back.
 	backdate time.Duration
 	// podsSynced is when Run saw the pod index's first full list: PodWait
 	// counts from then at the earliest.
 	podsSynced time.Time
-}
-
-// identityWait is an identity's backoff: failures in a row, and the time
-// before which no request of the identity is sent to the CA.
-type identityWait struct {
-	failures int
-	until    time.Time
 }
 
 // New checks cfg, fills in defaults and returns a Signer. It starts nothing.
@@ -60,7 +51,6 @@ func New(cfg Config) (*Signer, error) {
 		metrics:  m,
 		backoff:  backoff.Policy{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
 		attempts: map[string]int{},
-		waits:    map[string]identityWait{},
 		backdate: cfg.CABackdate,
 	}
 	s.informer = cache.NewSharedIndexInformerWithOptions(
@@ -88,7 +78,7 @@ func stripManagedFields(obj any) (any, error) {
 func (s *Signer) HasSynced() bool { return s.informer.HasSynced() && s.cfg.Pods.HasSynced() }
 
 // Run watches the node's requests and signs those for the signer, with
-// MaxConcurrentCSRs workers, until ctx ends (then it returns nil once every worker has stopped).
+// Workers workers, until ctx ends (then it returns nil once every worker has stopped).
 func (s *Signer) Run(ctx context.Context) error {
 	queue := workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{
 		Name:  "podcert",
@@ -117,8 +107,8 @@ func (s *Signer) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.podsSynced = s.cfg.Clock.Now()
 	s.mu.Unlock()
-	s.log.Info("signing pod certificate requests", zap.String(logkeys.Node, s.cfg.NodeName), zap.Int(logkeys.Workers, s.cfg.MaxConcurrentCSRs))
-	for range s.cfg.MaxConcurrentCSRs {
+	s.log.Info("signing pod certificate requests", zap.String(logkeys.Node, s.cfg.NodeName), zap.Int(logkeys.Workers, s.cfg.Workers))
+	for range s.cfg.Workers {
 		wg.Go(func() { s.work(ctx, queue) })
 	}
 	<-ctx.Done()

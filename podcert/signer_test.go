@@ -170,9 +170,8 @@ func TestCAFailures(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
 	// An outage longer than MaxAttempts: the kubelet never asks again after
 	// Failed, so a CA that cannot answer never fails a request.
-	c.startSigner(func(cfg *Config) {
-		cfg.MaxAttempts = 2
-		cfg.BackoffBase, cfg.BackoffCap = 10*time.Millisecond, 40*time.Millisecond
+	c.startSignerCache(func(cfg *Config) { cfg.MaxAttempts = 2 }, func(mc *secretmanager.Config) {
+		mc.BackoffBase, mc.BackoffCap = 10*time.Millisecond, 40*time.Millisecond
 	})
 
 	c.ca.FailNext(4, codes.Unavailable)
@@ -220,7 +219,7 @@ func TestCAFailures(t *testing.T) {
 func TestHundredRequestsWithinTheBudget(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
 	const budget = 4
-	c.startSigner(func(cfg *Config) { cfg.MaxConcurrentCSRs = budget })
+	c.startSignerCache(nil, func(mc *secretmanager.Config) { mc.MaxConcurrentCSRs = budget })
 	// Slow answers, so requests overlap at the CA if the budget lets them.
 	c.ca.SetDelay(20 * time.Millisecond)
 
@@ -370,7 +369,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // refusingCA fails every request for one identity and passes the others
 // on to the CA.
 type refusingCA struct {
-	CA
+	CA     secretmanager.Signer
 	refuse string
 	mu     sync.Mutex
 	calls  int
@@ -398,10 +397,10 @@ func (r *refusingCA) refused() int {
 func TestFailingIdentityDelaysNoOther(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
 	ca := &refusingCA{CA: c.agentCA(), refuse: c.spiffeID("broken")}
-	c.startSigner(func(cfg *Config) {
-		cfg.CA = ca
-		cfg.MaxConcurrentCSRs = 1
-		cfg.BackoffBase, cfg.BackoffCap = 10*time.Second, 10*time.Second // the first retry after 5..10s
+	c.startSignerCache(nil, func(mc *secretmanager.Config) {
+		mc.CSRSigner = ca
+		mc.MaxConcurrentCSRs = 1
+		mc.BackoffBase, mc.BackoffCap = 10*time.Second, 10*time.Second // the first retry after 5..10s
 	})
 	broken := c.request(c.pod("broken-0", "broken", nodeA), ecKey(t), 0, nil)
 	eventually(t, "the broken identity's first CA request", func() bool { return ca.refused() == 1 })

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 
 	"github.com/meshagent/meshagent/internal/files/fileprovider"
@@ -85,7 +86,7 @@ func TestFileResourcesPerCallerDoNotStarveOthers(t *testing.T) {
 	if over == nil {
 		t.Fatal("the hostile client was never refused")
 	}
-	if got := metricValue(t, f.srv.metrics.refused.WithLabelValues(refusedFileNames)); got != 2 {
+	if got := testutil.ToFloat64(f.srv.metrics.refused.WithLabelValues(refusedFileNames)); got != 2 {
 		t.Errorf("refused{%s} = %v, want 2", refusedFileNames, got)
 	}
 	if got := prov.Held(); got != 2 {

@@ -15,6 +15,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -52,7 +53,7 @@ func TestMaxStreamsRefusesOverLimit(t *testing.T) {
 	if code != codes.ResourceExhausted || !strings.Contains(msg, "at most 3") {
 		t.Fatalf("over-limit stream ended with %v %q, want ResourceExhausted naming the limit", code, msg)
 	}
-	if got := metricValue(t, f.srv.metrics.refused.WithLabelValues(refusedStreams)); got != 1 {
+	if got := testutil.ToFloat64(f.srv.metrics.refused.WithLabelValues(refusedStreams)); got != 1 {
 		t.Errorf("refused{max_streams} = %v, want 1", got)
 	}
 	if f.logs.FilterMessage("SDS stream refused: too many streams").Len() != 1 {
@@ -172,7 +173,7 @@ func TestStuckStreamGetsOnlyNewestLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Updates sent to the stuck stream: the total less the two live streams'.
-	sentStuck := int(metricValue(t, f.srv.metrics.pushes.WithLabelValues(pushUpdate))) - 2*rotations
+	sentStuck := int(testutil.ToFloat64(f.srv.metrics.pushes.WithLabelValues(pushUpdate))) - 2*rotations
 	if sentStuck >= rotations-1 {
 		t.Fatalf("the stuck stream was sent %d of %d updates; its sends never blocked", sentStuck, rotations)
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
@@ -31,10 +32,10 @@ func TestMaxStreamsPerCallerBoundsOnePod(t *testing.T) {
 	if code != codes.ResourceExhausted || !strings.Contains(msg, "from this caller: at most 2") {
 		t.Fatalf("pod's third stream ended with %v %q, want ResourceExhausted naming the per-caller limit", code, msg)
 	}
-	if got := metricValue(t, f.srv.metrics.refused.WithLabelValues(refusedStreamsPerCaller)); got != 1 {
+	if got := testutil.ToFloat64(f.srv.metrics.refused.WithLabelValues(refusedStreamsPerCaller)); got != 1 {
 		t.Errorf("refused{max_streams_per_caller} = %v, want 1", got)
 	}
-	if got := metricValue(t, f.srv.metrics.refused.WithLabelValues(refusedStreams)); got != 0 {
+	if got := testutil.ToFloat64(f.srv.metrics.refused.WithLabelValues(refusedStreams)); got != 0 {
 		t.Errorf("refused{max_streams} = %v, want 0", got)
 	}
 	if f.logs.FilterMessage("SDS stream refused: too many streams from this caller").Len() != 1 {

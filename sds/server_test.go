@@ -20,7 +20,7 @@ import (
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -46,22 +46,9 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // waitMetric waits until a counter or gauge reads want.
-func waitMetric(t testing.TB, m prometheus.Metric, want float64) {
+func waitMetric(t testing.TB, m prometheus.Collector, want float64) {
 	t.Helper()
-	testwait.For(t, fmt.Sprintf("the metric to read %v", want), func() bool { return metricValue(t, m) == want })
-}
-
-// metricValue reads a counter or gauge.
-func metricValue(t testing.TB, m prometheus.Metric) float64 {
-	t.Helper()
-	var out dto.Metric
-	if err := m.Write(&out); err != nil {
-		t.Fatal(err)
-	}
-	if c := out.GetCounter(); c != nil {
-		return c.GetValue()
-	}
-	return out.GetGauge().GetValue()
+	testwait.For(t, fmt.Sprintf("the metric to read %v", want), func() bool { return testutil.ToFloat64(m) == want })
 }
 
 var testID = pki.SPIFFEIdentity("cluster.local", "ns1", "sa1")
@@ -309,7 +296,7 @@ func TestDefaultAndROOTCA(t *testing.T) {
 		t.Fatalf("fetch names %v", fr.Names)
 	}
 	f.checkCert(fr)
-	if got := metricValue(t, f.srv.metrics.streams); got != 4 {
+	if got := testutil.ToFloat64(f.srv.metrics.streams); got != 4 {
 		t.Errorf("streams gauge %v, want 4", got)
 	}
 	if f.dev.Requests() != 1 {
@@ -366,7 +353,7 @@ func TestACKNACKAndStaleNonce(t *testing.T) {
 	if len(r3.Names) != 1 || r3.Names[0] != "ROOTCA" {
 		t.Fatalf("after NACK the next response is %v, want [ROOTCA]", r3.Names)
 	}
-	if got := metricValue(t, f.srv.metrics.nacks); got != 1 {
+	if got := testutil.ToFloat64(f.srv.metrics.nacks); got != 1 {
 		t.Errorf("nacks = %v, want 1", got)
 	}
 	nackLogs := f.logs.FilterMessage("client rejected secrets").All()
@@ -385,10 +372,10 @@ func TestACKNACKAndStaleNonce(t *testing.T) {
 	if len(r4.Names) != 2 {
 		t.Fatalf("after a stale request the next response is %v, want the answer to the fresh one", r4.Names)
 	}
-	if got := metricValue(t, f.srv.metrics.stale); got != 1 {
+	if got := testutil.ToFloat64(f.srv.metrics.stale); got != 1 {
 		t.Errorf("stale = %v, want 1", got)
 	}
-	if got := metricValue(t, f.srv.metrics.acks); got != 1 {
+	if got := testutil.ToFloat64(f.srv.metrics.acks); got != 1 {
 		t.Errorf("acks = %v, want 1", got)
 	}
 	select {
@@ -459,7 +446,7 @@ func TestBadRequestsEndWithInvalidArgument(t *testing.T) {
 	if _, err := s.Next(ctx); !errors.Is(err, sdsclient.ErrEnded) || status.Code(s.Err()) != codes.InvalidArgument {
 		t.Fatalf("wrong type: %v / %v", err, s.Err())
 	}
-	if got := metricValue(t, f.srv.metrics.errors.WithLabelValues(codes.InvalidArgument.String())); got != 5 {
+	if got := testutil.ToFloat64(f.srv.metrics.errors.WithLabelValues(codes.InvalidArgument.String())); got != 5 {
 		t.Errorf("errors{InvalidArgument} = %v, want 5", got)
 	}
 }
@@ -472,7 +459,7 @@ func TestManyStreamsOneCSR(t *testing.T) {
 	for i := range streams {
 		streams[i] = f.stream(c, sdsclient.StreamConfig{Names: []string{"default"}})
 	}
-	testwait.For(t, "the streams to open", func() bool { return metricValue(t, f.srv.metrics.streams) >= n })
+	testwait.For(t, "the streams to open", func() bool { return testutil.ToFloat64(f.srv.metrics.streams) >= n })
 	f.startManager()
 	var first []byte
 	for _, s := range streams {
@@ -689,7 +676,7 @@ func TestNACKWithNewNamesIsASubscriptionChange(t *testing.T) {
 	if _, ok := r2.TrustedCA("ROOTCA"); !ok {
 		t.Fatal("ROOTCA not served")
 	}
-	if got := metricValue(t, f.srv.metrics.nacks); got != 1 {
+	if got := testutil.ToFloat64(f.srv.metrics.nacks); got != 1 {
 		t.Errorf("nacks = %v, want 1", got)
 	}
 }

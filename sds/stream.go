@@ -499,7 +499,7 @@ func (s *Server) admit(ctx context.Context) (release func(), err error) {
 	if err != nil {
 		info, _ := caller.FromContext(ctx)
 		s.metrics.refused.WithLabelValues(r.Reason).Inc()
-		s.log.Warn("SDS stream refused: "+r.Cause.Error(), zap.String(logkeys.Caller, info.Key()), zap.Int(r.Reason, r.Limit), zap.Error(err))
+		s.log.Warn("SDS stream refused: "+r.Cause.Error(), zap.String(logkeys.Caller, info.Key()), zap.String(logkeys.Reason, r.Reason), zap.Int(logkeys.Limit, r.Limit), zap.Error(err))
 	}
 	return release, err
 }

@@ -160,7 +160,7 @@ func newCache(t *testing.T, mutate func(*Config)) *cache {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	cfg := Config{CA: signer, Roots: roots, TTL: time.Hour, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core)}
+	cfg := Config{CA: signer, CSRSigner: signer, Roots: roots, TTL: time.Hour, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core)}
 	if mutate != nil {
 		mutate(&cfg)
 	}

@@ -89,8 +89,12 @@ type Config struct {
 	BackoffBase, BackoffCap time.Duration
 	// SignTimeout bounds one CA request. Default 1m; negative means no bound.
 	SignTimeout time.Duration
+	// CSRSigner signs the CSRJobs of SignCSR (CSRs of keys the agent does
+	// not hold). Nil means SignCSR refuses.
+	CSRSigner Signer
 	// MaxConcurrentCSRs bounds the CA requests in flight across identities
-	// (MESHAGENT_CA_MAX_CONCURRENT_CSRS). Default DefaultMaxConcurrentCSRs.
+	// and CSRJobs (MESHAGENT_CA_MAX_CONCURRENT_CSRS). Default
+	// DefaultMaxConcurrentCSRs.
 	MaxConcurrentCSRs int
 	// IdleGrace is how long an identity with no subscriber, no waiting
 	// caller and no Prefetch is kept before it is dropped. Default
@@ -155,6 +159,7 @@ type Manager struct {
 	ready    heap[ranked] // due entries waiting for a CSR slot, best first
 	idle     heap[timed]  // unused entries by the time they may be dropped
 	inFlight int
+	jobWaits map[pki.Identity]jobWait // backoff of CSRJobs by identity
 	version  uint64
 	roots    *Secret // ROOTCA; its Bundle verifies every CA answer
 	rootSubs notify.Set
@@ -184,6 +189,7 @@ func New(cfg Config) (*Manager, error) {
 		clock:    cfg.Clock,
 		wake:     make(chan struct{}, 1),
 		entries:  make(map[pki.Identity]*entry),
+		jobWaits: make(map[pki.Identity]jobWait),
 		timers:   heap[timed]{less: timedLess},
 		ready:    heap[ranked]{less: rankedLess},
 		idle:     heap[timed]{less: timedLess},

@@ -117,7 +117,7 @@ func (m *Manager) schedule(ctx context.Context, wg *sync.WaitGroup) (next time.T
 	now := m.clock.Now()
 	m.mu.Lock()
 	dropped, next, ok := m.sweepLocked(now)
-	if m.cfg.CA != nil {
+	if m.cfg.CA != nil || m.cfg.CSRSigner != nil {
 		next, ok = m.startDueLocked(ctx, wg, now, next, ok)
 	}
 	m.mu.Unlock()
@@ -175,6 +175,14 @@ func (m *Manager) startDueLocked(ctx context.Context, wg *sync.WaitGroup, now, n
 	}
 	for m.inFlight < m.cfg.MaxConcurrentCSRs && m.ready.len() > 0 {
 		it := m.ready.pop()
+		if j := it.j; j != nil {
+			if !j.cancelled {
+				j.started = true
+				m.inFlight++
+				close(j.start)
+			}
+			continue
+		}
 		e := it.e
 		if e.stale(dueQueue, it.ticket) || !m.startable(e) {
 			continue

@@ -21,7 +21,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -192,22 +192,7 @@ func (r *rig) counter(name string, labels ...string) float64 {
 	default:
 		r.t.Fatalf("unknown metric %s", name)
 	}
-	return metricValue(r.t, c)
-}
-
-// metricValue reads the value of a single counter or gauge.
-func metricValue(t testing.TB, c prometheus.Collector) float64 {
-	t.Helper()
-	ch := make(chan prometheus.Metric, 1)
-	c.Collect(ch)
-	var m dto.Metric
-	if err := (<-ch).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
+	return testutil.ToFloat64(c)
 }
 
 // totalFailures sums the failure counter over every code.

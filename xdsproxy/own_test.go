@@ -10,6 +10,7 @@ import (
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -118,7 +119,7 @@ func TestOwnSubscriptionProxyConfig(t *testing.T) {
 	if !slices.Equal(got.last(), []string{"root-A"}) {
 		t.Errorf("applied %v after a bad answer, want the last good root-A", got.last())
 	}
-	if v := metricValue(t, r.proxy.metrics.ownResponses.WithLabelValues(proxyConfigType, "nack")); v != 1 {
+	if v := testutil.ToFloat64(r.proxy.metrics.ownResponses.WithLabelValues(proxyConfigType, "nack")); v != 1 {
 		t.Errorf("NACK counter %v, want 1", v)
 	}
 

@@ -9,6 +9,7 @@ import (
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -89,7 +90,7 @@ func TestStuckUpstreamDoesNotStallResponses(t *testing.T) {
 		}
 	}
 	testwait.For(t, "the backlogged stream to be replaced", func() bool {
-		return metricValue(t, p.metrics.failures.WithLabelValues(codes.ResourceExhausted.String())) >= 1
+		return testutil.ToFloat64(p.metrics.failures.WithLabelValues(codes.ResourceExhausted.String())) >= 1
 	})
 	if err := c.streamErr(); err != nil {
 		t.Fatalf("downstream stream ended: %v", err)

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -119,26 +119,7 @@ func ctxT(t *testing.T) context.Context {
 }
 
 func requestsWith(e *env, result string) float64 {
-	var m dto.Metric
-	if err := e.client.metrics.requests.WithLabelValues(result).Write(&m); err != nil {
-		panic(err)
-	}
-	return m.GetCounter().GetValue()
-}
-
-// seriesCount is the number of series the registry holds for a metric name.
-func seriesCount(t *testing.T, reg *prometheus.Registry, name string) int {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return len(mf.GetMetric())
-		}
-	}
-	return 0
+	return testutil.ToFloat64(e.client.metrics.requests.WithLabelValues(result))
 }
 
 func TestSignIssuesVerifiableChain(t *testing.T) {
@@ -174,8 +155,8 @@ func TestSignIssuesVerifiableChain(t *testing.T) {
 			if got := requestsWith(e, resultOK); got != 1 {
 				t.Errorf("requests{result=ok} = %v, want 1", got)
 			}
-			if n := seriesCount(t, e.reg, "meshagent_ca_request_duration_seconds"); n != 1 {
-				t.Errorf("latency histogram series = %d, want 1", n)
+			if n, err := testutil.GatherAndCount(e.reg, "meshagent_ca_request_duration_seconds"); err != nil || n != 1 {
+				t.Errorf("latency histogram series = %d (%v), want 1", n, err)
 			}
 		})
 	}

@@ -8,8 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -117,7 +116,7 @@ func TestImpersonationForNodeAgent(t *testing.T) {
 		t.Fatalf("CA denials %v", d)
 	}
 	for result, want := range map[string]float64{resultOK: 1, resultRefused: 1, resultFailed: 0} {
-		if got := counterValue(t, node.metrics.impersonated.WithLabelValues(result)); got != want {
+		if got := testutil.ToFloat64(node.metrics.impersonated.WithLabelValues(result)); got != want {
 			t.Errorf("impersonated{result=%s} = %v, want %v", result, got, want)
 		}
 	}
@@ -135,13 +134,4 @@ func TestImpersonationForNodeAgent(t *testing.T) {
 	if v, ok := impersonatedField(); ok {
 		t.Fatalf("ImpersonatedIdentity %q sent by a client with no identity of its own", v)
 	}
-}
-
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }

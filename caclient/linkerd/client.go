@@ -209,7 +209,7 @@ func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.D
 	if reason, vu := checkValidUntil(resp, leaf); reason != "" {
 		c.metrics.warnings.WithLabelValues(reason).Inc()
 		log.Warn("answer's valid_until disagrees with the leaf certificate; using the leaf's expiry",
-			zap.String("reason", reason), zap.Time(logkeys.ValidUntil, vu), zap.Time(logkeys.NotAfter, leaf.NotAfter))
+			zap.String(logkeys.Reason, reason), zap.Time(logkeys.ValidUntil, vu), zap.Time(logkeys.NotAfter, leaf.NotAfter))
 	}
 	log.Debug("identity service certified identity",
 		zap.Time(logkeys.NotAfter, leaf.NotAfter), zap.Int(logkeys.Certs, len(chain)), zap.Duration(logkeys.Latency, latency))

@@ -1,11 +1,15 @@
 // Command meshagent is a workload identity agent: it obtains short-lived
-// X.509 SPIFFE certificates, keeps them fresh, serves them to Envoy over SDS
-// and proxies Envoy's ADS stream to the control plane.
+// workload certificates from the mesh CA, keeps them fresh, serves them
+// over SDS and the SPIFFE Workload API, and proxies Envoy's ADS stream to
+// the control plane.
 //
 // Subcommands: run (the agent), config (the resolved configuration and the
-// certificate source that would be chosen), version, and socket-dir (the
-// node chart's init container: gives the socket's host directory to the
-// agent's non-root uid).
+// certificate source that would be chosen), version (the build),
+// socket-dir (the node chart's init container: gives the socket's host
+// directory to the agent's non-root uid), csi (the node chart's CSI
+// driver, which mounts the socket directory into pods) and
+// trust-publisher (keeps the Pod Certificates signer's
+// ClusterTrustBundle, once per cluster).
 //
 // Exit codes: 0 after a clean stop (SIGTERM, SIGINT, /quitquitquit), 1 when
 // the agent fails while running, 2 for bad configuration or usage.

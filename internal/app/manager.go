@@ -34,9 +34,8 @@ type certSource struct {
 	caRoots *secretmanager.Roots
 	// components run the manager and whatever feeds it.
 	components []component
-	// podCA and podRoots sign and verify pod certificates (podCertificates);
-	// nil without a CA.
-	podCA    podcert.CA
+	// podRoots verify pod certificates (podCertificates), which manager
+	// signs (its CSRSigner); nil without a CA.
 	podRoots podcert.RootSource
 	// preconnect, when set, starts the CA connection: the first thing Run
 	// does.
@@ -190,8 +189,9 @@ func (a *App) devSource() (certSource, error) {
 	}
 	mc := a.managerConfig(id, roots, "dev-ca")
 	mc.CA = client
+	mc.CSRSigner = localCASigner{ca: ca}
 	m, cs, err := a.newManager(mc, client)
-	return certSource{manager: m, components: cs, podCA: localCASigner{ca: ca}, podRoots: roots}, err
+	return certSource{manager: m, components: cs, podRoots: roots}, err
 }
 
 // caSource asks the CA named by CA_PROVIDER.
@@ -219,6 +219,9 @@ func (a *App) caSource() (certSource, error) {
 	}
 	mc := a.managerConfig(id, roots, "ca")
 	mc.CA = client
+	if a.s.CAProvider != settings.ProviderLinkerd { // Linkerd's CA signs no stub CSR
+		mc.CSRSigner = client
+	}
 	mc.Initial = a.outputCertsInitial(id)
 	m, cs, err := a.newManager(mc, client)
 	if err != nil {
@@ -226,7 +229,7 @@ func (a *App) caSource() (certSource, error) {
 	}
 	cs = append(cs, component{name: "ca_root_watcher", run: rootFeed.Run})
 	cs = append(cs, ts.components...)
-	return certSource{manager: m, caRoots: roots, components: cs, podCA: client, podRoots: roots,
+	return certSource{manager: m, caRoots: roots, components: cs, podRoots: roots,
 		preconnect: preconnect, proxyConfig: ts.proxyConfig}, nil
 }
 

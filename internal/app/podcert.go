@@ -38,7 +38,7 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 		return nil, configError(errors.New("MESHAGENT_POD_CERTIFICATE_SIGNER needs node mode with a CA (the dev CA or CA_PROVIDER)"))
 	}
 	idx := a.node.idx
-	if idx == nil || src.podCA == nil || src.podRoots == nil {
+	if idx == nil || src.manager == nil || src.podRoots == nil {
 		return nil, configError(errors.New("MESHAGENT_POD_CERTIFICATE_SIGNER needs node mode with a CA (the dev CA or CA_PROVIDER)"))
 	}
 	rc, err := kubeclient.RESTConfig(kubeclient.Config{Kubeconfig: c.Kubeconfig, UserAgent: "meshagent/" + a.cfg.Version})
@@ -54,18 +54,18 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 		jitter = -1 // zero means none; the signer reads 0 as "default"
 	}
 	pc := podcert.Config{
-		SignerName:        c.PodCertificateSigner,
-		NodeName:          c.NodeName,
-		API:               api,
-		Pods:              idx,
-		Roots:             src.podRoots,
-		CA:                src.podCA,
-		TTL:               c.SecretTTL,
-		RefreshRatio:      c.GraceRatio,
-		RefreshJitter:     jitter,
-		MaxConcurrentCSRs: c.CAMaxConcurrentCSRs,
-		Logger:            a.base,
-		Registerer:        a.reg,
+		SignerName:    c.PodCertificateSigner,
+		NodeName:      c.NodeName,
+		API:           api,
+		Pods:          idx,
+		Roots:         src.podRoots,
+		CA:            src.manager,
+		TTL:           c.SecretTTL,
+		RefreshRatio:  c.GraceRatio,
+		RefreshJitter: jitter,
+		Workers:       c.CAMaxConcurrentCSRs, // the budget is the manager's
+		Logger:        a.base,
+		Registerer:    a.reg,
 	}
 	if c.CAProvider == settings.ProviderLinkerd {
 		pc.CA, pc.Refuse = nil, linkerdRefusal

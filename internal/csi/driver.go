@@ -7,16 +7,17 @@ import (
 	"hash/fnv"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshagent/meshagent/internal/files/mountinfo"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/node/podtokens"
 )
@@ -132,7 +133,7 @@ func (d *Driver) NodePublishVolume(_ context.Context, req *csipb.NodePublishVolu
 	if err != nil {
 		return nil, err
 	}
-	log := d.log.With(zap.String("volume_id", req.GetVolumeId()), zap.String("target_path", target))
+	log := d.log.With(zap.String(logkeys.VolumeID, req.GetVolumeId()), zap.String(logkeys.TargetPath, target))
 	unlock := d.lock(target)
 	defer unlock()
 	// Every publish, the first and each republish, hands the pod's current
@@ -144,12 +145,12 @@ func (d *Driver) NodePublishVolume(_ context.Context, req *csipb.NodePublishVolu
 	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, status.Errorf(codes.Internal, "creating target: %v", err)
 	}
-	mounts, err := mountinfo.At(target)
+	mounts, err := mountsAt(target)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "reading the mount table: %v", err)
 	}
 	if len(mounts) > 0 {
-		if !mounts[len(mounts)-1].ReadOnly() {
+		if !readOnly(mounts[len(mounts)-1]) {
 			if err := remountReadOnly(target); err != nil {
 				return nil, status.Errorf(codes.Internal, "%v", err)
 			}
@@ -189,7 +190,7 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublish
 	// after maxUnmounts, the call fails and the kubelet asks again later.
 	lazy := false
 	for i := 0; ; i++ {
-		mounts, err := mountinfo.At(target)
+		mounts, err := mountsAt(target)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "reading the mount table: %v", err)
 		}
@@ -208,7 +209,7 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublish
 		case err == nil:
 		case errors.Is(err, unix.EINVAL) && !lazy:
 			lazy = true
-			d.log.Warn("the target is listed as mounted but umount says it is not: detaching lazily", zap.String("target_path", target))
+			d.log.Warn("the target is listed as mounted but umount says it is not: detaching lazily", zap.String(logkeys.TargetPath, target))
 		default:
 			return nil, status.Errorf(codes.Internal, "unmounting (flags %#x): %v", flags, err)
 		}
@@ -223,7 +224,7 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublish
 			}
 		}
 	}
-	d.log.Info("volume unpublished", zap.String("volume_id", req.GetVolumeId()), zap.String("target_path", target))
+	d.log.Info("volume unpublished", zap.String(logkeys.VolumeID, req.GetVolumeId()), zap.String(logkeys.TargetPath, target))
 	return &csipb.NodeUnpublishVolumeResponse{}, nil
 }
 
@@ -321,3 +322,12 @@ func remountReadOnly(target string) error {
 	}
 	return nil
 }
+
+// mountsAt lists the mounts at target in the agent's mount namespace,
+// bottom first.
+func mountsAt(target string) ([]*mountinfo.Info, error) {
+	return mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != target, false })
+}
+
+// readOnly reports whether m is mounted read-only.
+func readOnly(m *mountinfo.Info) bool { return slices.Contains(strings.Split(m.Options, ","), "ro") }

@@ -9,11 +9,10 @@ import (
 	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/meshagent/meshagent/internal/files/mountinfo"
 )
 
 // node is a socket directory and a kubelet pods directory in a temporary directory.
@@ -81,9 +80,9 @@ func publishReq(target string) *csipb.NodePublishVolumeRequest {
 	}
 }
 
-func mustMounts(t *testing.T, target string) []mountinfo.Entry {
+func mustMounts(t *testing.T, target string) []*mountinfo.Info {
 	t.Helper()
-	m, err := mountinfo.At(target)
+	m, err := mountsAt(target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +100,7 @@ func TestPublishBindsTheSocketDirectoryReadOnly(t *testing.T) {
 	if len(mounts) != 1 {
 		t.Fatalf("%d mounts at the target, want 1", len(mounts))
 	}
-	if !mounts[0].ReadOnly() {
+	if !readOnly(mounts[0]) {
 		t.Fatalf("mount options %v: not read-only", mounts[0].Options)
 	}
 	got, err := os.ReadFile(filepath.Join(target, "socket"))
@@ -156,7 +155,7 @@ func TestPublishMakesAnExistingWritableMountReadOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := mustMounts(t, target)
-	if len(m) != 1 || !m[0].ReadOnly() {
+	if len(m) != 1 || !readOnly(m[0]) {
 		t.Fatalf("mounts at the target: %+v; want one read-only", m)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
 // ServerConfig configures a Server.
@@ -85,7 +87,7 @@ func (s *Server) Run(ctx context.Context) error {
 		csiSrv.GracefulStop()
 		return err
 	})
-	s.log.Info("csi driver serving", zap.String("endpoint", s.cfg.Endpoint), zap.String("registration_socket", s.cfg.RegistrationSocket))
+	s.log.Info("csi driver serving", zap.String(logkeys.Endpoint, s.cfg.Endpoint), zap.String(logkeys.RegistrationSocket, s.cfg.RegistrationSocket))
 	err = g.Wait()
 	os.Remove(s.cfg.RegistrationSocket)
 	os.Remove(s.cfg.Endpoint)
@@ -156,7 +158,7 @@ func (r *registrar) NotifyRegistrationStatus(_ context.Context, st *registerapi.
 		return &registerapi.RegistrationStatusResponse{}, nil
 	}
 	err := fmt.Errorf("csi: the kubelet refused the driver: %s", st.GetError())
-	r.log.Error("registration refused", zap.String("error", st.GetError()))
+	r.log.Error("registration refused", zap.String(logkeys.Error, st.GetError()))
 	select {
 	case r.failed <- err:
 	default:

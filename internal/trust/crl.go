@@ -129,7 +129,7 @@ func NewCRLFeed(cfg CRLFeedConfig) (*CRLFeed, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &CRLFeed{path: cfg.Path, src: src, into: cfg.Into, log: log.Named("trust").With(zap.String(logkeys.Source, cfg.Path))}, nil
+	return &CRLFeed{path: cfg.Path, src: src, into: cfg.Into, log: log.Named("trust").With(zap.String(logkeys.Path, cfg.Path))}, nil
 }
 
 // Run watches the file and sets every new good CRL until ctx ends, and

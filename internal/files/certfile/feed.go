@@ -41,7 +41,7 @@ func NewRootFeed(cfg RootFeedConfig) (*RootFeed, error) {
 		return nil, fmt.Errorf("%s %s: %w", cfg.Name, cfg.Path, err)
 	}
 	b, _, _ := src.Current()
-	return &RootFeed{path: cfg.Path, src: src, roots: secretmanager.RootsOf(b, cfg.Path), log: logger(cfg.Source).With(zap.String(logkeys.Source, cfg.Path))}, nil
+	return &RootFeed{path: cfg.Path, src: src, roots: secretmanager.RootsOf(b, cfg.Path), log: logger(cfg.Source).With(zap.String(logkeys.Path, cfg.Path))}, nil
 }
 
 // Roots returns the bundle the feed keeps current.

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/meshagent/meshagent/internal/localca"
@@ -67,7 +67,7 @@ func TestPairSource(t *testing.T) {
 		t.Fatal("first value is not the pair on disk")
 	}
 	failures := func(reason string) float64 {
-		return counterValue(s.metrics.failures.WithLabelValues("pair", reason))
+		return testutil.ToFloat64(s.metrics.failures.WithLabelValues("pair", reason))
 	}
 
 	// A new pair written key first, then chain, each atomically.
@@ -116,7 +116,7 @@ func TestPairSource(t *testing.T) {
 	if got, _, _ := s.Current(); !got.Leaf().Equal(c.chain[0]) {
 		t.Fatal("good pair after bad ones not published")
 	}
-	if n := counterValue(s.metrics.updates.WithLabelValues("pair")); n != 3 {
+	if n := testutil.ToFloat64(s.metrics.updates.WithLabelValues("pair")); n != 3 {
 		t.Fatalf("%v updates counted, want 3", n)
 	}
 	mfs, err := reg.Gather()
@@ -209,7 +209,7 @@ func TestBundleSourceRotation(t *testing.T) {
 	// A half-written bundle is not taken for a smaller one.
 	both := append(oldCA.RootPEM(), newCA2.RootPEM()...)
 	_, _, changed := s.Current()
-	malformed := func() float64 { return counterValue(s.metrics.failures.WithLabelValues("bundle", "malformed")) }
+	malformed := func() float64 { return testutil.ToFloat64(s.metrics.failures.WithLabelValues("bundle", "malformed")) }
 	before := malformed()
 	writeFile(t, p, both[:len(oldCA.RootPEM())+100])
 	expectRejected(t, malformed, before, changed)
@@ -282,7 +282,7 @@ func TestSourcesShareRegistry(t *testing.T) {
 	for _, s := range sources {
 		_, _ = s.Reload()
 	}
-	if got := counterValue(sources[0].metrics.failures.WithLabelValues("bundle", "missing")); got != 2 {
+	if got := testutil.ToFloat64(sources[0].metrics.failures.WithLabelValues("bundle", "missing")); got != 2 {
 		t.Fatalf("shared counter = %v, want 2", got)
 	}
 }
@@ -317,12 +317,4 @@ func TestSourceConfigErrors(t *testing.T) {
 	if _, err := NewBundleSource(SourceConfig{Debounce: -1}, "x"); err == nil {
 		t.Error("negative debounce accepted")
 	}
-}
-
-func counterValue(c prometheus.Counter) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	return m.GetCounter().GetValue()
 }

@@ -13,13 +13,13 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/atomicfile"
-	"github.com/meshagent/meshagent/internal/files/mountinfo"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -519,6 +519,6 @@ func (w *Writer) removeStaleTemps(d *atomicfile.Dir) {
 // isMountPoint reports whether dir is the mount point of a file system in
 // the agent's mount namespace.
 func isMountPoint(dir string) bool {
-	m, err := mountinfo.At(filepath.Clean(dir))
+	m, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(filepath.Clean(dir)))
 	return err == nil && len(m) > 0
 }
