@@ -234,6 +234,14 @@ func (a *App) Run(ctx context.Context) error {
 	if a.source.StaleSocket {
 		removeStaleSocket(ctx, a.log, a.s.SDSSocket)
 	}
+	if a.socket != nil {
+		// Bound before any component runs, the status server included: a
+		// ready agent always has its socket at its path (once the stale
+		// one is gone), however the components' goroutines are scheduled.
+		if err := a.socket.Listen(); err != nil {
+			return fmt.Errorf("sds: %w", err)
+		}
+	}
 	return runComponents(ctx, a.log, a.components)
 }
 
