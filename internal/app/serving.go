@@ -208,7 +208,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 			Token:             tokens,
 			TokenOptional:     true,
 			Metadata:          md,
-			ClientCertificate: certWhenNoToken(tokens, clientCert),
+			ClientCertificate: a.xdsClientCert(tokens, clientCert),
 			Policy:            c.CompliancePolicy,
 		},
 		ConnectAfter:  connectAfter,
