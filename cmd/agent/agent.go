@@ -19,7 +19,10 @@ import (
 // SIGTERM arrives, a loopback caller POSTs /quitquitquit (all return nil) or
 // a component fails.
 func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hooks) error {
-	base, err := logging.New(logging.Config{Level: cfg.LogLevel, Output: stderr})
+	// Held until New has checked the configuration (heldWriter); released
+	// on every path but a configuration error, which execute prints first.
+	held := &heldWriter{dst: stderr}
+	base, err := logging.New(logging.Config{Level: cfg.LogLevel, Output: held})
 	if err != nil {
 		return configError{err}
 	}
@@ -34,12 +37,15 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 	a, err := app.New(app.Config{Settings: cfg, Logger: base, OnStatusListen: h.statusListening, Version: version})
 	if err != nil {
 		if errors.As(err, new(app.ConfigError)) {
-			// One line, written by execute: the setting and the fix.
-			return configError{err}
+			// One line, written by execute first: the setting and the
+			// fix; the start-up log lines follow it.
+			return configErrorHeldLogs{configError{err}, held}
 		}
+		held.release()
 		log.Error("agent cannot start", zap.Error(err))
 		return failureLogged{err}
 	}
+	held.release()
 	if err := a.Run(ctx); err != nil {
 		log.Error("agent stopped on a failure", zap.Error(err))
 		return failureLogged{err}

@@ -121,6 +121,11 @@ func (a *App) sidecarOutputs(src certSource) ([]component, error) {
 		}
 	}
 	bootstrap := c.DisableEnvoy || settingSet(c, "GRPC_XDS_BOOTSTRAP")
+	if bootstrap {
+		if err := checkFilePath("GRPC_XDS_BOOTSTRAP", c.GRPCXDSBootstrap); err != nil {
+			return nil, configError(err)
+		}
+	}
 	if bootstrap && (src.manager == nil || c.OutputCerts == "") {
 		// The bootstrap's certificate provider would name files nobody
 		// writes: proxyless gRPC would fail its first handshake.
