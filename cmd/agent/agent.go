@@ -12,6 +12,8 @@ import (
 
 	"github.com/meshagent/meshagent/internal/app"
 	"github.com/meshagent/meshagent/internal/logging"
+	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/memlimit"
 	"github.com/meshagent/meshagent/internal/settings"
 )
 
@@ -29,6 +31,8 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 	defer func() { _ = base.Sync() }()
 	defer logging.RouteKlog(base)() // client-go logs in the agent's format
 	log := base.Named("agent")
+
+	setMemoryLimit(log)
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -71,4 +75,16 @@ func ignoreHangup(ctx context.Context, log *zap.Logger) {
 			}
 		}
 	}()
+}
+
+// setMemoryLimit gives Go a soft memory limit of 90 % of the container's
+// cgroup limit unless GOMEMLIMIT (the Go runtime's own variable, not a
+// setting of the agent's) is set, as pilot-agent does, and logs what it did.
+func setMemoryLimit(log *zap.Logger) {
+	d := memlimit.Apply("/", os.Getenv("GOMEMLIMIT"))
+	if d.Set == 0 {
+		log.Info("no soft memory limit set from the cgroup", zap.String(logkeys.Reason, d.Why))
+		return
+	}
+	log.Info("soft memory limit set from the cgroup", zap.Int64(logkeys.SoftMemoryLimit, d.Set), zap.Int64(logkeys.CgroupMemoryLimit, d.Limit), zap.String(logkeys.Path, d.From))
 }

@@ -20,6 +20,11 @@ type Entry struct {
 	Root     string // the directory of the source file system mounted here
 	Point    string // the mount point, relative to the reader's root
 	Options  []string
+	// FSType is the file system type ("cgroup2", "cgroup", "tmpfs").
+	FSType string
+	// SuperOptions are the super block's options (a cgroup v1 mount's
+	// controllers: "rw,memory").
+	SuperOptions []string
 }
 
 // ReadOnly reports whether the mount itself (not its super block) is read-only.
@@ -87,7 +92,8 @@ func parseLine(line string) (Entry, error) {
 	if err != nil {
 		return Entry{}, fmt.Errorf("mountinfo line %q: mount point: %w", line, err)
 	}
-	return Entry{ID: id, ParentID: parent, Root: root, Point: point, Options: strings.Split(f[5], ",")}, nil
+	return Entry{ID: id, ParentID: parent, Root: root, Point: point, Options: strings.Split(f[5], ","),
+		FSType: f[sep+1], SuperOptions: strings.Split(f[sep+3], ",")}, nil
 }
 
 // unescapeMountPath undoes the kernel's \ooo escaping of a mountinfo path.
