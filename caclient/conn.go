@@ -70,8 +70,16 @@ func (c *Conn) Preconnect() {
 // Get dials afresh. A call still running on a retired connection ends with
 // Canceled, which is why an answer from the CA never retires it: one
 // identity's refusal must not cancel another identity's request.
+//
+// With a client certificate in the transport, a refusal (Unauthenticated)
+// retires the connection too, as pilot-agent rebuilds its channel after a
+// failed request: the certificate is chosen at the handshake, and a
+// connection made before there was one (a VM's first request, with its
+// onboarding token) would go on without it once the token has expired. Such
+// an agent asks for one identity, so no other request is cut short.
 func (c *Conn) Retire(conn *grpc.ClientConn, err error) {
-	if !TransportFailed(conn, err) {
+	refusedWithoutCert := c.transport.ClientCertificate != nil && status.Code(err) == codes.Unauthenticated
+	if !refusedWithoutCert && !TransportFailed(conn, err) {
 		return
 	}
 	c.mu.Lock()

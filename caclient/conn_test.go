@@ -1,6 +1,7 @@
 package caclient
 
 import (
+	"crypto/tls"
 	"errors"
 	"testing"
 
@@ -51,4 +52,32 @@ func TestConnLifecycle(t *testing.T) {
 		t.Fatalf("Get after Close: %v, want errClosed", err)
 	}
 	c.Preconnect() // closed: nothing to do
+}
+
+// With a client certificate in the transport, a refusal retires the
+// connection (its handshake may have offered no certificate, one may be held
+// now); without one, it does not.
+func TestConnRefusalRetiresWithAClientCertificate(t *testing.T) {
+	refused := status.Error(codes.Unauthenticated, "no bearer token and no client certificate")
+	withCert := NewConn(TransportConfig{Addr: "127.0.0.1:1", Plaintext: true,
+		ClientCertificate: func() (*tls.Certificate, error) { return nil, errors.New("none yet") }}, errors.New("closed"))
+	defer withCert.Close()
+	first, err := withCert.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCert.Retire(first, refused)
+	if again, _ := withCert.Get(); again == first {
+		t.Error("a refusal kept the connection of a transport with a client certificate")
+	}
+	tokenOnly := NewConn(TransportConfig{Addr: "127.0.0.1:1", Plaintext: true}, errors.New("closed"))
+	defer tokenOnly.Close()
+	first, err = tokenOnly.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenOnly.Retire(first, refused)
+	if again, _ := tokenOnly.Get(); again != first {
+		t.Error("a refusal retired the connection of a transport without a client certificate")
+	}
 }

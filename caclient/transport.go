@@ -48,8 +48,13 @@ type TransportConfig struct {
 	// Plaintext disables TLS (pilot-agent's port 15010). A token is then sent
 	// only when Addr is a loopback address.
 	Plaintext bool
-	// ClientCertificate, when set, is offered to a peer that asks for one; it is
-	// called at every handshake so a rotated certificate is used at once.
+	// ClientCertificate, when set, is offered to a peer that asks for one and
+	// accepts its issuer; it is called at every handshake so a rotated
+	// certificate is used at once. A peer that names the CAs it accepts
+	// (istiod names the roots it started with) and names none of the
+	// certificate's chain is offered nothing: the certificate would fail the
+	// handshake, where without it a bearer token can still authenticate the
+	// caller.
 	ClientCertificate func() (*tls.Certificate, error)
 	// Token, when set, is sent as "authorization: Bearer <token>".
 	Token credfetcher.Fetcher
@@ -96,10 +101,15 @@ func (cfg TransportConfig) TLSConfig() *tls.Config {
 	tlspolicy.Apply(tc, cfg.Policy)
 	if cfg.ClientCertificate != nil {
 		get := cfg.ClientCertificate
-		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		tc.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			c, err := get()
 			if err != nil || c == nil {
 				// No certificate yet: offer none and let the peer decide.
+				return &tls.Certificate{}, nil
+			}
+			if len(cri.AcceptableCAs) > 0 && cri.SupportsCertificate(c) != nil {
+				// Issued under a root the peer does not know (a root rotated
+				// since istiod started): offer none and let the token speak.
 				return &tls.Certificate{}, nil
 			}
 			return c, nil

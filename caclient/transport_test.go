@@ -373,3 +373,48 @@ type swapRoots struct{ p atomic.Pointer[x509.CertPool] }
 
 func (s *swapRoots) Roots() *x509.CertPool   { return s.p.Load() }
 func (s *swapRoots) Set(pool *x509.CertPool) { s.p.Store(pool) }
+
+// TestClientCertificateOnlyOfAnIssuerThePeerAccepts: a peer that names the
+// CAs it accepts (istiod names the roots it started with) is offered no
+// certificate of another root, which would fail the handshake: the call goes
+// out with the token alone and succeeds. A certificate of a root it names is
+// offered and authenticates the caller.
+func TestClientCertificateOnlyOfAnIssuerThePeerAccepts(t *testing.T) {
+	ca := startCA(t, istioca.Config{})
+	other, err := localca.New(localca.Config{Name: "rotated root", Intermediate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := ca.Identity(istioca.ServiceAccount{Namespace: "vms", Name: "billing"})
+	foreign, err := other.TLSCertificate(localca.Leaf{Identity: vm, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := ca.CA().TLSCertificate(localca.Leaf{Identity: vm, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offer atomic.Pointer[tls.Certificate]
+	cfg := TransportConfig{
+		Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: StaticRoots{Pool: ca.Roots()},
+		Token:             tokenFile(t),
+		ClientCertificate: func() (*tls.Certificate, error) { return offer.Load(), nil },
+	}
+	offer.Store(&foreign)
+	if err := call(testCtx(t), t, dial(t, cfg), ca); err != nil {
+		t.Fatalf("call holding a certificate of a root the CA does not accept: %v, want the token to authenticate it", err)
+	}
+	offer.Store(&own)
+	cfg.Token = nil
+	key, err := pki.GenerateKey(pki.ECP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := pki.NewCSR(key, vm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewIstioCertificateServiceClient(dial(t, cfg)).CreateCertificate(testCtx(t), &pb.IstioCertificateRequest{Csr: string(pki.EncodeCSRPEM(csr))}); err != nil {
+		t.Fatalf("call with a certificate of the CA's root and no token: %v", err)
+	}
+}

@@ -507,3 +507,36 @@ func stopProcessesIn(t *testing.T, dir string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestConfigErrorIsTheFirstLine: a configuration problem is the first line
+// the agent writes (the start-up log lines it held follow), exits 2 and
+// names the setting: an unwritable GRPC_XDS_BOOTSTRAP (for run and config),
+// a KUBECONFIG that is not there, FILE_MOUNTED_CERTS=true without the files.
+func TestConfigErrorIsTheFirstLine(t *testing.T) {
+	dir := agentproc.TempDir(t)
+	for _, tt := range []struct {
+		name, setting string
+		env           []string
+	}{
+		{"unwritable gRPC bootstrap", "GRPC_XDS_BOOTSTRAP", []string{"MESHAGENT_DEV=true", "STATUS_PORT=0", "DISABLE_ENVOY=true",
+			"OUTPUT_CERTS=" + filepath.Join(dir, "out"), "GRPC_XDS_BOOTSTRAP=/proc/meshagent/grpc-bootstrap.json",
+			"MESHAGENT_SDS_SOCKET=" + filepath.Join(dir, "a", "socket")}},
+		{"no kubeconfig", "KUBECONFIG", []string{"STATUS_PORT=0", "KUBECONFIG=/nope", "CREDENTIAL_FETCHER_TYPE=TokenRequest",
+			"POD_NAME=web-0", "POD_NAMESPACE=shop", "SERVICE_ACCOUNT=web", "CA_ROOT_CA=SYSTEM", "MESHAGENT_SDS_SOCKET=" + filepath.Join(dir, "b", "socket")}},
+		{"file-mounted certificates missing", "FILE_MOUNTED_CERTS", []string{"STATUS_PORT=0", "FILE_MOUNTED_CERTS=true",
+			"MESHAGENT_SDS_SOCKET=" + filepath.Join(dir, "c", "socket")}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, cmd := range []string{"run", "config"} {
+				code, out := runBinary(t, agentproc.TempDir(t), tt.env, cmd)
+				first, _, _ := strings.Cut(out, "\n")
+				if code != 2 {
+					t.Errorf("%s: exit %d, want 2:\n%s", cmd, code, out)
+				}
+				if strings.HasPrefix(first, "{") || !strings.Contains(first, tt.setting) || !strings.Contains(first, "set "+tt.setting) {
+					t.Errorf("%s: first line %q does not name %s and what to set:\n%s", cmd, first, tt.setting, out)
+				}
+			}
+		})
+	}
+}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/meshagent/meshagent/internal/app"
 	"github.com/meshagent/meshagent/internal/logging"
+	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/memlimit"
 	"github.com/meshagent/meshagent/internal/settings"
 )
 
@@ -19,13 +21,18 @@ import (
 // SIGTERM arrives, a loopback caller POSTs /quitquitquit (all return nil) or
 // a component fails.
 func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hooks) error {
-	base, err := logging.New(logging.Config{Level: cfg.LogLevel, Output: stderr})
+	// Held until New has checked the configuration (heldWriter); released
+	// on every path but a configuration error, which execute prints first.
+	held := &heldWriter{dst: stderr}
+	base, err := logging.New(logging.Config{Level: cfg.LogLevel, Output: held})
 	if err != nil {
 		return configError{err}
 	}
 	defer func() { _ = base.Sync() }()
 	defer logging.RouteKlog(base)() // client-go logs in the agent's format
 	log := base.Named("agent")
+
+	setMemoryLimit(log)
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -34,12 +41,15 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 	a, err := app.New(app.Config{Settings: cfg, Logger: base, OnStatusListen: h.statusListening, Version: version})
 	if err != nil {
 		if errors.As(err, new(app.ConfigError)) {
-			// One line, written by execute: the setting and the fix.
-			return configError{err}
+			// One line, written by execute first: the setting and the
+			// fix; the start-up log lines follow it.
+			return configErrorHeldLogs{configError{err}, held}
 		}
+		held.release()
 		log.Error("agent cannot start", zap.Error(err))
 		return failureLogged{err}
 	}
+	held.release()
 	if err := a.Run(ctx); err != nil {
 		log.Error("agent stopped on a failure", zap.Error(err))
 		return failureLogged{err}
@@ -65,4 +75,16 @@ func ignoreHangup(ctx context.Context, log *zap.Logger) {
 			}
 		}
 	}()
+}
+
+// setMemoryLimit gives Go a soft memory limit of 90 % of the container's
+// cgroup limit unless GOMEMLIMIT (the Go runtime's own variable, not a
+// setting of the agent's) is set, as pilot-agent does, and logs what it did.
+func setMemoryLimit(log *zap.Logger) {
+	d := memlimit.Apply("/", os.Getenv("GOMEMLIMIT"))
+	if d.Set == 0 {
+		log.Info("no soft memory limit set from the cgroup", zap.String(logkeys.Reason, d.Why))
+		return
+	}
+	log.Info("soft memory limit set from the cgroup", zap.Int64(logkeys.SoftMemoryLimit, d.Set), zap.Int64(logkeys.CgroupMemoryLimit, d.Limit), zap.String(logkeys.Path, d.From))
 }

@@ -81,6 +81,10 @@ func execute(ctx context.Context, args, env []string, stdout, stderr io.Writer, 
 	switch {
 	case errors.As(err, &ce):
 		fmt.Fprintln(stderr, ce.Error())
+		var held interface{ releaseLogs() }
+		if errors.As(err, &held) {
+			held.releaseLogs()
+		}
 		return exitConfig
 	case errors.As(err, &logged):
 		return exitFailure

@@ -33,7 +33,7 @@ func TestTokenRequestConfigurationErrorsExit2(t *testing.T) {
 	}{
 		{"no pod name", nil, "CREDENTIAL_FETCHER_TYPE=TokenRequest needs POD_NAME: tokens are bound to the pod"},
 		{"no API configuration", []string{"POD_NAME=web-0"}, "no Kubernetes API configuration: KUBECONFIG is not set and the agent does not run in a pod"},
-		{"missing kubeconfig", []string{"POD_NAME=web-0", "KUBECONFIG=" + filepath.Join(dir, "absent")}, "CREDENTIAL_FETCHER_TYPE=TokenRequest: loading kubeconfig " + filepath.Join(dir, "absent")},
+		{"missing kubeconfig", []string{"POD_NAME=web-0", "KUBECONFIG=" + filepath.Join(dir, "absent")}, "CREDENTIAL_FETCHER_TYPE=TokenRequest: KUBECONFIG=" + filepath.Join(dir, "absent") + " cannot be used"},
 		{"lifetime below the API minimum", []string{"POD_NAME=web-0", "MESHAGENT_TOKEN_LIFETIME=9m"}, `invalid MESHAGENT_TOKEN_LIFETIME="9m": want at least 10m0s`},
 		{"unknown fetcher", []string{"CREDENTIAL_FETCHER_TYPE=GoogleComputeEngine"}, `invalid CREDENTIAL_FETCHER_TYPE="GoogleComputeEngine": accepted: JWT, TokenRequest`},
 	}

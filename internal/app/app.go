@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -234,6 +235,14 @@ func (a *App) Run(ctx context.Context) error {
 	if a.source.StaleSocket {
 		removeStaleSocket(ctx, a.log, a.s.SDSSocket)
 	}
+	if a.socket != nil {
+		// Bound before any component runs, the status server included: a
+		// ready agent always has its socket at its path (once the stale
+		// one is gone), however the components' goroutines are scheduled.
+		if err := a.socket.Listen(); err != nil {
+			return fmt.Errorf("sds: %w", err)
+		}
+	}
 	return runComponents(ctx, a.log, a.components)
 }
 
@@ -280,6 +289,9 @@ func (a *App) kubeClient() (*kubeclient.Client, error) {
 			a.kube, a.kubeErr = a.cfg.KubeClient()
 		} else {
 			a.kube, a.kubeErr = kubeclient.New(kubeclient.Config{Kubeconfig: a.s.Kubeconfig, UserAgent: "meshagent/" + a.cfg.Version})
+			if a.kubeErr != nil && a.s.Kubeconfig != "" {
+				a.kubeErr = kubeconfigError(a.s.Kubeconfig, a.kubeErr)
+			}
 		}
 	}
 	return a.kube, a.kubeErr
@@ -294,4 +306,14 @@ func compliancePolicyName(p tlspolicy.Policy) string {
 		return "none"
 	}
 	return string(p)
+}
+
+// kubeconfigError names KUBECONFIG and the fix in the error of a client made
+// from it; a missing file says so rather than what client-go says of an
+// empty configuration.
+func kubeconfigError(path string, err error) error {
+	if _, serr := os.Stat(path); serr != nil {
+		err = serr
+	}
+	return fmt.Errorf("KUBECONFIG=%s cannot be used: %w; set KUBECONFIG to a readable kubeconfig file, or unset it in a pod to use its service account", path, err)
 }

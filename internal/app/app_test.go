@@ -43,7 +43,13 @@ func startApp(t *testing.T, cfg Config, s *settings.Config) *running {
 	core, logs := observer.New(zapcore.DebugLevel)
 	addrs := make(chan net.Addr, 1)
 	cfg.Settings, cfg.Logger = s, zap.New(core)
-	cfg.OnStatusListen = func(a net.Addr) { addrs <- a }
+	onListen := cfg.OnStatusListen
+	cfg.OnStatusListen = func(a net.Addr) {
+		if onListen != nil {
+			onListen(a)
+		}
+		addrs <- a
+	}
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
@@ -97,6 +98,9 @@ func (a *App) tokenFetcher() (credfetcher.Fetcher, error) {
 	c := a.s
 	if c.CredentialFetcherType != settings.FetcherTokenRequest {
 		a.tokens = credfetcher.File{Path: c.TokenPath}
+		if c.ProvCert != "" {
+			a.tokens = a.unexpired(a.tokens)
+		}
 		return a.tokens, nil
 	}
 	if c.PodName == "" {
@@ -130,4 +134,15 @@ func (a *App) tokenFetcher() (credfetcher.Fetcher, error) {
 		zap.Duration(logkeys.Lifetime, c.TokenLifetime))
 	a.tokens = f
 	return f, nil
+}
+
+// unexpired keeps an expired token (a VM's onboarding token) from being
+// sent: with PROV_CERT the certificate there authenticates the agent once
+// the token is gone or expired, as pilot-agent's does (docs/vm.md).
+func (a *App) unexpired(f credfetcher.Fetcher) credfetcher.Fetcher {
+	path := a.s.TokenPath
+	return &credfetcher.Unexpired{Fetcher: f, Now: a.clock.Now, OnExpired: func(exp time.Time) {
+		a.log.Warn("bearer token expired; the certificate in PROV_CERT authenticates the agent",
+			zap.String(logkeys.Path, path), zap.Time(logkeys.Expiry, exp), zap.String(logkeys.Dir, a.s.ProvCert))
+	}}
 }

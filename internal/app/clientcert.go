@@ -80,3 +80,18 @@ func certWhenNoToken(tokens credfetcher.Fetcher, cert func() (*tls.Certificate, 
 		return cert()
 	}
 }
+
+// xdsClientCert is the certificate the xDS proxy offers the control plane.
+// With PROV_CERT (a VM) it is the workload certificate whenever one is held,
+// beside the token while that is valid, as pilot-agent offers PROV_CERT's:
+// once the onboarding token expires the certificate is how the agent is
+// known, on a connection made before the expiry too. The transport offers
+// it only to a control plane that accepts its issuer (a root rotated since
+// istiod started is not, and the token then speaks alone). Otherwise
+// certWhenNoToken.
+func (a *App) xdsClientCert(tokens credfetcher.Fetcher, cert func() (*tls.Certificate, error)) func() (*tls.Certificate, error) {
+	if a.s.ProvCert != "" {
+		return cert
+	}
+	return certWhenNoToken(tokens, cert)
+}

@@ -61,9 +61,9 @@ func (a *App) certificateSource() (certSource, error) {
 	case SourceCA:
 		return a.caSource()
 	case SourceWorkloadCredentials:
-		return a.fileSource(a.s.WorkloadCredentialsDir, "workload-credentials")
+		return a.fileSource(a.s.WorkloadCredentialsDir, "workload-credentials", "MESHAGENT_WORKLOAD_CREDENTIALS_DIR")
 	case SourceFileMounted:
-		return a.fileSource(a.s.FileMountedCertsDir, "file-mounted")
+		return a.fileSource(a.s.FileMountedCertsDir, "file-mounted", "FILE_MOUNTED_CERTS=true serves MESHAGENT_FILE_MOUNTED_CERTS_DIR")
 	}
 	return certSource{}, fmt.Errorf("%w: %s (%s)", errSourceUnavailable, a.source.Source, a.source.Reason)
 }
@@ -270,12 +270,19 @@ func (a *App) outputCertsInitial(id pki.Identity) *secretmanager.Secret {
 }
 
 // fileSource serves certificate files from dir (workload credentials or
-// file-mounted certificates, docs/modes.md), watching them.
-func (a *App) fileSource(dir, source string) (certSource, error) {
+// file-mounted certificates, docs/modes.md), watching them. setting says
+// which setting chose dir, for the error.
+func (a *App) fileSource(dir, source, setting string) (certSource, error) {
 	rootFeed, err := a.rootFeed(source+"_root", filepath.Join(dir, files.RootCertFile))
 	if err != nil {
-		// The files were there when the source was chosen.
-		return certSource{}, configError(fmt.Errorf("%s: %w; put a PEM bundle of the roots there", dir, err))
+		if inner := errors.Unwrap(err); inner != nil {
+			err = inner // the feed's own wrapping repeats the path
+		}
+		fix := "put a PEM bundle of the roots there"
+		if source == "file-mounted" {
+			fix = "put cert-chain.pem, key.pem and root-cert.pem in it, or unset FILE_MOUNTED_CERTS"
+		}
+		return certSource{}, configError(fmt.Errorf("%s=%s: %w; %s", setting, dir, err, fix))
 	}
 	ts, err := a.trustRoots(rootFeed.Roots())
 	if err != nil {

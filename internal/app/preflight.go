@@ -64,3 +64,46 @@ func checkSocketPath(setting, path string, replace bool) error {
 	_ = os.Remove(probe)
 	return nil
 }
+
+// checkFilePath finds at start-up what would make writing a file at path
+// fail later, naming the setting and what to change: a directory at the
+// path, or a directory that cannot be made or written on the way to it. It
+// makes nothing that stays (a probe file is made and removed where the
+// file's directory is, or would be created).
+func checkFilePath(setting, path string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("%s=%s: %w", setting, path, err)
+	}
+	fail := func(why string) error {
+		return fmt.Errorf("%s=%s cannot be written: %s; set %s to a path in a writable directory", setting, path, why, setting)
+	}
+	if st, err := os.Stat(abs); err == nil && st.IsDir() {
+		return fail("it is a directory")
+	}
+	dir := filepath.Dir(abs)
+	for {
+		st, err := os.Stat(dir)
+		if err == nil {
+			if !st.IsDir() {
+				return fail(dir + " is not a directory")
+			}
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fail(err.Error())
+		}
+		dir = filepath.Dir(dir)
+	}
+	probe, err := os.CreateTemp(dir, ".meshagent-probe-")
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the probe's own name says nothing to the user
+		}
+		return fail(fmt.Sprintf("cannot create in %s: %v", dir, err))
+	}
+	_ = probe.Close()
+	_ = os.Remove(probe.Name())
+	return nil
+}

@@ -121,6 +121,11 @@ func (a *App) sidecarOutputs(src certSource) ([]component, error) {
 		}
 	}
 	bootstrap := c.DisableEnvoy || settingSet(c, "GRPC_XDS_BOOTSTRAP")
+	if bootstrap {
+		if err := checkFilePath("GRPC_XDS_BOOTSTRAP", c.GRPCXDSBootstrap); err != nil {
+			return nil, configError(err)
+		}
+	}
 	if bootstrap && (src.manager == nil || c.OutputCerts == "") {
 		// The bootstrap's certificate provider would name files nobody
 		// writes: proxyless gRPC would fail its first handshake.
@@ -208,7 +213,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 			Token:             tokens,
 			TokenOptional:     true,
 			Metadata:          md,
-			ClientCertificate: certWhenNoToken(tokens, clientCert),
+			ClientCertificate: a.xdsClientCert(tokens, clientCert),
 			Policy:            c.CompliancePolicy,
 		},
 		ConnectAfter:  connectAfter,

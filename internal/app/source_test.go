@@ -153,7 +153,24 @@ func TestRunRemovesStaleSocket(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "uds", "socket")
 	staleSocket(t, sock)
-	r := startApp(t, Config{}, sourceConfig(t, dir, "MESHAGENT_DEV=true"))
+	// The status server, which reports readiness, starts only once the
+	// agent's own socket listens at the path: whatever the goroutines'
+	// order, a ready agent has its socket there. (A connection is what
+	// tells the new socket from the stale one: a file system may give the
+	// new one the old one's inode.)
+	var atListen error
+	cfg := Config{OnStatusListen: func(net.Addr) {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			atListen = err
+			return
+		}
+		c.Close()
+	}}
+	r := startApp(t, cfg, sourceConfig(t, dir, "MESHAGENT_DEV=true"))
+	if atListen != nil {
+		t.Errorf("the status server listened before the SDS socket was bound: %v", atListen)
+	}
 	r.waitReady(t)
 	if st, err := os.Lstat(sock); err != nil || st.Mode().Type() != os.ModeSocket {
 		t.Errorf("the agent does not serve SDS where the stale socket was: %v", err)

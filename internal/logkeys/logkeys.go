@@ -23,11 +23,13 @@ const (
 	// CAAddr is the CA address dialled.
 	CAAddr = "ca_addr"
 	// Caller is the caller of a local socket, as resolved: its pod, else its identity.
-	Caller         = "caller"
-	Certs          = "certs"
-	CgroupRoot     = "cgroup_root"
-	CgroupRootFrom = "cgroup_root_from"
-	Code           = "code"
+	Caller = "caller"
+	Certs  = "certs"
+	// CgroupMemoryLimit is the memory limit of the agent's cgroup, in bytes.
+	CgroupMemoryLimit = "cgroup_memory_limit"
+	CgroupRoot        = "cgroup_root"
+	CgroupRootFrom    = "cgroup_root_from"
+	Code              = "code"
 	// CompliancePolicy is the TLS compliance policy (COMPLIANCE_POLICY).
 	CompliancePolicy = "compliance_policy"
 	Component        = "component"
@@ -73,11 +75,13 @@ const (
 	Nonce             = "nonce"
 	NotAfter          = "not_after"
 	Path              = "path"
-	Paths             = "paths"
-	PID               = "pid"
-	Pod               = "pod"
-	PollInterval      = "poll_interval"
-	Protocol          = "protocol"
+	// SoftMemoryLimit is the Go runtime's soft memory limit, in bytes.
+	SoftMemoryLimit = "soft_memory_limit"
+	Paths           = "paths"
+	PID             = "pid"
+	Pod             = "pod"
+	PollInterval    = "poll_interval"
+	Protocol        = "protocol"
 	// Reason is why something happened, short and stable.
 	Reason = "reason"
 	// Reasons counts the reasons of repeated refusals ("rate=3,limit=1").

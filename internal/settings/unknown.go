@@ -33,8 +33,9 @@ var proxyConfigFields = []string{
 // but that it does not know, each with the nearest known name: a
 // MESHAGENT_ variable no setting declares, and a top-level PROXY_CONFIG
 // field Istio's ProxyConfig does not have (such a value is otherwise
-// ignored without a word). Warning.Name is the variable, Value the unknown
-// name.
+// ignored without a word), and a pilot-agent setting meshagent does not
+// implement (notimplemented.go). Warning.Name is the variable, Value the
+// unknown name (the value for a pilot-agent setting).
 func UnknownNames(env []string) []Warning {
 	var out []Warning
 	known := knownVariables()
@@ -47,6 +48,7 @@ func UnknownNames(env []string) []Warning {
 		seen[name] = true
 		out = append(out, Warning{Name: name, Value: name, Why: "no such setting" + didYouMean(name, known)})
 	}
+	out = append(out, notImplementedNames(env)...)
 	if raw, ok := envMap(env)["PROXY_CONFIG"]; ok {
 		for _, f := range unknownProxyConfigFields(raw) {
 			out = append(out, Warning{Name: "PROXY_CONFIG", Value: f, Why: "field " + f + " is not a field of Istio's ProxyConfig" + didYouMean(f, proxyConfigFields)})

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -66,8 +67,15 @@ func Connect(ctx context.Context, path string) error {
 }
 
 // GRPC answers when a gRPC connection to the socket becomes ready, i.e. a
-// gRPC server completed the HTTP/2 handshake.
+// gRPC server completed the HTTP/2 handshake. A socket nobody listens on
+// (a previous run's, left behind) refuses the connection at once and is
+// reported at once, with an error wrapping syscall.ECONNREFUSED: gRPC would
+// retry it until ctx ends, and an agent restarting on its old socket would
+// wait out the whole timeout for nothing.
 func GRPC(ctx context.Context, path string) error {
+	if err := Connect(ctx, path); errors.Is(err, syscall.ECONNREFUSED) {
+		return err
+	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -113,5 +114,16 @@ func TestProbeHonoursTheCallersContext(t *testing.T) {
 	cancel()
 	if state, err := Probe(ctx, path, time.Hour, GRPC); state != Stale || !errors.Is(err, context.Canceled) {
 		t.Fatalf("Probe with a cancelled context = %v, %v; want Stale and context.Canceled", state, err)
+	}
+}
+
+// TestGRPCStaleAtOnce: a socket nobody listens on is stale for the gRPC
+// probe as soon as the connection is refused, not when the timeout ends.
+func TestGRPCStaleAtOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s")
+	staleSocket(t, path)
+	state, err := Probe(context.Background(), path, time.Minute, GRPC)
+	if state != Stale || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("Probe = %v, %v; want Stale with ECONNREFUSED (not the timeout)", state, err)
 	}
 }

@@ -136,6 +136,8 @@ type Server struct {
 	// refusalWait is how long a refused connection waits for its client's
 	// call (refusalWait; tests change it).
 	refusalWait time.Duration
+	// lis is the socket Listen bound for Run; nil until then.
+	lis *udslisten.Listener
 }
 
 // New checks cfg and returns a server. It starts nothing.
@@ -200,13 +202,36 @@ func New(cfg Config) (*Server, error) {
 // Workload API call fits in it, a larger message is read in several goes.
 const connReadBuffer = 4 << 10
 
-// Run listens on the socket and serves until ctx ends (then it returns nil)
-// or serving fails. A stale socket file is removed first; a live one makes
-// Run fail with ErrSocketInUse. The socket is removed when Run returns.
-func (s *Server) Run(ctx context.Context) error {
+// Listen binds the socket now, for Run to serve: the socket is then at its
+// path before anything started after Listen (a readiness report) can be
+// seen. A stale socket file is removed first; a live one makes Listen fail
+// with ErrSocketInUse. Listen is optional (Run binds the socket itself
+// otherwise) and, when called, is called once, before Run and from the
+// goroutine that starts Run; Run must follow it, since only Run closes what
+// Listen bound.
+func (s *Server) Listen() error {
+	if s.lis != nil {
+		return errors.New("local socket server: Listen called twice")
+	}
 	lis, err := s.listen()
 	if err != nil {
 		return err
+	}
+	s.lis = lis
+	return nil
+}
+
+// Run listens on the socket (unless Listen did) and serves until ctx ends
+// (then it returns nil) or serving fails. A stale socket file is removed
+// first; a live one makes Run fail with ErrSocketInUse. The socket is
+// removed when Run returns.
+func (s *Server) Run(ctx context.Context) error {
+	lis := s.lis
+	if lis == nil {
+		var err error
+		if lis, err = s.listen(); err != nil {
+			return err
+		}
 	}
 	defer lis.Close() // removes the socket if still ours; gs.Stop closed it already
 	wctx, stopWatch := context.WithCancel(ctx)

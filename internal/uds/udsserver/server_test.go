@@ -510,3 +510,70 @@ func TestSocketLifecycle(t *testing.T) {
 		t.Fatal("New accepted no service")
 	}
 }
+
+// TestListenBeforeRun: Listen puts the socket at its path before Run is
+// called (a stale one removed first), Run serves on that socket and removes
+// it when it returns; a live socket makes Listen fail with ErrSocketInUse,
+// and a second Listen is refused.
+func TestListenBeforeRun(t *testing.T) {
+	socket := filepath.Join(shortDir(t), "uds", "socket")
+	services := []func(*grpc.Server){registerWho}
+	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	_ = stale.Close()
+
+	srv, err := New(Config{SocketPath: socket, Services: services})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing runs yet, and the socket listens: a connection is accepted
+	// (by the kernel, into the backlog), where the stale one refused it.
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatalf("after Listen: %v", err)
+	}
+	_ = c.Close()
+	st, err := os.Lstat(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err == nil {
+		t.Error("a second Listen was accepted")
+	}
+	// Another server finds it alive.
+	other, _ := New(Config{SocketPath: socket, Services: services})
+	if err := other.Listen(); !errors.Is(err, ErrSocketInUse) {
+		t.Fatalf("Listen on a live socket: %v, want ErrSocketInUse", err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	if _, err := unary(t, conn); err != nil {
+		t.Fatal(err)
+	}
+	if now, err := os.Lstat(socket); err != nil || !os.SameFile(now, st) {
+		t.Errorf("Run serves another socket than the one Listen bound: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(socket); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("socket left behind after Run: %v", err)
+	}
+}
