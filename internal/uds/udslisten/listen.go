@@ -17,8 +17,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/internal/files/filewatch"
-	"github.com/meshagent/meshagent/internal/uds/handoff"
 	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/uds/handoff"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
 
