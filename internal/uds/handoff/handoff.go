@@ -260,6 +260,9 @@ func (a *Attachment) Keep(ctx context.Context, current func() *net.UnixListener)
 		case <-done:
 		}
 		conn.Close()
+		if ctx.Err() != nil {
+			return
+		}
 		a.log.Warn("the socket holder went away; giving the socket to the next one")
 		for {
 			select {

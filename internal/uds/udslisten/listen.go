@@ -100,7 +100,9 @@ type Listener struct {
 	ours   os.FileInfo // the socket file cur is bound to
 	closed bool
 	done   chan struct{} // closed by Close
-	att    *handoff.Attachment
+
+	att      *handoff.Attachment // the holder's, with Handoff
+	stopKeep func()              // ends att.Keep
 }
 
 // handoffTimeout bounds the wait for the socket's holder, which answers once
@@ -192,10 +194,7 @@ func (l *Listener) take() (*Listener, error) {
 	}
 	l.att = att
 	ctx, stop := context.WithCancel(context.Background())
-	go func() {
-		<-l.done
-		stop()
-	}()
+	l.stopKeep = stop
 	go att.Keep(ctx, func() *net.UnixListener {
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -279,6 +278,7 @@ func (l *Listener) Close() error {
 	err := l.cur.Close()
 	if l.att != nil {
 		// The holder answers on the socket from now on.
+		l.stopKeep()
 		_ = l.att.Close()
 		return err
 	}
