@@ -56,10 +56,10 @@ const (
 // caller binds its own and gives it with Attachment.Give.
 var ErrNoSocket = errors.New("handoff: the holder holds no socket")
 
-// withFd runs fn on f's descriptor. Never f.Fd(): it puts the descriptor in
-// blocking mode, and the mode belongs to the socket, shared with every
-// process holding it: an accept of the other process's would then block
-// where its poller cannot wake it.
+// withFd runs fn on f's descriptor. Never f.Fd() on a file of the net
+// package: it puts the descriptor in blocking mode, and the mode belongs to
+// the socket, shared with every process holding it: an accept of another
+// holder's would then block where its poller cannot wake it.
 func withFd(f *os.File, fn func(fd int) error) error {
 	raw, err := f.SyscallConn()
 	if err != nil {
@@ -126,7 +126,19 @@ func listenerOf(f *os.File) (*net.UnixListener, error) {
 	if err != nil || acc != 1 {
 		return nil, fmt.Errorf("handoff: the descriptor is not a listening socket (%v)", err)
 	}
-	l, err := net.FileListener(f)
+	// net.FileListener calls Fd, which puts a descriptor that came from the net
+	// package in blocking mode for a moment: dup it into a plain file first.
+	var dup int
+	if err := withFd(f, func(fd int) error {
+		var err error
+		dup, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("handoff: %w", err)
+	}
+	plain := os.NewFile(uintptr(dup), "handoff")
+	defer plain.Close()
+	l, err := net.FileListener(plain)
 	if err != nil {
 		return nil, fmt.Errorf("handoff: %w", err)
 	}
@@ -215,12 +227,18 @@ func dial(ctx context.Context, path string) (*net.UnixConn, error) {
 func dialHolder(ctx context.Context, path string) (*net.UnixConn, error) {
 	for {
 		c, err := dial(ctx, path)
-		if err == nil || !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ECONNREFUSED) {
-			return c, err
+		if err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("handoff: no socket holder answered: %w", err)
+		}
+		if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return nil, fmt.Errorf("handoff: no socket holder answered: %w", err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

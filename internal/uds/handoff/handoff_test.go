@@ -2,10 +2,10 @@ package handoff_test
 
 import (
 	"context"
-	"errors"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,12 +71,21 @@ func handshakes(t *testing.T, socket string) bool {
 	return true
 }
 
-// heldCall starts a call on the socket and returns its outcome once it ends.
+// heldCall starts a call on a connection the holder accepted and returns its
+// outcome once it ends.
 func heldCall(t *testing.T, socket string) <-chan error {
 	t.Helper()
 	cc, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cc.Connect()
+	for st := cc.GetState(); st != connectivity.Ready; st = cc.GetState() {
+		if !cc.WaitForStateChange(ctx, st) {
+			t.Fatal("the held call's connection never became ready")
+		}
 	}
 	out := make(chan error, 1)
 	go func() {
@@ -127,41 +136,33 @@ func TestHolderAnswersWhileTheAgentIsAway(t *testing.T) {
 	default:
 	}
 
+	// The agent: a gRPC server with no service on the socket it took,
+	// recording each caller's peer credentials.
 	lis := listen(t, p)
-	if err := <-held; status.Code(err) != codes.Unavailable {
-		t.Fatalf("the held call ended with %v once the agent took the socket, want UNAVAILABLE", err)
-	}
-	accepted := make(chan *net.UnixConn, 1)
+	peers := make(chan *unix.Ucred, 16)
+	srv := grpc.NewServer()
+	served := make(chan struct{})
 	go func() {
-		c, err := lis.Accept()
-		if err == nil {
-			accepted <- c.(*net.UnixConn)
-		}
-		close(accepted)
+		defer close(served)
+		_ = srv.Serve(credListener{lis, peers})
 	}()
-	c, err := net.Dial("unix", p.socket)
-	if err != nil {
-		t.Fatal(err)
+	if err := <-held; status.Code(err) != codes.Unavailable && status.Code(err) != codes.Unimplemented {
+		t.Fatalf("the held call ended with %v once the agent took the socket, want UNAVAILABLE (or the agent's answer after a retry)", err)
 	}
-	defer c.Close()
-	ac, ok := <-accepted
-	if !ok {
-		t.Fatal("the agent accepted nothing")
+	if err := <-heldCall(t, p.socket); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("a call once the agent took the socket: %v, want the agent's UNIMPLEMENTED", err)
 	}
-	raw, _ := ac.SyscallConn()
-	var cred *unix.Ucred
-	_ = raw.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-	if err != nil || int(cred.Pid) != os.Getpid() {
-		t.Fatalf("the agent's peer credentials: %+v %v, want this process", cred, err)
+	for len(peers) > 0 {
+		if cred := <-peers; cred == nil || int(cred.Pid) != os.Getpid() {
+			t.Fatalf("the agent's peer credentials: %+v, want this process", cred)
+		}
 	}
-	ac.Close()
 	if got := inode(t, p.socket); got != first {
 		t.Fatalf("the agent bound a socket of its own (inode %d, the holder's %d)", got, first)
 	}
 
-	if err := lis.Close(); err != nil {
-		t.Fatal(err)
-	}
+	srv.Stop() // closes lis
+	<-served
 	if _, err := os.Stat(p.socket); err != nil {
 		t.Fatalf("the agent removed the holder's socket on close: %v", err)
 	}
@@ -215,7 +216,7 @@ func TestTakeWaitsForAHolderStarting(t *testing.T) {
 	p := newPaths(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	if _, _, err := handoff.Take(ctx, p.private, nil); err == nil || !errors.Is(err, os.ErrNotExist) {
+	if _, _, err := handoff.Take(ctx, p.private, nil); err == nil || !strings.Contains(err.Error(), "no socket holder answered") {
 		t.Fatalf("Take without a holder: %v", err)
 	}
 	taken := make(chan error, 1)
@@ -230,4 +231,26 @@ func TestTakeWaitsForAHolderStarting(t *testing.T) {
 	if err := <-taken; err != nil {
 		t.Fatalf("an agent started before its holder: %v", err)
 	}
+}
+
+// credListener records the peer credentials of each connection it accepts.
+type credListener struct {
+	net.Listener
+	peers chan<- *unix.Ucred
+}
+
+func (l credListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	if raw, rerr := c.(*net.UnixConn).SyscallConn(); rerr == nil {
+		_ = raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	}
+	select {
+	case l.peers <- cred:
+	default:
+	}
+	return c, nil
 }
