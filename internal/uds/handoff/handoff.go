@@ -466,6 +466,9 @@ func (h *Holder) hold(log *zap.Logger) (stop func()) {
 // bind listens on Path (under a temporary name, renamed onto it), 0666:
 // pods' processes run as any uid.
 func (h *Holder) bind() error {
+	if err := os.MkdirAll(filepath.Dir(h.Path), 0o755); err != nil {
+		return fmt.Errorf("handoff: %w", err)
+	}
 	tmp := filepath.Join(filepath.Dir(h.Path), "."+filepath.Base(h.Path)+".holder")
 	_ = os.Remove(tmp)
 	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
