@@ -271,6 +271,10 @@ func TestPodAgentBesideIstioProxy(t *testing.T) {
 	if agent == nil || agent.RestartPolicy == nil || *agent.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Fatalf("no native sidecar meshagent in the injected pod: %v", names(created))
 	}
+	// The documented image is the one make image builds: the chart's appVersion.
+	if want := agentImage + ":" + agentTag(t); agent.Image != want {
+		t.Fatalf("docs/istio.md's template names image %s; make image builds %s", agent.Image, want)
+	}
 	var proxy bool
 	for _, c := range created.Spec.Containers {
 		proxy = proxy || c.Name == "istio-proxy"
