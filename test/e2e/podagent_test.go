@@ -40,32 +40,13 @@ func docBlocks(page, lang string) ([]string, error) {
 	return out, nil
 }
 
-// documentedTemplates returns the injection templates docs/istio.md gives
-// (its sidecarInjectorWebhook.templates blocks), by name: istiod injects with
-// them, so the page and what is tested cannot differ.
+// documentedTemplates returns the injection templates docs/istio.md gives,
+// by name: istiod injects with them, so the page and what is tested cannot
+// differ.
 func documentedTemplates() (map[string]string, error) {
-	blocks, err := docBlocks("istio.md", "yaml")
+	out, err := istiod.DocumentedTemplates("istio.md")
 	if err != nil {
 		return nil, err
-	}
-	out := map[string]string{}
-	for _, block := range blocks {
-		if !strings.Contains(block, "sidecarInjectorWebhook:") {
-			continue
-		}
-		var v struct {
-			Values struct {
-				SidecarInjectorWebhook struct {
-					Templates map[string]string `json:"templates"`
-				} `json:"sidecarInjectorWebhook"`
-			} `json:"values"`
-		}
-		if err := yaml.Unmarshal([]byte(block), &v); err != nil {
-			return nil, fmt.Errorf("docs/istio.md: an injection template block: %w", err)
-		}
-		for name, tmpl := range v.Values.SidecarInjectorWebhook.Templates {
-			out[name] = tmpl
-		}
 	}
 	if out["meshagent-pod"] == "" {
 		return nil, fmt.Errorf("docs/istio.md has no sidecarInjectorWebhook.templates.meshagent-pod block")
