@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -738,9 +739,10 @@ func checkNodeAgentPrivileges(t *testing.T, pod corev1.PodSpec, agent corev1.Con
 		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Privileged != nil && *sc.Privileged {
 		t.Errorf("node agent security context %+v, want every capability dropped, none added, no escalation, a read-only root", sc)
 	}
-	if len(pod.InitContainers) != 1 {
-		t.Fatalf("node agent init containers %v, want the socket-dir one", pod.InitContainers)
+	if len(pod.InitContainers) != 2 {
+		t.Fatalf("node agent init containers %v, want socket-dir and the socket holder", pod.InitContainers)
 	}
+	checkSocketHolder(t, pod, pod.InitContainers[1], agent)
 	init := pod.InitContainers[0]
 	want := []string{"socket-dir", fmt.Sprintf("--owner=%d:%d", *sc.RunAsUser, *sc.RunAsGroup), "/var/run/secrets/workload-spiffe-uds"}
 	if init.Name != "socket-dir" || !slices.Equal(init.Args, want) {
@@ -753,6 +755,42 @@ func checkNodeAgentPrivileges(t *testing.T, pod corev1.PodSpec, agent corev1.Con
 		t.Errorf("socket-dir init container security context %+v, want CAP_CHOWN alone", isc)
 	}
 	checkMount(t, pod, init, "/var/run/secrets/workload-spiffe-uds", func(v corev1.Volume) bool { return v.HostPath != nil })
+}
+
+// checkSocketHolder: the socket holder (docs/node-mode.md, "Restarts") is a
+// native sidecar started after socket-dir, as unprivileged as the agent, and
+// shares with it the socket directory and a private in-memory directory where
+// the agent finds it (MESHAGENT_SOCKET_HANDOFF).
+func checkSocketHolder(t *testing.T, pod corev1.PodSpec, h, agent corev1.Container) {
+	t.Helper()
+	if h.Name != "socket-holder" || h.RestartPolicy == nil || *h.RestartPolicy != corev1.ContainerRestartPolicyAlways ||
+		len(h.Args) == 0 || h.Args[0] != "socket-holder" {
+		t.Fatalf("second init container %s (restart policy %v, args %v), want the socket holder as a native sidecar", h.Name, h.RestartPolicy, h.Args)
+	}
+	if !reflect.DeepEqual(h.SecurityContext, agent.SecurityContext) {
+		t.Errorf("socket holder security context %+v, want the agent's %+v", h.SecurityContext, agent.SecurityContext)
+	}
+	var private string
+	for _, a := range h.Args {
+		if v, ok := strings.CutPrefix(a, "--private="); ok {
+			private = v
+		}
+	}
+	var handoff string
+	for _, e := range agent.Env {
+		if e.Name == "MESHAGENT_SOCKET_HANDOFF" {
+			handoff = e.Value
+		}
+	}
+	if private == "" || handoff != private {
+		t.Errorf("the holder listens at %q, the agent's MESHAGENT_SOCKET_HANDOFF is %q", private, handoff)
+	}
+	inMemory := func(v corev1.Volume) bool {
+		return v.EmptyDir != nil && v.EmptyDir.Medium == corev1.StorageMediumMemory
+	}
+	checkMount(t, pod, h, filepath.Dir(private), inMemory)
+	checkMount(t, pod, agent, filepath.Dir(private), inMemory)
+	checkMount(t, pod, h, "/var/run/secrets/workload-spiffe-uds", func(v corev1.Volume) bool { return v.HostPath != nil })
 }
 
 func checkProbes(t *testing.T, c corev1.Container) {

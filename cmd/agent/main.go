@@ -134,7 +134,7 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return configError{err} })
 
 	root.AddCommand(newRunCommand(env, stderr, h), newConfigCommand(env, stdout, stderr), newVersionCommand(stdout), newDocsCommand(stdout), newCSICommand(stderr))
-	root.AddCommand(newSocketDirCommand(), newTrustPublisherCommand(env, stderr))
+	root.AddCommand(newSocketDirCommand(), newTrustPublisherCommand(env, stderr), newSocketHolderCommand(stderr))
 	return root
 }
 

@@ -77,7 +77,7 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 		return nil, configError(err)
 	}
 	uc := a.withSocketLimits(udsserver.Config{
-		SocketPath: c.SDSSocket, Replace: a.nodeMode(), Services: services,
+		SocketPath: c.SDSSocket, Replace: a.nodeMode(), Handoff: c.SocketHandoff, Services: services,
 		MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
 	})
 	var cs []component

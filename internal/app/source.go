@@ -117,8 +117,18 @@ func SelectSource(ctx context.Context, cfg *settings.Config) SourceDecision {
 			notes = append(notes, fmt.Sprintf("something answers on %s; node mode replaces it", cfg.SDSSocket))
 			break
 		}
+		if cfg.SocketHandoff != "" {
+			// The socket holder answers while no agent serves.
+			notes = append(notes, fmt.Sprintf("something answers on %s; the agent takes it from its holder", cfg.SDSSocket))
+			break
+		}
 		return SourceDecision{Source: SourceExternal, Reason: fmt.Sprintf("an SDS server already answers on %s; meshagent will not serve SDS there", cfg.SDSSocket)}
 	case sockprobe.Stale:
+		if cfg.SocketHandoff != "" {
+			// The holder's to replace, not the agent's to remove.
+			notes = append(notes, fmt.Sprintf("stale socket %s is left to its holder (%v)", cfg.SDSSocket, err))
+			break
+		}
 		stale = true
 		notes = append(notes, fmt.Sprintf("stale socket %s will be removed (%v)", cfg.SDSSocket, err))
 	case sockprobe.NotSocket:

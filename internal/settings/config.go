@@ -152,6 +152,9 @@ type Config struct {
 	LinkerdIdentityServiceName string
 	// SDSSocket is the SDS Unix socket path (MESHAGENT_SDS_SOCKET).
 	SDSSocket string
+	// SocketHandoff is the socket holder's private socket
+	// (MESHAGENT_SOCKET_HANDOFF); empty: no holder.
+	SocketHandoff string
 	// XDSSocket is the xDS proxy's Unix socket path (MESHAGENT_XDS_SOCKET).
 	XDSSocket string
 	// WorkloadCredentialsDir holds pre-provisioned credentials (MESHAGENT_WORKLOAD_CREDENTIALS_DIR).

@@ -604,6 +604,12 @@ var Registry = []Setting{
 		Value:          Path(func(c *Config) *string { return &c.SDSSocket }),
 	},
 	{
+		Name: "MESHAGENT_SOCKET_HANDOFF", Group: GroupPaths,
+		Doc: "Private socket of a socket holder (`meshagent socket-holder`, a process that outlives the agent's) that keeps MESHAGENT_SDS_SOCKET answering while the agent restarts: " +
+			"the agent takes the listening socket from it by descriptor passing (or binds it and gives it), and leaves it to the holder when it exits. Empty: the agent binds the socket itself and removes it when it exits. docs/node-mode.md, \"Restarts\".",
+		Value: Path(func(c *Config) *string { return &c.SocketHandoff }),
+	},
+	{
 		Name: "MESHAGENT_XDS_SOCKET", Flag: "xds-socket", Default: "./etc/istio/proxy/XDS", Group: GroupPaths,
 		Doc:   "Unix socket the xDS proxy listens on.",
 		Value: Path(func(c *Config) *string { return &c.XDSSocket }),

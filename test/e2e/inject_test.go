@@ -64,12 +64,14 @@ func injectionWebhook(t *testing.T, roots []byte) {
 
 // standInLine is one line of the Envoy stand-in's log (test/e2e/images/envoy).
 type standInLine struct {
-	Kind     string `json:"kind"`
-	SpiffeID string `json:"spiffe_id"`
-	Serial   string `json:"serial"`
-	Roots    int    `json:"roots"`
-	Socket   string `json:"socket"`
-	Error    string `json:"error"`
+	Time     time.Time `json:"time"`
+	Kind     string    `json:"kind"`
+	Stream   bool      `json:"stream"`
+	SpiffeID string    `json:"spiffe_id"`
+	Serial   string    `json:"serial"`
+	Roots    int       `json:"roots"`
+	Socket   string    `json:"socket"`
+	Error    string    `json:"error"`
 }
 
 // checkInjection: a pod of a namespace with injection on, asking for the

@@ -80,6 +80,17 @@ func startIstiod(ctx context.Context) (*istiod.Istiod, error) {
 	if err != nil {
 		return nil, err
 	}
+	templates, err := documentedTemplates()
+	if err != nil {
+		return nil, err
+	}
+	templates["meshagent"] = template
+	// The list docs/istio.md gives (the node agent of docs/kubernetes.md and
+	// ambient's ztunnel), and the sidecar test's own node agent.
+	trusted, err := documentedTrustedNodeAccounts()
+	if err != nil {
+		return nil, err
+	}
 	if meshRootA, err = istiod.NewCA("e2e root A", nil); err != nil {
 		return nil, err
 	}
@@ -95,17 +106,14 @@ func startIstiod(ctx context.Context) (*istiod.Istiod, error) {
 		return os.WriteFile(path, b, 0o600)
 	}}
 	return istiod.Start(ctx, api, istiod.Options{
-		Host:          istiodIP,
-		StandardPorts: true,
-		Netns:         kube.NetnsPath(),
-		InNetns:       kube.InNetns,
-		TrustedNodeAccounts: []string{
-			agentNamespace + "/" + release,
-			sidecarNamespace + "/" + sidecarRelease + "-meshagent-node",
-		},
-		StartTimeout: 3 * time.Minute,
-		PluginCA:     &plugin,
-		Injector:     &istiod.Injector{Templates: map[string]string{"meshagent": template}, Hub: proxyHub, Tag: proxyTag},
+		Host:                istiodIP,
+		StandardPorts:       true,
+		Netns:               kube.NetnsPath(),
+		InNetns:             kube.InNetns,
+		TrustedNodeAccounts: append(trusted, sidecarNamespace+"/"+sidecarRelease+"-meshagent-node"),
+		StartTimeout:        3 * time.Minute,
+		PluginCA:            &plugin,
+		Injector:            &istiod.Injector{Templates: templates, Hub: proxyHub, Tag: proxyTag},
 	})
 }
 

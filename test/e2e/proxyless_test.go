@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -46,7 +47,7 @@ type echoLine struct {
 
 // proxylessRelease installs the chart's proxyless shape (no Envoy, the xDS
 // proxy on) for one xdsecho workload, istiod as CA and control plane.
-func proxylessRelease(t *testing.T, rel, app string, args, env string) {
+func proxylessRelease(t *testing.T, rel, app string, args, env string, ttl time.Duration) {
 	t.Helper()
 	values := filepath.Join(t.TempDir(), rel+".yaml")
 	if err := os.WriteFile(values, []byte(`image:
@@ -57,7 +58,7 @@ istiodSAN: `+caServerName+`
 # Short-lived certificates: the root rotation of the test sees them renewed.
 extraEnv:
   - name: SECRET_TTL
-    value: `+proxylessTTL.String()+`
+    value: `+ttl.String()+`
 sidecar:
   envoy:
     enabled: false
@@ -128,13 +129,12 @@ func releaseLog(t *testing.T, app, container string) string {
 	return containerLog(&pods.Items[0], container)
 }
 
-// TestProxylessMeshWithIstiod: two proxyless gRPC workloads (grpc-go's xDS client
-// and server, the chart's proxyless shape: meshagent beside each, no Envoy) in a
-// namespace istiod holds to mTLS (PeerAuthentication STRICT, DestinationRule
-// ISTIO_MUTUAL). Calls succeed over mTLS with istiod's certificates, each side
-// seeing the other's SPIFFE ID; an AuthorizationPolicy denying the client's service
-// account makes them fail with PermissionDenied, and removing it restores them.
-func TestProxylessMeshWithIstiod(t *testing.T) {
+// startProxylessMesh installs the two proxyless workloads of grpcNamespace (an
+// xdsecho server behind the Service echo and a client calling it every 100 ms)
+// with certificates of ttl, istiod holding the namespace to mTLS; the test's
+// cleanup uninstalls them and deletes the namespace.
+func startProxylessMesh(t *testing.T, ttl time.Duration) {
+	t.Helper()
 	ctx := context.Background()
 	controlPlane(t)
 	core := kube.Client().CoreV1()
@@ -169,17 +169,31 @@ spec:
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	proxylessRelease(t, "echo", "echo", "server", `        - {name: PORT, value: "7070"}`)
+	proxylessRelease(t, "echo", "echo", "server", `        - {name: PORT, value: "7070"}`, ttl)
 	proxylessRelease(t, "client", "client", "client",
 		`        - {name: TARGET, value: "xds:///echo.`+grpcNamespace+`.svc.cluster.local:7070"}
-        - {name: INTERVAL, value: "100ms"}`)
+        - {name: INTERVAL, value: "100ms"}`, ttl)
 	t.Cleanup(func() {
 		for _, rel := range []string{"client", "echo"} {
 			_ = kube.Command(context.Background(), "helm", "uninstall", rel, "--namespace", grpcNamespace, "--wait", "--timeout", "2m").Run()
 		}
 		_ = core.Namespaces().Delete(context.Background(), grpcNamespace, metav1.DeleteOptions{})
+		// Gone before the next test may make the namespace again.
+		waitGone(t, "namespace "+grpcNamespace, func() bool {
+			_, err := core.Namespaces().Get(context.Background(), grpcNamespace, metav1.GetOptions{})
+			return apierrors.IsNotFound(err)
+		})
 	})
+}
 
+// TestProxylessMeshWithIstiod: two proxyless gRPC workloads (grpc-go's xDS client
+// and server, the chart's proxyless shape: meshagent beside each, no Envoy) in a
+// namespace istiod holds to mTLS (PeerAuthentication STRICT, DestinationRule
+// ISTIO_MUTUAL). Calls succeed over mTLS with istiod's certificates, each side
+// seeing the other's SPIFFE ID; an AuthorizationPolicy denying the client's service
+// account makes them fail with PermissionDenied, and removing it restores them.
+func TestProxylessMeshWithIstiod(t *testing.T) {
+	startProxylessMesh(t, proxylessTTL)
 	serverID := spiffeIDIn(grpcNamespace, "echo-meshagent-workload")
 	clientID := spiffeIDIn(grpcNamespace, "client-meshagent-workload")
 	start := time.Now()

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +114,73 @@ func TestInjectionTemplateOfTheDocs(t *testing.T) {
 				return
 			}
 			t.Fatal("no volume workload-socket")
+		})
+	}
+}
+
+// TestPodAgentTemplateOfTheDocs: istiod's injector with the pod agent's
+// template of docs/istio.md ("sidecar,meshagent-pod") makes a pod the API
+// server accepts. With nativeSidecar "false", as the page says, meshagent is
+// a native sidecar and istio-proxy a regular container, so the kubelet starts
+// meshagent first; with native sidecars istiod puts istio-proxy first among
+// the init containers, which is why the page asks for "false".
+func TestPodAgentTemplateOfTheDocs(t *testing.T) {
+	ca := control(t)
+	w := newWorkload(t, "pod-agent", "node-a")
+	for _, native := range []string{"false", "true"} {
+		t.Run("native="+native, func(t *testing.T) {
+			pod := &corev1.Pod{
+				TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+				ObjectMeta: metav1.ObjectMeta{
+					Name: "pod-agent-" + native, Namespace: w.ns,
+					Labels: map[string]string{"app": "app", "sidecar.istio.io/inject": "true"},
+					Annotations: map[string]string{
+						"inject.istio.io/templates":      "sidecar,meshagent-pod",
+						"sidecar.istio.io/nativeSidecar": native,
+					},
+				},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: w.sa,
+					Containers:         []corev1.Container{{Name: "app", Image: "meshagent.test/app:e2e"}},
+				},
+			}
+			injected := inject(t, ca, pod)
+			if _, err := w.env.Client().CoreV1().Pods(w.ns).Create(context.Background(), injected,
+				metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+				t.Fatalf("the API server refuses the injected pod: %v", err)
+			}
+			agent, agentInit := findContainer(injected, "meshagent")
+			proxy, proxyInit := findContainer(injected, "istio-proxy")
+			if agent == nil || !agentInit || agent.RestartPolicy == nil || *agent.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+				t.Fatalf("meshagent is not a native sidecar of the injected pod: %+v", agent)
+			}
+			if proxy == nil {
+				t.Fatal("no istio-proxy injected")
+			}
+			var env []string
+			for _, e := range agent.Env {
+				if e.Name == "CA_ADDR" {
+					env = append(env, e.Value)
+				}
+			}
+			if len(env) != 1 || env[0] != istiod.ServerName+":15012" {
+				t.Errorf("meshagent's CA_ADDR %v, want the mesh's discovery address %s:15012", env, istiod.ServerName)
+			}
+			var names []string
+			for _, c := range injected.Spec.InitContainers {
+				names = append(names, c.Name)
+			}
+			if native == "false" {
+				if proxyInit {
+					t.Fatalf("istio-proxy is an init container with nativeSidecar false: %v", names)
+				}
+				t.Logf("init containers %v; istio-proxy a regular container, started after them", names)
+				return
+			}
+			if !proxyInit || slices.Index(names, "istio-proxy") > slices.Index(names, "meshagent") {
+				t.Fatalf("with native sidecars, init containers %v: want istio-proxy before meshagent (istiod's order)", names)
+			}
+			t.Logf("with native sidecars istiod orders %v: istio-proxy would start before meshagent", names)
 		})
 	}
 }

@@ -59,13 +59,21 @@ func control(t *testing.T) *istiod.Istiod {
 		if docs, meshErr = istiod.DocumentedTemplate(); meshErr != nil {
 			return
 		}
+		var istioDocs map[string]string
+		if istioDocs, meshErr = istiod.DocumentedTemplates("istio.md"); meshErr != nil {
+			return
+		}
+		templates := map[string]string{"meshagent": docs, "meshagent-containers": containersTemplate}
+		for name, tmpl := range istioDocs {
+			templates[name] = tmpl
+		}
 		indented := "    " + strings.ReplaceAll(strings.TrimSpace(string(meshExtraRoot)), "\n", "\n    ")
 		start := time.Now()
 		mesh, meshErr = istiod.Start(context.Background(), istiod.APIOf(env), istiod.Options{
 			TrustedNodeAccounts: []string{nodeAgentNamespace + "/" + nodeAgentSA},
 			MeshConfig:          "caCertificates:\n- pem: |\n" + indented + "\n",
 			Injector: &istiod.Injector{
-				Templates: map[string]string{"meshagent": docs, "meshagent-containers": containersTemplate},
+				Templates: templates,
 				Hub:       "meshagent.test", Tag: "e2e",
 			},
 		})

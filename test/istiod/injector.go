@@ -39,11 +39,25 @@ type Injector struct {
 // YAML block that sets sidecarInjectorWebhook.templates.meshagent. Tests
 // inject with it, so the page and what is tested cannot differ.
 func DocumentedTemplate() (string, error) {
-	_, file, _, _ := runtime.Caller(0)
-	b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "docs", "kubernetes.md"))
+	all, err := DocumentedTemplates("kubernetes.md")
 	if err != nil {
 		return "", err
 	}
+	if t := all["meshagent"]; t != "" {
+		return t, nil
+	}
+	return "", errors.New("docs/kubernetes.md has no sidecarInjectorWebhook.templates.meshagent block")
+}
+
+// DocumentedTemplates returns the injection templates a page of docs/ gives
+// (its YAML blocks setting sidecarInjectorWebhook.templates), by name.
+func DocumentedTemplates(page string) (map[string]string, error) {
+	_, file, _, _ := runtime.Caller(0)
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "docs", page))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
 	for _, block := range strings.Split(string(b), "```yaml\n")[1:] {
 		block, _, _ = strings.Cut(block, "```")
 		if !strings.Contains(block, "sidecarInjectorWebhook:") {
@@ -57,13 +71,13 @@ func DocumentedTemplate() (string, error) {
 			} `json:"values"`
 		}
 		if err := yaml.Unmarshal([]byte(block), &v); err != nil {
-			return "", fmt.Errorf("docs/kubernetes.md: the injection template block: %w", err)
+			return nil, fmt.Errorf("docs/%s: an injection template block: %w", page, err)
 		}
-		if t := v.Values.SidecarInjectorWebhook.Templates["meshagent"]; t != "" {
-			return t, nil
+		for name, t := range v.Values.SidecarInjectorWebhook.Templates {
+			out[name] = t
 		}
 	}
-	return "", errors.New("docs/kubernetes.md has no sidecarInjectorWebhook.templates.meshagent block")
+	return out, nil
 }
 
 // renderInjector renders the istio-discovery chart with helm and returns its

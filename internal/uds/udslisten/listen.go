@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files/filewatch"
 	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/uds/handoff"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 )
 
@@ -79,6 +80,11 @@ type Config struct {
 	OnRebind func(reason string)
 	// Logger receives the listener's logs; nil means none.
 	Logger *zap.Logger
+	// Handoff, when set, is the private socket of a holder
+	// (internal/uds/handoff) that keeps the socket while this process is
+	// away: Listen takes the socket from it (or binds it and gives it), and
+	// Close leaves the socket to it rather than removing it.
+	Handoff string
 
 	// afterCheck, when set, is called after each of Watch's checks (tests).
 	afterCheck func(rebound bool)
@@ -94,7 +100,14 @@ type Listener struct {
 	ours   os.FileInfo // the socket file cur is bound to
 	closed bool
 	done   chan struct{} // closed by Close
+
+	att      *handoff.Attachment // the holder's, with Handoff
+	stopKeep func()              // ends att.Keep
 }
+
+// handoffTimeout bounds the wait for the socket's holder, which answers once
+// the agent before this one is gone.
+const handoffTimeout = 30 * time.Second
 
 var _ net.Listener = (*Listener)(nil)
 
@@ -125,6 +138,9 @@ func Listen(cfg Config) (*Listener, error) {
 	if err := mkdirs(filepath.Dir(cfg.Path), cfg.DirMode); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
 	}
+	if cfg.Handoff != "" {
+		return l.take()
+	}
 	if !cfg.Replace {
 		removed, err := sockprobe.RemoveStale(context.Background(), cfg.Path, probeTimeout, sockprobe.Connect)
 		if err != nil {
@@ -141,6 +157,49 @@ func Listen(cfg Config) (*Listener, error) {
 		return nil, err
 	}
 	l.cur, l.ours = lis, info
+	return l, nil
+}
+
+// take gets the socket from its holder, or binds it and gives it to the
+// holder when the holder has none.
+func (l *Listener) take() (*Listener, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), handoffTimeout)
+	defer cancel()
+	lis, att, err := handoff.Take(ctx, l.cfg.Handoff, l.log)
+	switch {
+	case err == nil:
+		info, serr := os.Lstat(l.cfg.Path)
+		if serr != nil {
+			lis.Close()
+			att.Close()
+			return nil, fmt.Errorf("unix socket: the holder's socket: %w", serr)
+		}
+		l.cur, l.ours = lis, info
+		l.log.Info("socket taken from its holder")
+	case errors.Is(err, handoff.ErrNoSocket):
+		lis, info, err := l.bind()
+		if err != nil {
+			att.Close()
+			return nil, err
+		}
+		if err := att.Give(lis); err != nil {
+			lis.Close()
+			att.Close()
+			return nil, err
+		}
+		l.cur, l.ours = lis, info
+		l.log.Info("socket bound and given to its holder")
+	default:
+		return nil, fmt.Errorf("unix socket: %w", err)
+	}
+	l.att = att
+	ctx, stop := context.WithCancel(context.Background())
+	l.stopKeep = stop
+	go att.Keep(ctx, func() *net.UnixListener {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.cur
+	})
 	return l, nil
 }
 
@@ -217,6 +276,12 @@ func (l *Listener) Close() error {
 	l.closed = true
 	close(l.done)
 	err := l.cur.Close()
+	if l.att != nil {
+		// The holder answers on the socket from now on.
+		l.stopKeep()
+		_ = l.att.Close()
+		return err
+	}
 	if now, serr := os.Lstat(l.cfg.Path); serr == nil && os.SameFile(now, l.ours) {
 		if rerr := os.Remove(l.cfg.Path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 			l.log.Warn("removing socket failed", zap.Error(rerr))
@@ -339,6 +404,11 @@ func (l *Listener) check() (bool, error) {
 	old := l.cur
 	l.cur, l.ours = lis, info
 	_ = old.Close() // wakes an Accept waiting on it, which moves to lis
+	if l.att != nil {
+		if err := l.att.Give(lis); err != nil {
+			l.log.Warn("giving the socket bound again to its holder failed", zap.Error(err))
+		}
+	}
 	l.log.Warn("socket bound again", zap.String(logkeys.Reason, reason), zap.String(logkeys.Found, found))
 	if l.cfg.OnRebind != nil {
 		l.cfg.OnRebind(reason)

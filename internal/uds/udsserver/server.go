@@ -48,6 +48,9 @@ type Config struct {
 	// socket bound by a pod before the agent started, a regular file)
 	// instead of failing with ErrSocketInUse or leaving a file alone.
 	Replace bool
+	// Handoff is the private socket of the socket's holder (udslisten's
+	// Config.Handoff); empty: none.
+	Handoff string
 	// Clock drives the check that the socket is still the agent's (see
 	// udslisten); nil means the real clock.
 	Clock clock.WithTicker
@@ -305,7 +308,7 @@ func (s *Server) listen() (*udslisten.Listener, error) {
 	}
 	lis, err := udslisten.Listen(udslisten.Config{
 		Path: s.cfg.SocketPath, DirMode: s.cfg.DirMode, Replace: s.cfg.Replace, CheckInterval: check,
-		Clock: s.cfg.Clock, Logger: s.log,
+		Clock: s.cfg.Clock, Logger: s.log, Handoff: s.cfg.Handoff,
 		OnRebind: func(reason string) { s.metrics.rebound.WithLabelValues(reason).Inc() },
 	})
 	if err != nil {

@@ -8,7 +8,11 @@
 //     bootstrap points secrets at: a pipe, relative to the working directory as in Envoy)
 //     on two StreamSecrets streams of one connection, as Envoy subscribes per secret, and
 //     prints one JSON line of kind "sds": the leaf's SPIFFE ID, serial and NotAfter, how
-//     many roots ROOTCA held, or the error;
+//     many roots ROOTCA held, or the error; with ENVOY_STANDIN_SDS_STREAM=true it instead
+//     holds one StreamSecrets stream for `default`, as Envoy does, prints a line of kind
+//     "sds" (stream true) for every answer and one with the error when the stream breaks,
+//     and opens a new one after Envoy's back-off (jittered exponential, 500 ms base, 30 s at
+//     most, reset by an answer);
 //   - ADS: it subscribes to Clusters and Listeners on the bootstrap's ADS cluster
 //     (`xds-grpc`, pilot-agent's xDS proxy) with the bootstrap's node, acknowledges each
 //     response, counts it as an update_success and prints a line of kind "xds";
@@ -34,6 +38,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -68,6 +73,7 @@ type Line struct {
 	Serial   string    `json:"serial,omitempty"` // hexadecimal, as meshagent logs it
 	NotAfter time.Time `json:"not_after,omitzero"`
 	Roots    int       `json:"roots,omitempty"`
+	Stream   bool      `json:"stream,omitempty"`
 	// xds
 	Type      string `json:"type,omitempty"`
 	Version   string `json:"version,omitempty"`
@@ -176,7 +182,11 @@ func run(args []string) error {
 	st.live.Store(true)
 
 	var wg sync.WaitGroup
-	wg.Go(func() { sdsLoop(ctx, sdsAddr, bs.node, interval, st) })
+	if os.Getenv("ENVOY_STANDIN_SDS_STREAM") == "true" {
+		wg.Go(func() { sdsStreamLoop(ctx, sdsAddr, bs.node, st) })
+	} else {
+		wg.Go(func() { sdsLoop(ctx, sdsAddr, bs.node, interval, st) })
+	}
 	if name := bs.adsCluster(); name != "" {
 		if addr, err := bs.clusterAddress(name); err != nil {
 			emit(Line{Kind: "xds", Error: err.Error()})
@@ -494,6 +504,98 @@ func sdsLoop(ctx context.Context, target dialTarget, node *corev3.Node, interval
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// sdsStreamLoop holds a StreamSecrets stream for default, opening a new one after
+// Envoy's back-off when it breaks.
+func sdsStreamLoop(ctx context.Context, target dialTarget, node *corev3.Node, st *stats) {
+	const base, most = 500 * time.Millisecond, 30 * time.Second
+	attempt := 0
+	for {
+		answered := holdSecret(ctx, target, node, st)
+		if ctx.Err() != nil {
+			return
+		}
+		if answered {
+			attempt = 0
+		}
+		limit := base << min(attempt, 6)
+		if limit > most {
+			limit = most
+		}
+		attempt++
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(rand.Int64N(int64(limit)))):
+		}
+	}
+}
+
+// holdSecret subscribes to default on one stream, acknowledges and prints every answer,
+// and returns when the stream breaks, saying whether it was answered at least once.
+func holdSecret(ctx context.Context, target dialTarget, node *corev3.Node, st *stats) bool {
+	fail := func(err error) {
+		st.sdsFailure.Add(1)
+		emit(Line{Kind: "sds", Stream: true, Socket: target.String(), Error: err.Error()})
+	}
+	conn, err := dial(target)
+	if err != nil {
+		fail(err)
+		return false
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
+	if err != nil {
+		fail(err)
+		return false
+	}
+	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.SecretType, ResourceNames: []string{"default"}}
+	answered := false
+	for {
+		if err := stream.Send(req); err != nil {
+			fail(err)
+			return answered
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() == nil {
+				fail(err)
+			}
+			return answered
+		}
+		answered = true
+		l := Line{Kind: "sds", Stream: true, Socket: target.String()}
+		for _, a := range resp.GetResources() {
+			var s tlsv3.Secret
+			if a.UnmarshalTo(&s) != nil || s.GetName() != "default" {
+				continue
+			}
+			if leaf, err := firstCert(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes()); err != nil {
+				l.Error = err.Error()
+			} else {
+				if len(leaf.URIs) > 0 {
+					l.SpiffeID = leaf.URIs[0].String()
+				}
+				l.Serial = leaf.SerialNumber.Text(16)
+				l.NotAfter = leaf.NotAfter.UTC()
+			}
+		}
+		if l.Error == "" && l.Serial == "" {
+			l.Error = fmt.Sprintf("the answer (%d resources) does not hold default", len(resp.GetResources()))
+		}
+		if l.Error == "" {
+			st.sdsSuccess.Add(1)
+		} else {
+			st.sdsFailure.Add(1)
+		}
+		emit(l)
+		// The acknowledgement, as Envoy sends it.
+		req = &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.SecretType, ResourceNames: []string{"default"},
+			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
 	}
 }
 
