@@ -99,7 +99,7 @@ func mkpod(ns, name, uid, sa string, phase kubeclient.PodPhase) podindex.Pod {
 	return podindex.Pod{Namespace: ns, Name: name, UID: uid, ServiceAccount: sa, Phase: phase, Identity: pki.SPIFFEIdentity("cluster.local", ns, sa)}
 }
 
-// fakeProc writes <root>/<pid>/{stat,cgroup}: a process of the pod uid.
+// fakeProc writes <root>/<pid>/{task/<pid>/stat,cgroup}: a process of the pod uid.
 func fakeProc(t testing.TB, root string, pid int, uid string) {
 	t.Helper()
 	dir := filepath.Join(root, strconv.Itoa(pid))
@@ -110,7 +110,11 @@ func fakeProc(t testing.TB, root string, pid int, uid string) {
 	for i := 4; i <= 52; i++ {
 		f = append(f, "7")
 	}
-	if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(strings.Join(f, " ")+"\n"), 0o644); err != nil {
+	task := filepath.Join(dir, "task", strconv.Itoa(pid))
+	if err := os.MkdirAll(task, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(task, "stat"), []byte(strings.Join(f, " ")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte("0::/kubepods/besteffort/pod"+uid+"/"+cid+"\n"), 0o644); err != nil {

@@ -665,7 +665,7 @@ func checkPodTokenHandOver(t *testing.T, objs objects) {
 	if !slices.Contains(csi.Args, "--token-dir="+dir) || !slices.Contains(csi.Args, "--token-audience=identity.l5d.io") {
 		t.Errorf("csi args %v, want --token-dir=%s --token-audience=identity.l5d.io", csi.Args, dir)
 	}
-	if init := pod.InitContainers; len(init) != 1 || !slices.Contains(init[0].Args, "--private-dir="+dir) {
+	if init := pod.InitContainers; len(init) == 0 || init[0].Name != "socket-dir" || !slices.Contains(init[0].Args, "--private-dir="+dir) {
 		t.Errorf("init containers %+v, want the socket-dir one to make %s the agent's", init, dir)
 	}
 }
@@ -745,6 +745,11 @@ func checkNodeAgentPrivileges(t *testing.T, pod corev1.PodSpec, agent corev1.Con
 	checkSocketHolder(t, pod, pod.InitContainers[1], agent)
 	init := pod.InitContainers[0]
 	want := []string{"socket-dir", fmt.Sprintf("--owner=%d:%d", *sc.RunAsUser, *sc.RunAsGroup), "/var/run/secrets/workload-spiffe-uds"}
+	if slices.Contains(init.Args, "--private-dir=/var/run/meshagent/pod-tokens") {
+		// With Linkerd, the same step makes the pods' token directory the agent's
+		// (checkPodTokenHandOver).
+		want = slices.Insert(want, 2, "--private-dir=/var/run/meshagent/pod-tokens")
+	}
 	if init.Name != "socket-dir" || !slices.Equal(init.Args, want) {
 		t.Errorf("init container %s args %v, want socket-dir with %v", init.Name, init.Args, want)
 	}

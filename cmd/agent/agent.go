@@ -23,8 +23,10 @@ import (
 func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hooks) error {
 	// Held until New has checked the configuration (heldWriter); released
 	// on every path but a configuration error, which execute prints first.
+	// The encoder is chosen by stderr itself (console on a terminal).
 	held := &heldWriter{dst: stderr}
-	base, err := logging.New(logging.Config{Level: cfg.LogLevel, Output: held})
+	console := logging.IsTerminal(stderr)
+	base, err := logging.New(logging.Config{Level: cfg.LogLevel, Output: held, Console: &console})
 	if err != nil {
 		return configError{err}
 	}

@@ -7,8 +7,9 @@
 // certificate source that would be chosen), version (the build),
 // socket-dir (the node chart's init container: gives the socket's host
 // directory to the agent's non-root uid), csi (the node chart's CSI
-// driver, which mounts the socket directory into pods) and
-// trust-publisher (keeps the Pod Certificates signer's
+// driver, which mounts the socket directory into pods),
+// socket-holder (the node chart's native sidecar that keeps the socket
+// answering while the agent restarts) and trust-publisher (keeps the Pod Certificates signer's
 // ClusterTrustBundle, once per cluster).
 //
 // Exit codes: 0 after a clean stop (SIGTERM, SIGINT, /quitquitquit), 1 when

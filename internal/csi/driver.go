@@ -290,7 +290,7 @@ func (d *Driver) handOverToken(req *csipb.NodePublishVolumeRequest, target strin
 	if err := podtokens.Write(d.cfg.TokenDir, uid, tok); err != nil {
 		return status.Errorf(codes.Internal, "handing the pod's token over: %v", err)
 	}
-	log.Debug("pod token handed over", zap.String("pod_uid", uid), zap.Time(logkeys.NotAfter, tok.ExpirationTimestamp))
+	log.Debug("pod token handed over", zap.String(logkeys.PodUID, uid), zap.Time(logkeys.NotAfter, tok.ExpirationTimestamp))
 	return nil
 }
 

@@ -80,8 +80,10 @@ const (
 	Paths           = "paths"
 	PID             = "pid"
 	Pod             = "pod"
-	PollInterval    = "poll_interval"
-	Protocol        = "protocol"
+	// PodUID is a pod's UID.
+	PodUID       = "pod_uid"
+	PollInterval = "poll_interval"
+	Protocol     = "protocol"
 	// Reason is why something happened, short and stable.
 	Reason = "reason"
 	// Reasons counts the reasons of repeated refusals ("rate=3,limit=1").

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/files/regularfile"
@@ -156,8 +157,28 @@ func (p *Provider) openBeneath(path string) (*os.File, error) {
 	return nil, err
 }
 
-// openIn opens name beneath dir for reading.
+// openIn opens name beneath dir for reading. The kernel resolves the
+// whole path at once (openat2 with RESOLVE_BENEATH), so a directory on the
+// way needs only search permission, as for an open by path (a 0711
+// directory, which cannot be listed or watched, still serves its files).
+// Where openat2 is missing (Linux before 5.6), os.Root resolves it, which
+// needs every directory on the way to be readable.
 func openIn(dir, name string) (*os.File, error) {
+	d, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	fd, err := unix.Openat2(d, name, &unix.OpenHow{
+		Flags:   uint64(unix.O_RDONLY | unix.O_CLOEXEC | regularfile.Flags),
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	_ = unix.Close(d)
+	switch {
+	case err == nil:
+		return os.NewFile(uintptr(fd), filepath.Join(dir, name)), nil
+	case !errors.Is(err, unix.ENOSYS):
+		return nil, &os.PathError{Op: "openat2", Path: filepath.Join(dir, name), Err: err}
+	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, err

@@ -426,7 +426,7 @@ func (h *Holder) serveAgent(ctx context.Context, conn *net.UnixConn, log *zap.Lo
 			if f != nil {
 				f.Close()
 			}
-			log.Warn("unknown request from the agent", zap.Int("op", int(op)))
+			log.Warn("unknown request from the agent", zap.Int(logkeys.Request, int(op)))
 			return
 		}
 		if err != nil {

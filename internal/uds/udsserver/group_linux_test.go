@@ -122,7 +122,7 @@ func TestFinalRefusalsHoldNoTransport(t *testing.T) {
 func TestRefusalsWaitingPerPod(t *testing.T) {
 	needRoot(t)
 	f := start(t, func(c *Config) { c.Resolver = podsByUID{}; c.DirMode = 0o755 })
-	f.srv.refusalWait = time.Hour // the waiting ones wait until the test ends
+	f.srv.refusalWait.Store(int64(time.Hour)) // the waiting ones wait until the test ends
 	openSocketDir(t, f.socket)
 	var (
 		silent  []net.Conn

@@ -267,7 +267,7 @@ func (s *Server) tell(nc net.Conn, group string, code codes.Code, msg string) {
 		return
 	}
 	defer s.awaiting.release(group)
-	_ = nc.SetDeadline(time.Now().Add(s.refusalWait))
+	_ = nc.SetDeadline(time.Now().Add(time.Duration(s.refusalWait.Load())))
 	var preface [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(nc, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
 		_, _ = nc.Write(s.goAway(0, msg))

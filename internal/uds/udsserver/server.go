@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -137,8 +138,8 @@ type Server struct {
 	rate          connRate
 	refusals      *refusals
 	// refusalWait is how long a refused connection waits for its client's
-	// call (refusalWait; tests change it).
-	refusalWait time.Duration
+	// call, in nanoseconds (refusalWait; tests change it while it serves).
+	refusalWait atomic.Int64
 	// lis is the socket Listen bound for Run; nil until then.
 	lis *udslisten.Listener
 }
@@ -191,12 +192,13 @@ func New(cfg Config) (*Server, error) {
 		cfg.Clock = clock.RealClock{}
 	}
 	log := cfg.Logger.Named("uds")
-	s := &Server{cfg: cfg, log: log, metrics: m, callers: callers{m: map[string]*callerState{}}, refusals: newRefusals(log), refusalWait: refusalWait,
+	s := &Server{cfg: cfg, log: log, metrics: m, callers: callers{m: map[string]*callerState{}}, refusals: newRefusals(log),
 		rate: connRate{
 			perSec: float64(cfg.MaxConnRatePerCaller),
 			burst:  float64(max(cfg.MaxConnsPerCaller, cfg.MaxConnRatePerCaller)),
 			m:      map[string]*bucket{},
 		}}
+	s.refusalWait.Store(int64(refusalWait))
 	s.settingsFrame = s.handshakeSettings()
 	return s, nil
 }
