@@ -128,6 +128,17 @@ func TestBrokerAPIOnARealNode(t *testing.T) {
 			return err == nil && len(pods.Items) == 0
 		})
 	})
+	// Cleanups run last first: the test's pods go while the node agent and its
+	// CSI driver still run, so their volumes are unpublished and the namespace
+	// can go (with the driver gone first, they stay Terminating).
+	t.Cleanup(func() {
+		zero := int64(0)
+		_ = core.Pods(brokerNamespace).DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		waitGone(t, "the broker test's pods", func() bool {
+			pods, err := core.Pods(brokerNamespace).List(context.Background(), metav1.ListOptions{})
+			return err == nil && len(pods.Items) == 0
+		})
+	})
 	agent := agentPod(t, "")
 	agentID := spiffeIDIn(agentNamespace, agent.Spec.ServiceAccountName)
 

@@ -240,7 +240,7 @@ func TestPodAgentBesideIstioProxy(t *testing.T) {
 	csrs := istiodCSRs(t)
 	start := time.Now()
 	pod := injectedPod(podAgentNamespace, "with-pod-agent", "grace", "sidecar,meshagent-pod",
-		map[string]string{"sidecar.istio.io/nativeSidecar": "false"})
+		map[string]string{"sidecar.istio.io/nativeSidecar": "false", "sidecar.istio.io/rewriteAppHTTPProbers": "false"})
 	created, err := core.Pods(podAgentNamespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating a pod istiod injects with the documented pod-agent template: %v", err)
