@@ -303,8 +303,10 @@ func TestUnresolvedCountAgainstTheirPod(t *testing.T) {
 	r.mu.Lock()
 	after := r.calls
 	r.mu.Unlock()
-	if after-before != 2 {
-		t.Fatalf("the pod's arrival resolved %d connections, want 2", after-before)
+	// The refused third client reconnects on its own back-off, and each of
+	// its attempts is resolved too: at least the two held connections are.
+	if after-before < 2 {
+		t.Fatalf("the pod's arrival resolved %d connections, want the 2 held", after-before)
 	}
 	for _, c := range f.srv.callers.connsOf(podKey("uid-a")) {
 		if !c.tryResolved() {
