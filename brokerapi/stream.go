@@ -241,7 +241,7 @@ func (s *Server) follow(ctx context.Context, ident pki.Identity, names []string,
 				return status.FromContextError(ctx.Err()).Err()
 			}
 			s.log.Warn("broker update not sent", zap.Stringer(logkeys.Identity, ident), zap.Error(err))
-		case !sameVersions(secrets, sent):
+		case !secretmanager.SameVersions(secrets, sent):
 			if err := send(secrets); err != nil {
 				return err
 			}
@@ -257,18 +257,6 @@ func (s *Server) follow(ctx context.Context, ident pki.Identity, names []string,
 		case <-w1:
 		}
 	}
-}
-
-func sameVersions(secrets []*secretmanager.Secret, sent []uint64) bool {
-	if sent == nil || len(secrets) != len(sent) {
-		return false
-	}
-	for i, sec := range secrets {
-		if sec.Version != sent[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func (s *Server) readAll(ctx context.Context, ident pki.Identity, names []string) ([]*secretmanager.Secret, error) {

@@ -84,3 +84,19 @@ func CertSecret(name string, chain []*x509.Certificate, keyPEM []byte, source st
 func RootSecret(name string, b *pki.Bundle, source string) *Secret {
 	return &Secret{Name: name, Roots: b.PEM(), Bundle: b, NotAfter: b.NotAfter(), Source: source}
 }
+
+// SameVersions reports whether secrets are, one for one, the versions in
+// sent (what a stream last sent): a stream that reads several names sends
+// again only when one of them changed. A nil sent (nothing sent yet) is
+// never the same.
+func SameVersions(secrets []*Secret, sent []uint64) bool {
+	if sent == nil || len(secrets) != len(sent) {
+		return false
+	}
+	for i, sec := range secrets {
+		if sec.Version != sent[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -292,7 +292,7 @@ func (s *Server) follow(ctx context.Context, ident pki.Identity, method string, 
 				return status.FromContextError(ctx.Err()).Err()
 			}
 			s.log.Warn("workload API update not sent", zap.Uint64(logkeys.Stream, id), zap.String(logkeys.Method, method), zap.Error(err))
-		case !sameVersions(secrets, sent):
+		case !secretmanager.SameVersions(secrets, sent):
 			if err := send(secrets); err != nil {
 				return err
 			}
@@ -315,18 +315,6 @@ func (s *Server) follow(ctx context.Context, ident pki.Identity, method string, 
 		case <-w1:
 		}
 	}
-}
-
-func sameVersions(secrets []*secretmanager.Secret, sent []uint64) bool {
-	if sent == nil || len(secrets) != len(sent) {
-		return false
-	}
-	for i, sec := range secrets {
-		if sec.Version != sent[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func (s *Server) readAll(ctx context.Context, ident pki.Identity, names []string) ([]*secretmanager.Secret, error) {
