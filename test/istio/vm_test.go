@@ -1,0 +1,500 @@
+package istio
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+	pb "istio.io/api/security/v1alpha1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/meshagent/meshagent/internal/files"
+	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/istiod"
+	"github.com/meshagent/meshagent/test/kubeenv"
+)
+
+// TestVMAfterTokenRevokedWithIstiod: the VM shape of docs/vm.md
+// (PROV_CERT = OUTPUT_CERTS, a token file, no Envoy) against istiod with a
+// plug-in CA. The onboarding token is a TokenRequest token bound to a
+// Secret; the agent gets its first certificate with it, then the Secret is
+// deleted, and istiod refuses the token (a CSR carrying only the token is
+// Unauthenticated). From then on the workload certificate is all the agent
+// has: istiod restarts and the agent's xDS proxy reconnects (the stream an
+// application holds and a new one are both answered), the certificate is
+// renewed, and after a plug-in root rotation (A, then A and B signing with
+// B, then B alone, istiod restarted at each step as a rollout does) renewals
+// and xDS go on. istiod logs no authentication failure for the agent.
+func TestVMAfterTokenRevokedWithIstiod(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an API server, istiod and the built agent")
+	}
+	ctx := context.Background()
+	env, err := kubeenv.Start(ctx, kubeenv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.Stop() })
+	rootA, rootB := newCA(t, "root A", nil), newCA(t, "root B", nil)
+	interA, interB := newCA(t, "istiod A", rootA), newCA(t, "istiod B", rootB)
+	ca, err := istiod.Start(ctx, istiod.APIOf(env), istiod.Options{PluginCA: ptr(istiod.Plugin(interA, rootA, rootA))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ca.Stop() })
+
+	const ns, sa, vmName = "billing", "billing-vm", "billing-vm-1"
+	id := "spiffe://" + istiod.TrustDomain + "/ns/" + ns + "/sa/" + sa
+	if _, err := env.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.CreateServiceAccount(ctx, ns, sa); err != nil {
+		t.Fatal(err)
+	}
+	// The onboarding token: audience istio-ca, bound to a Secret whose
+	// deletion revokes it (the API server's TokenReview checks that the
+	// object it is bound to still exists).
+	secret, err := env.Client().CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: vmName + "-onboarding"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seconds := int64(3600)
+	tr, err := env.Client().CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			Audiences: []string{istiod.Audience}, ExpirationSeconds: &seconds,
+			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: secret.Name, UID: secret.UID},
+		}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := tr.Status.Token
+
+	dir := agentproc.TempDir(t)
+	vm := &workload{env: env, ca: ca, ns: ns, sa: sa, dir: dir}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if vm.root, err = ca.Roots(ctx, ns); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("istiod did not publish its root in %s: %v", ns, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// /etc/meshagent/root-cert.pem, kept to what istiod publishes as the
+	// operator does during a rotation (docs/vm.md, Root rotation).
+	if err := os.WriteFile(filepath.Join(dir, "root-cert.pem"), vm.root, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(syncRoots(t, env, vm))
+	if err := os.WriteFile(filepath.Join(dir, "istio-token"), []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := tokenCSR(ctx, ca, vm.root, token, id); err != nil {
+		t.Fatalf("istiod refuses the onboarding token before it is revoked: %v", err)
+	}
+
+	// The agent, with docs/vm.md's settings; ISTIOD_SAN because istiod is
+	// reached by a loopback address here.
+	out := filepath.Join(dir, "certs")
+	const ttl = 30 * time.Second
+	port := freePort(t)
+	proxyConfig, err := json.Marshal(map[string]any{"discoveryAddress": ca.SecureAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := agentproc.Start(t, dir,
+		"TRUST_DOMAIN="+istiod.TrustDomain,
+		"POD_NAMESPACE="+ns,
+		"SERVICE_ACCOUNT="+sa,
+		"POD_NAME="+vmName,
+		"ISTIO_META_CLUSTER_ID="+istiod.ClusterID,
+		"PROXY_CONFIG="+string(proxyConfig),
+		"ISTIOD_SAN="+istiod.ServerName,
+		"CA_ROOT_CA="+filepath.Join(dir, "root-cert.pem"),
+		"MESHAGENT_TOKEN_PATH="+filepath.Join(dir, "istio-token"),
+		"OUTPUT_CERTS="+out,
+		"PROV_CERT="+out,
+		"SECRET_TTL="+ttl.String(),
+		"DISABLE_ENVOY=true",
+		"GRPC_XDS_BOOTSTRAP="+filepath.Join(dir, "grpc-bootstrap.json"),
+		"MESHAGENT_STATUS_HOST=127.0.0.1",
+		"STATUS_PORT="+strconv.Itoa(port),
+		"MESHAGENT_LOG_LEVEL=debug",
+	)
+	chainPath := filepath.Join(out, files.CertChainFile)
+	leafNow := func() *x509.Certificate {
+		b, err := os.ReadFile(chainPath)
+		if err != nil {
+			return nil
+		}
+		leaf, err := firstCert(b)
+		if err != nil {
+			return nil
+		}
+		return leaf
+	}
+	// renewed waits for a leaf other than last in OUTPUT_CERTS, issued for
+	// the VM by signer, and returns it.
+	renewed := func(what string, last *x509.Certificate, signer *istiod.CA) *x509.Certificate {
+		t.Helper()
+		start := time.Now()
+		deadline := time.Now().Add(2*ttl + 30*time.Second)
+		for {
+			leaf := leafNow()
+			if leaf != nil && (last == nil || !leaf.Equal(last)) && leaf.CheckSignatureFrom(signer.Cert) == nil {
+				if len(leaf.URIs) != 1 || leaf.URIs[0].String() != id {
+					t.Fatalf("%s: leaf for %v, want %s", what, leaf.URIs, id)
+				}
+				t.Logf("%s: certificate (serial %x, from %s) %v after asking", what, leaf.SerialNumber, signer.Cert.Subject.CommonName,
+					time.Since(start).Round(time.Millisecond))
+				return leaf
+			}
+			if a.ExitCode() >= 0 {
+				t.Fatalf("%s: agent exited (%d)", what, a.ExitCode())
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no new certificate from %s in OUTPUT_CERTS within %v\n%s", what, signer.Cert.Subject.CommonName,
+					time.Since(start).Round(time.Second), ca.LogTail())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	leaf := renewed("first certificate, with the token", nil, interA)
+
+	// An application's ADS stream through the agent's xDS proxy, held for
+	// the whole test; every answer is ACKed and timed.
+	socket := filepath.Join(dir, "etc/istio/proxy/XDS")
+	node := vmNode(ns, sa, vmName)
+	held := holdADS(t, socket, node)
+	if _, err := held.answerAfter(time.Time{}, 60*time.Second); err != nil {
+		t.Fatalf("the held ADS stream: %v\nagent logs:\n%s", err, a.Logs())
+	}
+
+	// The token is revoked: istiod refuses it from now on.
+	revoked := time.Now()
+	if err := env.Client().CoreV1().Secrets(ns).Delete(ctx, secret.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	probes := 0
+	for {
+		probes++
+		err := tokenCSR(ctx, ca, vm.root, token, id)
+		if status.Code(err) == codes.Unauthenticated {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("istiod still answers a CSR with the revoked token %v after its Secret was deleted: %v", time.Since(revoked), err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("istiod refuses the onboarding token %v after its Secret was deleted (%d direct CSRs)", time.Since(revoked).Round(time.Millisecond), probes)
+
+	// restart restarts istiod and shows that the held stream is answered
+	// again and a new stream through the proxy is answered; it returns
+	// istiod's log offset before the restart.
+	restart := func(what string) int {
+		t.Helper()
+		logFrom := len(ca.Log())
+		stopping := time.Now()
+		if err := ca.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ready := time.Now()
+		at, err := held.answerAfter(stopping, 60*time.Second)
+		if err != nil {
+			t.Fatalf("%s: the held ADS stream: %v\nagent logs:\n%s\n%s", what, err, a.Logs(), ca.LogTail())
+		}
+		took, err := newADSAnswer(socket, node, 60*time.Second)
+		if err != nil {
+			t.Fatalf("%s: a new ADS stream: %v\nagent logs:\n%s\n%s", what, err, a.Logs(), ca.LogTail())
+		}
+		t.Logf("%s: istiod down and ready again in %v; the held stream answered %v after istiod was ready; a new stream answered in %v",
+			what, ready.Sub(stopping).Round(time.Millisecond), at.Sub(ready).Round(time.Millisecond), took.Round(time.Millisecond))
+		return logFrom
+	}
+	// authenticated checks, once a renewal is done after a restart, that
+	// istiod counted no authentication failure and logged none since logFrom.
+	authenticated := func(what string, logFrom int) {
+		t.Helper()
+		csrs, issued, failures := istiodMetric(t, ca, "citadel_server_csr_count"),
+			istiodMetric(t, ca, "citadel_server_success_cert_issuance_count"),
+			istiodMetric(t, ca, "citadel_server_authentication_failure_count")
+		t.Logf("%s: istiod since its restart: %v CSRs, %v certificates issued, %v authentication failures", what, csrs, issued, failures)
+		if failures != 0 || issued < 1 {
+			t.Errorf("%s: istiod counted %v authentication failures and %v certificates issued since its restart, want 0 and at least 1", what, failures, issued)
+		}
+		if l := ca.Log()[logFrom:]; strings.Contains(l, "Failed to authenticate client") {
+			t.Errorf("%s: istiod refused a client since its restart:\n%s", what, grepLines(l, "Failed to authenticate client"))
+		}
+	}
+
+	// istiod restarts: a new xDS connection, a new CA connection, each
+	// authenticated by the certificate alone.
+	logFrom := restart("token revoked, istiod restarted")
+	leaf = renewed("token revoked, renewal", leaf, interA)
+	authenticated("token revoked", logFrom)
+
+	// Root rotation, step 1: istiod signs with B and publishes A and B. The
+	// running istiod still checks client certificates against A alone; the
+	// agent's connections made before go on.
+	if err := ca.SetPluginCA(istiod.Plugin(interB, rootB, rootA, rootB)); err != nil {
+		t.Fatal(err)
+	}
+	leaf = renewed("roots A and B, istiod not restarted: renewal", leaf, interB)
+	took, err := newADSAnswer(socket, node, 60*time.Second)
+	if err != nil {
+		t.Fatalf("roots A and B: a new ADS stream: %v\nagent logs:\n%s", err, a.Logs())
+	}
+	t.Logf("roots A and B, istiod not restarted: a new ADS stream answered in %v", took.Round(time.Millisecond))
+	logFrom = restart("roots A and B, istiod restarted")
+	leaf = renewed("roots A and B: renewal", leaf, interB)
+	authenticated("roots A and B", logFrom)
+
+	// Step 2: B alone.
+	if err := ca.SetPluginCA(istiod.Plugin(interB, rootB, rootB)); err != nil {
+		t.Fatal(err)
+	}
+	waitRootFile(t, filepath.Join(out, files.RootCertFile), rootB)
+	logFrom = restart("root B, istiod restarted")
+	renewed("root B: renewal", leaf, interB)
+	authenticated("root B", logFrom)
+}
+
+// tokenCSR is one CSR for id sent straight to istiod's CA with token as its
+// only credential (no client certificate), as the VM's first request is.
+func tokenCSR(ctx context.Context, ca *istiod.Istiod, roots []byte, token, id string) error {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(roots) {
+		return fmt.Errorf("no roots")
+	}
+	conn, err := grpc.NewClient("passthrough:///"+ca.SecureAddr, grpc.WithTransportCredentials(credentials.NewTLS(
+		&tls.Config{RootCAs: pool, ServerName: istiod.ServerName, MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	der, err := pki.NewCSR(key, pki.Identity{SPIFFEID: id})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token, "ClusterID", istiod.ClusterID)
+	_, err = pb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx,
+		&pb.IstioCertificateRequest{Csr: string(pki.EncodeCSRPEM(der)), ValidityDuration: 60})
+	return err
+}
+
+// vmNode is the xDS node of the VM's Envoy, as pilot-agent describes it.
+func vmNode(ns, sa, name string) *corev3.Node {
+	md, _ := structpb.NewStruct(map[string]any{
+		"NAMESPACE":       ns,
+		"SERVICE_ACCOUNT": sa,
+		"CLUSTER_ID":      istiod.ClusterID,
+		"ISTIO_VERSION":   "1.31-dev",
+		"LABELS":          map[string]any{"app": sa},
+		"WORKLOAD_NAME":   sa,
+		"INSTANCE_IPS":    "127.0.0.1",
+	})
+	return &corev3.Node{Id: "sidecar~127.0.0.1~" + name + "." + ns + "~" + ns + ".svc.cluster.local", Cluster: sa + "." + ns, Metadata: md}
+}
+
+// heldADS is one ADS stream on the agent's xDS socket asking for clusters,
+// every answer ACKed and its arrival recorded.
+type heldADS struct {
+	mu      sync.Mutex
+	answers []time.Time
+	err     error
+	changed chan struct{} // closed and replaced at every answer or error
+}
+
+func holdADS(t *testing.T, socket string, node *corev3.Node) *heldADS {
+	t.Helper()
+	cc, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &heldADS{changed: make(chan struct{})}
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		err := func() error {
+			stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx, grpc.WaitForReady(true))
+			if err != nil {
+				return err
+			}
+			if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType}); err != nil {
+				return err
+			}
+			for {
+				resp, err := stream.Recv()
+				if err != nil {
+					return err
+				}
+				h.record(nil)
+				if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(),
+					VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+					return err
+				}
+			}
+		}()
+		if ctx.Err() == nil {
+			h.record(err)
+		}
+	}()
+	return h
+}
+
+func (h *heldADS) record(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err != nil {
+		h.err = err
+	} else {
+		h.answers = append(h.answers, time.Now())
+	}
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+// answerAfter waits for an answer that arrived after since and returns when
+// it arrived.
+func (h *heldADS) answerAfter(since time.Time, within time.Duration) (time.Time, error) {
+	timeout := time.After(within)
+	for {
+		h.mu.Lock()
+		for _, at := range h.answers {
+			if at.After(since) {
+				h.mu.Unlock()
+				return at, nil
+			}
+		}
+		err, changed := h.err, h.changed
+		h.mu.Unlock()
+		if err != nil {
+			return time.Time{}, fmt.Errorf("the stream ended: %w", err)
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			return time.Time{}, fmt.Errorf("no answer within %v", within)
+		}
+	}
+}
+
+// newADSAnswer opens a new connection and ADS stream on the agent's xDS
+// socket, asks for clusters and returns how long the first answer took.
+func newADSAnswer(socket string, node *corev3.Node, within time.Duration) (time.Duration, error) {
+	start := time.Now()
+	cc, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return 0, err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx, grpc.WaitForReady(true))
+	if err != nil {
+		return 0, err
+	}
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType}); err != nil {
+		return 0, err
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		return 0, err
+	}
+	if resp.GetTypeUrl() != resourcev3.ClusterType || len(resp.GetResources()) == 0 {
+		return 0, fmt.Errorf("answer of type %s with %d resources, want clusters", resp.GetTypeUrl(), len(resp.GetResources()))
+	}
+	return time.Since(start), nil
+}
+
+// waitRootFile waits until path holds exactly root.
+func waitRootFile(t *testing.T, path string, root *istiod.CA) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		b, err := os.ReadFile(path)
+		if err == nil && sameCerts(b, []*istiod.CA{root}) == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s does not hold %s alone within 60 s (%v)", path, root.Cert.Subject.CommonName, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// istiodMetric is the value of the counter name (without labels) on
+// istiod's /metrics, 0 when absent.
+func istiodMetric(t *testing.T, ca *istiod.Istiod, name string) float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ca.MonitoringAddr+"/metrics", nil)
+	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(?:\{[^}]*\})? ([0-9.e+]+)$`).FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
