@@ -29,6 +29,9 @@ type Conn struct {
 // NewConn returns the connection to transport's CA, not yet dialled. Get
 // returns errClosed after Close.
 func NewConn(transport TransportConfig, errClosed error) *Conn {
+	// Every connection dialled from here shares what a refused client
+	// certificate taught the one before it.
+	transport.refusals = transport.refusalsOrNew()
 	return &Conn{transport: transport, errClosed: errClosed}
 }
 

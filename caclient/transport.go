@@ -9,6 +9,8 @@ import (
 	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -54,7 +56,11 @@ type TransportConfig struct {
 	// (istiod names the roots it started with) and names none of the
 	// certificate's chain is offered nothing: the certificate would fail the
 	// handshake, where without it a bearer token can still authenticate the
-	// caller.
+	// caller. A peer names CAs by subject only, so a root rotated to one
+	// with the old root's subject passes that test: when the peer refuses
+	// the certificate offered (a TLS alert about it, or the connection
+	// dropped before the peer sent anything), the next handshake offers
+	// none if Token gives a token, and the one after offers it again.
 	ClientCertificate func() (*tls.Certificate, error)
 	// Token, when set, is sent as "authorization: Bearer <token>".
 	Token credfetcher.Fetcher
@@ -69,7 +75,17 @@ type TransportConfig struct {
 	// Policy restricts the TLS versions, suites and key exchanges
 	// (COMPLIANCE_POLICY). Empty leaves Go's defaults.
 	Policy tlspolicy.Policy
+
+	// refusals is shared by the connections dialled with this
+	// configuration (NewConn sets it, so a redial after a failure sees the
+	// refusal); TLSConfig makes one of its own when it is nil.
+	refusals *certRefusals
 }
+
+// certRefusals remembers that the peer refused the client certificate
+// offered at a handshake, so that the next handshake offers none when a
+// bearer token can speak instead.
+type certRefusals struct{ skipNext atomic.Bool }
 
 // ServerNameFor returns cfg.ServerName, or the host part of cfg.Addr.
 func (cfg TransportConfig) serverName() string {
@@ -86,6 +102,19 @@ func (cfg TransportConfig) serverName() string {
 // TLSConfig returns the client TLS configuration Dial uses: the peer chain is
 // verified against cfg.Roots at handshake time and must name cfg.ServerName.
 func (cfg TransportConfig) TLSConfig() *tls.Config {
+	return cfg.tlsConfig(cfg.refusalsOrNew())
+}
+
+func (cfg TransportConfig) refusalsOrNew() *certRefusals {
+	if cfg.refusals != nil {
+		return cfg.refusals
+	}
+	return &certRefusals{}
+}
+
+// tlsConfig is TLSConfig with the refusals its client certificate choice
+// reads.
+func (cfg TransportConfig) tlsConfig(refusals *certRefusals) *tls.Config {
 	name := cfg.serverName()
 	roots := cfg.Roots
 	tc := &tls.Config{
@@ -100,7 +129,7 @@ func (cfg TransportConfig) TLSConfig() *tls.Config {
 	}
 	tlspolicy.Apply(tc, cfg.Policy)
 	if cfg.ClientCertificate != nil {
-		get := cfg.ClientCertificate
+		get, tokens := cfg.ClientCertificate, cfg.Token
 		tc.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			c, err := get()
 			if err != nil || c == nil {
@@ -110,6 +139,12 @@ func (cfg TransportConfig) TLSConfig() *tls.Config {
 			if len(cri.AcceptableCAs) > 0 && cri.SupportsCertificate(c) != nil {
 				// Issued under a root the peer does not know (a root rotated
 				// since istiod started): offer none and let the token speak.
+				return &tls.Certificate{}, nil
+			}
+			if refusals.skipNext.Swap(false) && hasToken(cri.Context(), tokens) {
+				// The peer refused it at the last handshake although it
+				// names its issuer (a rotated root with the old one's
+				// subject): this once, the token alone.
 				return &tls.Certificate{}, nil
 			}
 			return c, nil
@@ -152,7 +187,13 @@ func Dial(cfg TransportConfig) (*grpc.ClientConn, error) {
 	if cfg.Plaintext {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	} else {
-		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLSConfig())))
+		refusals := cfg.refusalsOrNew()
+		tc := cfg.tlsConfig(refusals)
+		creds := credentials.NewTLS(tc)
+		if cfg.ClientCertificate != nil {
+			creds = &refusalWatch{TransportCredentials: creds, tc: tc, refusals: refusals}
+		}
+		opts = append(opts, grpc.WithTransportCredentials(creds))
 	}
 	if cfg.Token != nil || len(cfg.Metadata) > 0 {
 		cc := &callCreds{
@@ -283,3 +324,99 @@ func (s *refusalStream) RecvMsg(m any) error {
 // (it allows loopback plaintext, as pilot-agent does on port 15010, and
 // nothing else).
 func (c *callCreds) RequireTransportSecurity() bool { return false }
+
+// hasToken says whether tokens gives a token now.
+func hasToken(ctx context.Context, tokens credfetcher.Fetcher) bool {
+	if tokens == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	t, err := tokens.Token(ctx)
+	return err == nil && t != ""
+}
+
+// refusalWatch notes a handshake whose client certificate the peer refused.
+// Go's server refuses a certificate it cannot verify with a TLS alert, which
+// a TLS 1.2 client reads during the handshake and a TLS 1.3 client only on
+// its first read after it (the client's part of the handshake is over when
+// it sends its certificate).
+type refusalWatch struct {
+	credentials.TransportCredentials
+	tc       *tls.Config
+	refusals *certRefusals
+}
+
+func (w *refusalWatch) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	// This handshake's own configuration, to know whether it offered the
+	// certificate.
+	offered := &atomic.Bool{}
+	tc := w.tc.Clone()
+	get := tc.GetClientCertificate
+	tc.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		c, err := get(cri)
+		offered.Store(err == nil && c != nil && len(c.Certificate) > 0)
+		return c, err
+	}
+	conn, info, err := credentials.NewTLS(tc).ClientHandshake(ctx, authority, raw)
+	if err != nil {
+		w.note(offered, err)
+		return nil, nil, err
+	}
+	return &watchedConn{Conn: conn, note: func(err error) { w.note(offered, err) }}, info, nil
+}
+
+func (w *refusalWatch) Clone() credentials.TransportCredentials {
+	return &refusalWatch{TransportCredentials: w.TransportCredentials.Clone(), tc: w.tc, refusals: w.refusals}
+}
+
+func (w *refusalWatch) note(offered *atomic.Bool, err error) {
+	if offered.Load() && certificateAlert(err) {
+		w.refusals.skipNext.Store(true)
+	}
+}
+
+// certificateAlert says whether err, on a connection the peer has sent
+// nothing on since the handshake, is its refusal of the certificate: a TLS
+// alert about it (bad, unsupported, revoked, expired or unknown certificate,
+// unknown certificate authority; crypto/tls reports a received alert as a
+// *net.OpError "remote error" with the alert's text), or the connection
+// reset or closed under a write, which is how the alert's arrival looks when
+// the client was writing its first frames as the peer closed.
+func certificateAlert(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "remote error" && op.Err != nil {
+		return strings.Contains(op.Err.Error(), "certificate")
+	}
+	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// watchedConn passes the errors of its reads and writes to note until a
+// read has succeeded: the peer's refusal of the certificate comes, if at
+// all, before anything else.
+type watchedConn struct {
+	net.Conn
+	note   func(error)
+	passed atomic.Bool
+}
+
+func (c *watchedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if !c.passed.Load() {
+		if err != nil {
+			c.note(err)
+		}
+		if n > 0 {
+			c.passed.Store(true)
+		}
+	}
+	return n, err
+}
+
+func (c *watchedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if err != nil && !c.passed.Load() {
+		c.note(err)
+	}
+	return n, err
+}

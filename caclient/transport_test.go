@@ -1,6 +1,7 @@
 package caclient
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -416,5 +417,81 @@ func TestClientCertificateOnlyOfAnIssuerThePeerAccepts(t *testing.T) {
 	}
 	if _, err := pb.NewIstioCertificateServiceClient(dial(t, cfg)).CreateCertificate(testCtx(t), &pb.IstioCertificateRequest{Csr: string(pki.EncodeCSRPEM(csr))}); err != nil {
 		t.Fatalf("call with a certificate of the CA's root and no token: %v", err)
+	}
+}
+
+// TestRefusedCertificateLeavesTheNextHandshakeToTheToken: a root rotated to
+// one with the old root's subject. The peer names that subject among the CAs
+// it accepts, so the certificate of the new root is offered, and the peer,
+// which holds the old root, refuses it. The next connection offers none and
+// the token authenticates the call; the one after offers the certificate
+// again. Without a token the certificate is offered at every handshake: it
+// is all the caller has.
+func TestRefusedCertificateLeavesTheNextHandshakeToTheToken(t *testing.T) {
+	ca := startCA(t, istioca.Config{})
+	sameName, err := localca.New(localca.Config{Name: ca.CA().Root().Subject.CommonName, Intermediate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(sameName.Root().RawSubject, ca.CA().Root().RawSubject) {
+		t.Fatalf("the rotated root's subject %v differs from the CA's %v", sameName.Root().Subject, ca.CA().Root().Subject)
+	}
+	vm := ca.Identity(istioca.ServiceAccount{Namespace: "vms", Name: "billing"})
+	rotated, err := sameName.TLSCertificate(localca.Leaf{Identity: vm, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offered atomic.Int32
+	cfg := TransportConfig{
+		Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: StaticRoots{Pool: ca.Roots()},
+		Token: tokenFile(t),
+		ClientCertificate: func() (*tls.Certificate, error) {
+			offered.Add(1)
+			return &rotated, nil
+		},
+	}
+	// attempt is one call as the CA clients make it: on the connection of
+	// a Conn, retired after a failure so the next attempt dials afresh.
+	attempt := func(conn *Conn) error {
+		c, err := conn.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = call(testCtx(t), t, c, ca)
+		conn.Retire(c, err)
+		return err
+	}
+	conn := NewConn(cfg, errors.New("closed"))
+	t.Cleanup(func() { _ = conn.Close() })
+	if err := attempt(conn); status.Code(err) != codes.Unavailable {
+		t.Fatalf("first attempt, the certificate offered: %v, want the handshake refused", err)
+	}
+	tokensBefore := len(ca.Tokens())
+	if err := attempt(conn); err != nil {
+		t.Fatalf("second attempt: %v, want the token to authenticate it", err)
+	}
+	if n := len(ca.Tokens()) - tokensBefore; n != 1 {
+		t.Errorf("the CA saw %d tokens on the second attempt, want 1", n)
+	}
+	// The refusal is forgotten once used: a new connection offers the
+	// certificate again (istiod may have restarted with the new root).
+	again := NewConn(cfg, errors.New("closed"))
+	t.Cleanup(func() { _ = again.Close() })
+	if err := attempt(again); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a new connection: %v, want the certificate offered and refused", err)
+	}
+
+	// No token: the certificate at every handshake.
+	cfg.Token = nil
+	bare := NewConn(cfg, errors.New("closed"))
+	t.Cleanup(func() { _ = bare.Close() })
+	before := offered.Load()
+	for i := range 2 {
+		if err := attempt(bare); status.Code(err) != codes.Unavailable {
+			t.Fatalf("attempt %d without a token: %v, want the certificate offered and refused", i, err)
+		}
+	}
+	if n := offered.Load() - before; n != 2 {
+		t.Errorf("certificate asked for %d times in two attempts without a token, want 2", n)
 	}
 }
