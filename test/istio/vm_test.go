@@ -51,9 +51,10 @@ import (
 // Unauthenticated). From then on the workload certificate is all the agent
 // has: istiod restarts and the agent's xDS proxy reconnects (the stream an
 // application holds and a new one are both answered), the certificate is
-// renewed, and after a plug-in root rotation (A, then A and B signing with
-// B, then B alone, istiod restarted at each step as a rollout does) renewals
-// and xDS go on. istiod logs no authentication failure for the agent.
+// renewed, and through a plug-in root rotation (A; then A and B, B
+// signing, before istiod restarts and after; then B alone, istiod
+// restarted) renewals and xDS go on. After each restart istiod counts and
+// logs no authentication failure.
 func TestVMAfterTokenRevokedWithIstiod(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts an API server, istiod and the built agent")
