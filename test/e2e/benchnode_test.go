@@ -33,6 +33,9 @@ const firstSVIDImage = "meshagent.test/e2e-firstsvid:e2e"
 // one clock.
 type benchSample struct {
 	created, started, served time.Time
+	// dialed and again are the firstsvid workload's (firstSVIDLine).
+	dialed time.Time
+	again  time.Duration
 }
 
 // benchShape is one way a pod gets its identity.
@@ -42,7 +45,7 @@ type benchShape struct {
 	pod func(name, sa string) *corev1.Pod
 	// times reads, from the pod's logs on the node, when the SVID's consumer
 	// started and when it first held an SVID for want.
-	times func(p *corev1.Pod, want string) (started, served time.Time, err error)
+	times func(p *corev1.Pod, want string) (benchSample, error)
 	// setup prepares the shape's namespace with service accounts sas.
 	setup func(t *testing.T, ns string, sas []string)
 }
@@ -148,6 +151,12 @@ func TestBenchNode(t *testing.T) {
 		samples := benchPods(t, s, sas, parallel)
 		csrs := istiodCSRs(t) - before
 		t.Logf("%s: %d pods in %.1fs", s.name, len(samples), time.Since(start).Seconds())
+		if !samples[0].dialed.IsZero() {
+			t.Logf("%s (ms, p50 / p99): started → socket dialed %s, dialed → first SVID %s, a second fetch at once %s", s.name,
+				benchCol(samples, func(s benchSample) time.Duration { return s.dialed.Sub(s.started) }),
+				benchCol(samples, func(s benchSample) time.Duration { return s.served.Sub(s.dialed) }),
+				benchCol(samples, func(s benchSample) time.Duration { return s.again }))
+		}
 		table = append(table, benchRow(s.name, samples, csrs))
 		if err := core.Namespaces().Delete(ctx, s.ns, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
@@ -240,12 +249,13 @@ func benchPod(s benchShape, name, sa string) (benchSample, error) {
 	want := spiffeIDIn(s.ns, sa)
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		started, served, err := s.times(p, want)
+		sample, err := s.times(p, want)
 		if err != nil {
 			return benchSample{}, fmt.Errorf("%s: %w", name, err)
 		}
-		if !served.IsZero() {
-			return benchSample{created: created, started: started, served: served}, nil
+		if !sample.served.IsZero() {
+			sample.created = created
+			return sample, nil
 		}
 		if time.Now().After(deadline) {
 			return benchSample{}, fmt.Errorf("%s: no SVID within 3 minutes", name)
@@ -269,60 +279,66 @@ func firstSVIDPod(ns, name, sa, prefetch string) *corev1.Pod {
 
 // firstSVIDLine is the firstsvid workload's line.
 type firstSVIDLine struct {
-	Started  time.Time `json:"started"`
-	Served   time.Time `json:"served"`
-	SpiffeID string    `json:"spiffe_id"`
-	Attempts int       `json:"attempts"`
-	Error    string    `json:"error"`
+	Started  time.Time     `json:"started"`
+	Served   time.Time     `json:"served"`
+	SpiffeID string        `json:"spiffe_id"`
+	Attempts int           `json:"attempts"`
+	Error    string        `json:"error"`
+	Dialed   time.Time     `json:"dialed"`
+	Again    time.Duration `json:"again_ns"`
 }
 
-func firstSVIDTimes(p *corev1.Pod, want string) (time.Time, time.Time, error) {
+func firstSVIDTimes(p *corev1.Pod, want string) (benchSample, error) {
 	for _, l := range jsonLines(p, "client", func(l firstSVIDLine) bool { return !l.Started.IsZero() }) {
 		if l.Served.IsZero() {
-			return time.Time{}, time.Time{}, fmt.Errorf("no SVID after %d attempts: %s", l.Attempts, l.Error)
+			return benchSample{}, fmt.Errorf("no SVID after %d attempts: %s", l.Attempts, l.Error)
 		}
 		if l.SpiffeID != want {
-			return time.Time{}, time.Time{}, fmt.Errorf("served %s, want %s", l.SpiffeID, want)
+			return benchSample{}, fmt.Errorf("served %s, want %s", l.SpiffeID, want)
 		}
-		return l.Started, l.Served, nil
+		return benchSample{started: l.Started, served: l.Served, dialed: l.Dialed, again: l.Again}, nil
 	}
-	return time.Time{}, time.Time{}, nil
+	return benchSample{}, nil
 }
 
 // standInTimes reads when the Envoy stand-in started and when its SDS stream
 // first held the pod's certificate.
-func standInTimes(p *corev1.Pod, want string) (started, served time.Time, err error) {
+func standInTimes(p *corev1.Pod, want string) (benchSample, error) {
+	var s benchSample
 	for _, l := range standInLines(p) {
 		switch {
-		case l.Kind == "start" && started.IsZero():
-			started = l.Time
+		case l.Kind == "start" && s.started.IsZero():
+			s.started = l.Time
 		case l.Kind == "sds" && l.SpiffeID != "" && l.SpiffeID != want:
-			return time.Time{}, time.Time{}, fmt.Errorf("the stand-in got %s, want %s", l.SpiffeID, want)
-		case l.Kind == "sds" && l.Serial != "" && served.IsZero():
-			served = l.Time
+			return benchSample{}, fmt.Errorf("the stand-in got %s, want %s", l.SpiffeID, want)
+		case l.Kind == "sds" && l.Serial != "" && s.served.IsZero():
+			s.served = l.Time
 		}
 	}
-	if started.IsZero() {
-		return time.Time{}, time.Time{}, nil
+	if s.started.IsZero() {
+		return benchSample{}, nil
 	}
-	return started, served, nil
+	return s, nil
 }
 
 // benchRow is one line of the table: p50 / p99 of each interval, in ms.
 func benchRow(name string, samples []benchSample, csrs int) string {
-	col := func(d func(s benchSample) time.Duration) string {
-		ms := make([]float64, len(samples))
-		for i, s := range samples {
-			ms[i] = float64(d(s)) / float64(time.Millisecond)
-		}
-		slices.Sort(ms)
-		return fmt.Sprintf("%s / %s", benchMS(quantile(ms, 0.50)), benchMS(quantile(ms, 0.99)))
-	}
+	col := func(d func(s benchSample) time.Duration) string { return benchCol(samples, d) }
 	return fmt.Sprintf("| %s | %s | %s | %s | %d |", name,
 		col(func(s benchSample) time.Duration { return s.started.Sub(s.created) }),
 		col(func(s benchSample) time.Duration { return s.served.Sub(s.started) }),
 		col(func(s benchSample) time.Duration { return s.served.Sub(s.created) }),
 		csrs)
+}
+
+// benchCol is "p50 / p99" of d over samples, in ms.
+func benchCol(samples []benchSample, d func(s benchSample) time.Duration) string {
+	ms := make([]float64, len(samples))
+	for i, s := range samples {
+		ms[i] = float64(d(s)) / float64(time.Millisecond)
+	}
+	slices.Sort(ms)
+	return fmt.Sprintf("%s / %s", benchMS(quantile(ms, 0.50)), benchMS(quantile(ms, 0.99)))
 }
 
 // quantile is the nearest-rank quantile q of sorted.

@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -27,6 +28,12 @@ type Line struct {
 	// Attempts counts the fetches, the successful one included.
 	Attempts int    `json:"attempts"`
 	Error    string `json:"error,omitempty"`
+	// Dialed is when a plain connection to the socket first succeeded,
+	// before the first fetch; Again is how long a second fetch took, on a
+	// new connection, right after the first: where the first one's time
+	// went (the client's own start, or the agent).
+	Dialed time.Time     `json:"dialed,omitzero"`
+	Again  time.Duration `json:"again_ns,omitempty"`
 }
 
 func main() {
@@ -44,12 +51,28 @@ func main() {
 	deadline, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for deadline.Err() == nil {
+		if c, err := net.Dial("unix", socket); err == nil {
+			c.Close()
+			l.Dialed = time.Now().UTC()
+			break
+		}
+		select {
+		case <-deadline.Done():
+		case <-time.After(retry):
+		}
+	}
+	for deadline.Err() == nil {
 		l.Attempts++
 		fetch, cancelFetch := context.WithTimeout(deadline, 10*time.Second)
 		svid, err := workloadapi.FetchX509SVID(fetch, workloadapi.WithAddr("unix://"+socket))
 		cancelFetch()
 		if err == nil {
 			l.Served, l.SpiffeID, l.Error = time.Now().UTC(), svid.ID.String(), ""
+			fetch, cancelFetch := context.WithTimeout(deadline, 10*time.Second)
+			if _, err := workloadapi.FetchX509SVID(fetch, workloadapi.WithAddr("unix://"+socket)); err == nil {
+				l.Again = time.Since(l.Served)
+			}
+			cancelFetch()
 			break
 		}
 		l.Error = err.Error()
