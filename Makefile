@@ -52,10 +52,10 @@ e2e: image
 
 ## bench-node: on the real single-node cluster of make e2e (root, its tools and image), how long a new pod
 ## waits for its first SVID: node agent with and without certificates fetched ahead, the pod agent shape
-## and Istio's own pilot-agent, BENCH_NODE_PODS pods each (50), BENCH_NODE_PARALLEL at once (5); prints the
+## and Istio's own pilot-agent, BENCH_NODE_PODS pods each (50), BENCH_NODE_PARALLEL at once (1); prints the
 ## table of docs/performance.md. Not for CI.
 BENCH_NODE_PODS ?= 50
-BENCH_NODE_PARALLEL ?= 5
+BENCH_NODE_PARALLEL ?= 1
 bench-node: image
 	bash scripts/e2e-deps.sh
 	bash scripts/tools.sh -node
