@@ -54,7 +54,20 @@ type benchShape struct {
 // SVID on the real node, for four ways of getting it (docs/performance.md,
 // "A pod's first SVID on a real node"). It runs only when
 // MESHAGENT_BENCH_NODE=1; BENCH_NODE_PODS pods per shape (50), each of its
-// own service account, BENCH_NODE_PARALLEL created at once (1: each pod alone on the node, so the figures are the path of one pod, not the kubelet's queue).
+// own service account, BENCH_NODE_PARALLEL created at once (1: each pod
+// alone on the node, so the figures are one pod's path, not the kubelet's
+// queue). The four shapes:
+//   - the node agent, the pod annotated meshagent.io/prefetch: "true";
+//   - the node agent, annotated "false" (its first request makes the CSR);
+//   - the pod agent of docs/istio.md (meshagent-pod), Envoy's stand-in
+//     fetching from it through pilot-agent's socket handling;
+//   - Istio's own: an injected pod whose pilot-agent makes the CSR to
+//     istiod, Envoy's stand-in fetching from pilot-agent.
+//
+// Created is read just before the Create call; started and served inside
+// the pod: the firstsvid workload's main (node agent shapes) or the Envoy
+// stand-in's start (the others), and the first SVID each held. The CSRs are
+// istiod's citadel_server_csr_count over the shape.
 func TestBenchNode(t *testing.T) {
 	if os.Getenv("MESHAGENT_BENCH_NODE") != "1" {
 		t.Skip("the node benchmark runs with MESHAGENT_BENCH_NODE=1 (make bench-node)")
