@@ -36,6 +36,8 @@ type benchSample struct {
 	// dialed and again are the firstsvid workload's (firstSVIDLine).
 	dialed time.Time
 	again  time.Duration
+	// pod is the pod's namespace/name.
+	pod string
 }
 
 // benchShape is one way a pod gets its identity.
@@ -92,18 +94,26 @@ func TestBenchNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRoots(t, agentNamespace)
-	run(t, "helm", "install", release, filepath.Join(repoRoot(), "deploy", "helm", "meshagent"),
+	// With BENCH_NODE_AGENT_DEBUG=1 the agent logs each caller resolved and
+	// each response sent: the node agent's shapes are then split into the
+	// client's and the agent's parts (agentSteps).
+	debug := os.Getenv("BENCH_NODE_AGENT_DEBUG") == "1"
+	install := []string{"install", release, filepath.Join(repoRoot(), "deploy", "helm", "meshagent"),
 		"--namespace", agentNamespace,
 		"--set", "sidecar.enabled=false,node.enabled=true,image.pullPolicy=Never",
-		"--set", "caAddress="+istiodAddr,
-		"--set", "istiodSAN="+caServerName,
-		"--wait", "--timeout", "3m")
+		"--set", "caAddress=" + istiodAddr,
+		"--set", "istiodSAN=" + caServerName,
+		"--wait", "--timeout", "3m"}
+	if debug {
+		install = append(install, "--set", "extraEnv[0].name=MESHAGENT_LOG_LEVEL,extraEnv[0].value=debug")
+	}
+	run(t, "helm", install...)
 	t.Cleanup(func() {
 		if _, err := kube.Command(context.Background(), "helm", "uninstall", release, "--namespace", agentNamespace, "--wait", "--timeout", "2m").CombinedOutput(); err != nil {
 			t.Logf("helm uninstall: %v", err)
 		}
 	})
-	agentPod(t, "")
+	agent := agentPod(t, "")
 
 	nodeSetup := func(t *testing.T, ns string, sas []string) {
 		if _, err := core.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
@@ -169,6 +179,9 @@ func TestBenchNode(t *testing.T) {
 				benchCol(samples, func(s benchSample) time.Duration { return s.dialed.Sub(s.started) }),
 				benchCol(samples, func(s benchSample) time.Duration { return s.served.Sub(s.dialed) }),
 				benchCol(samples, func(s benchSample) time.Duration { return s.again }))
+			if debug {
+				agentSteps(t, s.name, agent, samples)
+			}
 		}
 		table = append(table, benchRow(s.name, samples, csrs))
 		if err := core.Namespaces().Delete(ctx, s.ns, metav1.DeleteOptions{}); err != nil {
@@ -267,7 +280,7 @@ func benchPod(s benchShape, name, sa string) (benchSample, error) {
 			return benchSample{}, fmt.Errorf("%s: %w", name, err)
 		}
 		if !sample.served.IsZero() {
-			sample.created = created
+			sample.created, sample.pod = created, s.ns+"/"+name
 			return sample, nil
 		}
 		if time.Now().After(deadline) {
@@ -332,6 +345,56 @@ func standInTimes(p *corev1.Pod, want string) (benchSample, error) {
 		return benchSample{}, nil
 	}
 	return s, nil
+}
+
+// agentLine is a line of the node agent's debug log.
+type agentLine struct {
+	Time time.Time `json:"time"`
+	Msg  string    `json:"msg"`
+	Cred string    `json:"cred"`
+	Pod  string    `json:"pod"`
+}
+
+// agentSteps logs, from the node agent's debug log, where each pod's first
+// fetch spent its time: from the workload's plain connection to the agent
+// resolving the caller of the fetch's connection (the client's gRPC set-up,
+// the connection accepted and its caller resolved), from there to the
+// agent's first response sent (HTTP/2 handshake, the request, the agent's
+// serving), and from there to the SVID in the workload's hand.
+func agentSteps(t *testing.T, shape string, agent *corev1.Pod, samples []benchSample) {
+	t.Helper()
+	lines := jsonLines(agent, "meshagent", func(l agentLine) bool {
+		return l.Msg == "caller resolved" || l.Msg == "workload API response sent"
+	})
+	var before, serving, after []benchSample
+	for _, s := range samples {
+		var cred string
+		var resolved, sent time.Time
+		for _, l := range lines {
+			switch {
+			case l.Msg == "caller resolved" && l.Pod == s.pod:
+				cred, resolved = l.Cred, l.Time
+			case l.Msg == "workload API response sent" && cred != "" && l.Cred == cred:
+				sent = l.Time
+			}
+			if !sent.IsZero() {
+				break
+			}
+		}
+		if sent.IsZero() {
+			t.Logf("%s: no response to %s in the agent's log", shape, s.pod)
+			continue
+		}
+		before = append(before, benchSample{started: s.dialed, served: resolved})
+		serving = append(serving, benchSample{started: resolved, served: sent})
+		after = append(after, benchSample{started: sent, served: s.served})
+	}
+	if len(before) == 0 {
+		return
+	}
+	d := func(s benchSample) time.Duration { return s.served.Sub(s.started) }
+	t.Logf("%s (ms, p50 / p99, %d pods): dialed → the fetch's caller resolved %s, → response sent %s, → SVID in hand %s",
+		shape, len(before), benchCol(before, d), benchCol(serving, d), benchCol(after, d))
 }
 
 // benchRow is one line of the table: p50 / p99 of each interval, in ms.
