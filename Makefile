@@ -19,7 +19,7 @@ IMAGE     ?= meshagent/meshagent:$(CHART_VERSION)
 IMAGE_TAR := bin/meshagent-image.tar
 IMAGE_PUSH ?=
 
-.PHONY: build build-fips image-fips run test tools vet fmt-check bench soak docs fuzz proto clean image e2e
+.PHONY: build build-fips image-fips run test tools vet fmt-check bench soak docs fuzz proto clean image e2e bench-node
 
 ## build: compile the agent into bin/meshagent (static; flags as in test/agentproc.BuildCommand)
 build:
@@ -49,6 +49,18 @@ e2e: image
 	bash scripts/e2e-deps.sh
 	bash scripts/tools.sh -node
 	$(GO) test -tags e2e -count=1 -v -timeout 20m ./test/e2e/
+
+## bench-node: on the real single-node cluster of make e2e (root, its tools and image), how long a new pod
+## waits for its first SVID: node agent with and without certificates fetched ahead, the pod agent shape
+## and Istio's own pilot-agent, BENCH_NODE_PODS pods each (50), BENCH_NODE_PARALLEL at once (1); prints the
+## table of docs/performance.md. Not for CI.
+BENCH_NODE_PODS ?= 50
+BENCH_NODE_PARALLEL ?= 1
+bench-node: image
+	bash scripts/e2e-deps.sh
+	bash scripts/tools.sh -node
+	MESHAGENT_BENCH_NODE=1 BENCH_NODE_PODS=$(BENCH_NODE_PODS) BENCH_NODE_PARALLEL=$(BENCH_NODE_PARALLEL) \
+		$(GO) test -tags e2e -count=1 -v -timeout 40m -run '^TestBenchNode$$' ./test/e2e/
 
 ## run: start the agent in dev mode (in-memory CA) in ./.run, status on $(STATUS_PORT)
 run: build

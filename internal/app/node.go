@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshagent/meshagent/brokerapi"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/csi"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/node/podcgroup"
 	"github.com/meshagent/meshagent/internal/node/podindex"
@@ -99,25 +100,33 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	}
 	log := a.base.Named("node")
 	// Certificates are fetched ahead only for identities whose pods ask for
-	// it (or for all with MESHAGENT_NODE_PREFETCH_ALL); the others on their
-	// first request. The handlers run on the index's one event goroutine,
-	// so prefetched needs no lock.
+	// it (a pod that mounts the agent's CSI volume, or is annotated; all
+	// with MESHAGENT_NODE_PREFETCH_ALL); the others on their first request.
+	// An identity is fetched ahead when its first pod that asks arrives,
+	// and released when its last pod leaves. The handlers run on the
+	// index's one event goroutine, so prefetched needs no lock.
 	var idx *podindex.Index
 	prefetched := map[pki.Identity]bool{}
+	prefetch := func(id pki.Identity) {
+		if prefetched[id] {
+			return
+		}
+		if err := m.Prefetch(id); err != nil {
+			log.Warn("certificate not fetched ahead", zap.Stringer(logkeys.Identity, id), zap.Error(err))
+			return
+		}
+		prefetched[id] = true
+	}
 	idx, err = podindex.New(podindex.Config{
-		Pods:     kube,
-		NodeName: c.NodeName,
-		Scheme:   c.Scheme(),
+		Pods:      kube,
+		NodeName:  c.NodeName,
+		Scheme:    c.Scheme(),
+		CSIDriver: csi.DriverName,
 		Handler: podindex.HandlerFuncs{
 			Added: func(id pki.Identity) {
-				if !c.NodePrefetchAll && !idx.Prefetch(id) {
-					return
+				if c.NodePrefetchAll || idx.Prefetch(id) {
+					prefetch(id)
 				}
-				if err := m.Prefetch(id); err != nil {
-					log.Warn("certificate not fetched ahead", zap.Stringer(logkeys.Identity, id), zap.Error(err))
-					return
-				}
-				prefetched[id] = true
 			},
 			Removed: func(id pki.Identity) {
 				if prefetched[id] {
@@ -132,7 +141,13 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 				n.broker.PodLeft(p.UID, "pod "+p.String()+" "+why)
 			}
 		},
-		PodArrived: a.podArrived,
+		PodArrived: func(p podindex.Pod) {
+			// A pod that asks, of an identity whose earlier pods did not.
+			if p.Prefetch && !p.Terminated() {
+				prefetch(p.Identity)
+			}
+			a.podArrived(p)
+		},
 		Logger:     a.base,
 		Registerer: a.reg,
 	})

@@ -22,6 +22,21 @@ type PodSpec struct {
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 	// NodeName is the node the pod is scheduled on; empty until it is.
 	NodeName string `json:"nodeName,omitempty"`
+	// Volumes are the pod's volumes; of each, only its name and a CSI
+	// volume's driver are read.
+	Volumes []Volume `json:"volumes,omitempty"`
+}
+
+// Volume is the part of a pod's volume the agent reads.
+type Volume struct {
+	Name string           `json:"name"`
+	CSI  *CSIVolumeSource `json:"csi,omitempty"`
+}
+
+// CSIVolumeSource is the part of an inline CSI volume the agent reads.
+type CSIVolumeSource struct {
+	// Driver is the CSI driver that publishes the volume.
+	Driver string `json:"driver"`
 }
 
 // PodStatus is the part of a pod's status the agent reads.
@@ -52,6 +67,16 @@ type PodList struct {
 func (p *Pod) DeepCopyInto(out *Pod) {
 	*out = *p
 	p.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	if p.Spec.Volumes != nil {
+		out.Spec.Volumes = make([]Volume, len(p.Spec.Volumes))
+		for i, v := range p.Spec.Volumes {
+			out.Spec.Volumes[i] = v
+			if v.CSI != nil {
+				csi := *v.CSI
+				out.Spec.Volumes[i].CSI = &csi
+			}
+		}
+	}
 }
 
 // DeepCopy returns a copy of p.

@@ -1,6 +1,7 @@
 package kubeclient
 
 import (
+	"reflect"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,11 +13,18 @@ func TestPodDeepCopyIsIndependent(t *testing.T) {
 		ListMeta: metav1.ListMeta{ResourceVersion: "7"},
 		Items: []Pod{{
 			ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"app": "a"}, DeletionTimestamp: &now},
-			Spec:       PodSpec{ServiceAccountName: "sa", NodeName: "n"},
-			Status:     PodStatus{Phase: PodRunning},
+			Spec: PodSpec{ServiceAccountName: "sa", NodeName: "n", Volumes: []Volume{
+				{Name: "socket", CSI: &CSIVolumeSource{Driver: "csi.example"}}, {Name: "data"},
+			}},
+			Status: PodStatus{Phase: PodRunning},
 		}},
 	}
 	cp := list.DeepCopyObject().(*PodList)
+	if !reflect.DeepEqual(cp.Items[0].Spec, list.Items[0].Spec) {
+		t.Errorf("spec not copied: %+v", cp.Items[0].Spec)
+	}
+	cp.Items[0].Spec.Volumes[0].CSI.Driver = "changed"
+	cp.Items[0].Spec.Volumes[1].Name = "changed"
 	cp.Items[0].Labels["app"] = "changed"
 	cp.Items[0].DeletionTimestamp.Time = cp.Items[0].DeletionTimestamp.Add(1)
 	cp.Items[0].Status.Phase = PodFailed
@@ -25,8 +33,8 @@ func TestPodDeepCopyIsIndependent(t *testing.T) {
 	if got.Labels["app"] != "a" || !got.DeletionTimestamp.Equal(&now) || got.Status.Phase != PodRunning || list.ResourceVersion != "7" {
 		t.Errorf("the copy shares state with the original: %+v", list)
 	}
-	if cp.Items[0].Spec != list.Items[0].Spec {
-		t.Errorf("spec not copied: %+v", cp.Items[0].Spec)
+	if v := got.Spec.Volumes; v[0].CSI.Driver != "csi.example" || v[1].Name != "data" {
+		t.Errorf("the copy shares volumes with the original: %+v", v)
 	}
 	var nilPod *Pod
 	if nilPod.DeepCopy() != nil {

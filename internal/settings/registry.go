@@ -374,7 +374,7 @@ var Registry = []Setting{
 	{
 		Name: "MESHAGENT_NODE_PREFETCH_ALL", Default: "false", Group: GroupMeshagent,
 		Doc: "Node mode: fetch a certificate ahead for every service account with a pod on the node (kube-system included). " +
-			"Off: only for pods annotated `meshagent.io/prefetch: \"true\"`; the others get theirs on their first request.",
+			"Off: only for pods that mount the agent's CSI volume (csi.meshagent.io) or are annotated `meshagent.io/prefetch: \"true\"` (`\"false\"`: never); the others get theirs on their first request.",
 		Value: Bool(func(c *Config) *bool { return &c.NodePrefetchAll }),
 	},
 	{

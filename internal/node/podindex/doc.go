@@ -8,8 +8,9 @@
 // and watched through kubeclient as kubeclient.Pod (only the pod fields the
 // agent reads are decoded; client-go's clientset is not linked), a
 // transform that keeps only the fields node mode reads (name, namespace,
-// UID, service account, node name, phase, deletion timestamp, and the
-// meshagent.io/prefetch annotation), the UID map
+// UID, service account, node name, phase, deletion timestamp, the
+// meshagent.io/prefetch annotation, and whether it mounts the node agent's
+// CSI volume), the UID map
 // built from it, and the identity reference counts. It does not read /proc or
 // cgroups (package podresolver does) nor hold certificates (the caller's
 // IdentityHandler decides what an identity's arrival and departure mean).
@@ -30,7 +31,9 @@
 // Wait), not lookups.
 //
 // Prefetch says whether a counted pod of an identity asks for its
-// certificate ahead (annotation meshagent.io/prefetch: "true"): node mode
+// certificate ahead: it mounts the node agent's CSI volume
+// (Config.CSIDriver), which only a pod that will ask for its identity does,
+// or is annotated meshagent.io/prefetch: "true" (and not "false"). Node mode
 // fetches ahead only for those, so that the pods of the node that never ask
 // (kube-system's, unmeshed ones) cost no certificate.
 //

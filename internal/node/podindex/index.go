@@ -33,7 +33,9 @@ type Pod struct {
 	// Deleting is true once the pod has a deletion timestamp.
 	Deleting bool
 	// Prefetch is true when the pod asks for its certificate ahead of its
-	// first request (annotation meshagent.io/prefetch: "true").
+	// first request: it mounts a volume of Config.CSIDriver (the node
+	// agent's socket), or is annotated meshagent.io/prefetch: "true"; the
+	// annotation "false" says no whatever it mounts.
 	Prefetch bool
 	// Identity is the identity Config.Scheme gives the pod's namespace and
 	// service account.
@@ -42,7 +44,8 @@ type Pod struct {
 
 // PrefetchAnnotation, set to "true" on a pod, asks the node agent to fetch
 // the certificate of the pod's identity as soon as the pod is on the node,
-// instead of at its first request.
+// instead of at its first request; "false" asks it not to, even for a pod
+// that mounts the agent's CSI volume.
 const PrefetchAnnotation = "meshagent.io/prefetch"
 
 // Terminated reports whether the pod's phase is Succeeded or Failed: none of
@@ -89,6 +92,10 @@ type Config struct {
 	NodeName string
 	// Scheme names the pods' identities. Required.
 	Scheme pki.Scheme
+	// CSIDriver is the CSI driver of the node agent's socket volume
+	// (csi.meshagent.io): a pod with an inline volume of it asks for its
+	// certificate ahead (Pod.Prefetch). Empty: only the annotation asks.
+	CSIDriver string
 	// Handler is told of identities arriving and leaving; nil means nobody.
 	Handler IdentityHandler
 	// PodLeft, when set, is told of a pod that left: deleted, or finished
@@ -160,7 +167,7 @@ func New(cfg Config) (*Index, error) {
 	selector := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
 	lw := x.noted(cfg.Pods.PodListWatch(selector))
 	x.informer = cache.NewSharedIndexInformerWithOptions(lw, &kubeclient.Pod{}, cache.SharedIndexInformerOptions{})
-	if err := x.informer.SetTransform(strip); err != nil {
+	if err := x.informer.SetTransform(x.strip); err != nil {
 		return nil, fmt.Errorf("podindex: setting the pod transform: %w", err)
 	}
 	if _, err := x.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -439,14 +446,40 @@ func (x *Index) podOf(p *kubeclient.Pod) (Pod, error) {
 		NodeName:       p.Spec.NodeName,
 		Phase:          p.Status.Phase,
 		Deleting:       p.DeletionTimestamp != nil,
-		Prefetch:       p.Annotations[PrefetchAnnotation] == "true",
+		Prefetch:       x.prefetch(p),
 		Identity:       id,
 	}, nil
 }
 
+// prefetch reports whether a pod asks for its certificate ahead: its
+// annotation says so, or it says nothing and mounts the agent's CSI volume.
+func (x *Index) prefetch(p *kubeclient.Pod) bool {
+	switch p.Annotations[PrefetchAnnotation] {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
+	return x.mountsCSI(p)
+}
+
+// mountsCSI reports whether p has an inline volume of Config.CSIDriver.
+func (x *Index) mountsCSI(p *kubeclient.Pod) bool {
+	if x.cfg.CSIDriver == "" {
+		return false
+	}
+	for _, v := range p.Spec.Volumes {
+		if v.CSI != nil && v.CSI.Driver == x.cfg.CSIDriver {
+			return true
+		}
+	}
+	return false
+}
+
 // strip keeps only the fields the index reads, so the informer's store holds
-// a few hundred bytes per pod instead of the whole object.
-func strip(obj any) (any, error) {
+// a few hundred bytes per pod instead of the whole object: of the volumes,
+// the first of Config.CSIDriver, if any, by its driver alone.
+func (x *Index) strip(obj any) (any, error) {
 	p, ok := obj.(*kubeclient.Pod)
 	if !ok {
 		return obj, nil
@@ -454,6 +487,10 @@ func strip(obj any) (any, error) {
 	var annotations map[string]string
 	if v, ok := p.Annotations[PrefetchAnnotation]; ok {
 		annotations = map[string]string{PrefetchAnnotation: v}
+	}
+	var volumes []kubeclient.Volume
+	if x.mountsCSI(p) {
+		volumes = []kubeclient.Volume{{CSI: &kubeclient.CSIVolumeSource{Driver: x.cfg.CSIDriver}}}
 	}
 	return &kubeclient.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -467,6 +504,7 @@ func strip(obj any) (any, error) {
 		Spec: kubeclient.PodSpec{
 			ServiceAccountName: p.Spec.ServiceAccountName,
 			NodeName:           p.Spec.NodeName,
+			Volumes:            volumes,
 		},
 		Status: kubeclient.PodStatus{Phase: p.Status.Phase},
 	}, nil

@@ -98,7 +98,7 @@ func newFixture(t *testing.T, node string, serviceAccounts ...string) *fixture {
 			t.Fatal(err)
 		}
 	}
-	idx, err := New(Config{Pods: podClient(t, kube), NodeName: node, Scheme: scheme, Handler: f.ev,
+	idx, err := New(Config{Pods: podClient(t, kube), NodeName: node, Scheme: scheme, CSIDriver: csiDriver, Handler: f.ev,
 		PodLeft: func(p Pod, why string) { f.left <- p.String() + " " + why },
 		PodArrived: func(p Pod) {
 			if _, ok := f.idx.Get(p.UID); !ok {
@@ -508,6 +508,72 @@ func TestPrefetchOnlyForPodsThatAsk(t *testing.T) {
 	for _, obj := range f.idx.informer.GetStore().List() {
 		if p := obj.(*kubeclient.Pod); p.Name == "web-0" && (len(p.Annotations) != 1 || p.Annotations[PrefetchAnnotation] != "true") {
 			t.Errorf("stored web-0 annotations %v, want the prefetch one alone", p.Annotations)
+		}
+	}
+}
+
+// csiDriver is the node agent's CSI driver in the fixture's index.
+const csiDriver = "csi.meshagent.io"
+
+// csiPod creates a pod on node with an inline volume of driver.
+func (f *fixture) csiPod(t *testing.T, name, serviceAccount, node, driver string) *corev1.Pod {
+	t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			ServiceAccountName: serviceAccount,
+			NodeName:           node,
+			Containers: []corev1.Container{{Name: "app", Image: kubeenv.PodImage,
+				VolumeMounts: []corev1.VolumeMount{{Name: "socket", MountPath: "/run/socket"}}}},
+			Volumes: []corev1.Volume{
+				{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				{Name: "socket", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: driver, ReadOnly: ptr.To(true)}}},
+			},
+		},
+	}
+	p, err := f.kube.Client().CoreV1().Pods(f.ns).Create(context.Background(), p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A pod that mounts the node agent's CSI volume asks for its certificate
+// ahead without any annotation (the volume is the agent's socket: the pod
+// will ask); "false" says no even then; another driver's volume does not
+// ask. The stored pod keeps the agent's volume alone, by its driver.
+func TestPrefetchForPodsOfTheCSIVolume(t *testing.T) {
+	f := newFixture(t, "node-csi", "web", "db", "cache")
+	web := f.csiPod(t, "web-0", "web", "node-csi", csiDriver)
+	db := f.csiPod(t, "db-0", "db", "node-csi", csiDriver)
+	f.annotate(t, db, "false")
+	cache := f.csiPod(t, "cache-0", "cache", "node-csi", "csi.other.example")
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, w := f.idx.Get(string(web.UID))
+		_, c := f.idx.Get(string(cache.UID))
+		d, ok := f.idx.Get(string(db.UID))
+		return w && c && ok && !d.Prefetch, nil
+	})
+	if err != nil {
+		t.Fatalf("the index never saw the pods and db-0's annotation: %v", err)
+	}
+	id := func(name string) pki.Identity { return pki.Identity{SPIFFEID: sa(f.ns, name)} }
+	for name, want := range map[string]bool{"web": true, "db": false, "cache": false} {
+		if got := f.idx.Prefetch(id(name)); got != want {
+			t.Errorf("Prefetch(%s) = %v, want %v", name, got, want)
+		}
+	}
+	for _, obj := range f.idx.informer.GetStore().List() {
+		p := obj.(*kubeclient.Pod)
+		switch v := p.Spec.Volumes; p.Name {
+		case "web-0", "db-0":
+			if len(v) != 1 || v[0].CSI == nil || v[0].CSI.Driver != csiDriver || v[0].Name != "" {
+				t.Errorf("stored %s volumes %+v, want the agent's CSI volume alone, by its driver", p.Name, v)
+			}
+		case "cache-0":
+			if len(v) != 0 {
+				t.Errorf("stored cache-0 volumes %+v, want none", v)
+			}
 		}
 	}
 }
