@@ -225,7 +225,9 @@ func (a *agentProc) Stop(grace time.Duration) {
 			return
 		default:
 		}
+		// SIGINT after SIGTERM: a stop without the drain (docs/operations.md).
 		_ = a.cmd.Process.Signal(syscall.SIGTERM)
+		_ = a.cmd.Process.Signal(syscall.SIGINT)
 		t := time.NewTimer(grace)
 		defer t.Stop()
 		select {

@@ -160,7 +160,9 @@ func (a *agent) stop(grace time.Duration) {
 		return
 	default:
 	}
+	// SIGINT after SIGTERM: a stop without the drain (docs/operations.md).
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	_ = a.cmd.Process.Signal(syscall.SIGINT)
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
