@@ -35,7 +35,7 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 	defer logging.RouteKlog(base)() // client-go logs in the agent's format
 	log := base.Named("agent")
 
-	setMemoryLimit(log)
+	setMemoryLimit(log, "/", os.Getenv("GOMEMLIMIT"))
 
 	// Received from here on, read once the agent runs: one starts the
 	// drain, a second ends it.
@@ -88,10 +88,11 @@ func ignoreHangup(ctx context.Context, log *zap.Logger) {
 }
 
 // setMemoryLimit gives Go a soft memory limit of 90 % of the container's
-// cgroup limit unless GOMEMLIMIT (the Go runtime's own variable, not a
-// setting of the agent's) is set, as pilot-agent does, and logs what it did.
-func setMemoryLimit(log *zap.Logger) {
-	d := memlimit.Apply("/", os.Getenv("GOMEMLIMIT"))
+// cgroup limit (the cgroup files under root) unless gomemlimit, GOMEMLIMIT
+// (the Go runtime's own variable, not a setting of the agent's), is set, as
+// pilot-agent does, and logs what it did.
+func setMemoryLimit(log *zap.Logger, root, gomemlimit string) {
+	d := memlimit.Apply(root, gomemlimit)
 	if d.Set == 0 {
 		log.Info("no soft memory limit set from the cgroup", zap.String(logkeys.Reason, d.Why))
 		return
