@@ -86,7 +86,9 @@ func startAgent(p agentParams) (*agent, error) {
 		"POD_NAMESPACE=" + soakNS,
 		"SERVICE_ACCOUNT=" + soakSA,
 		"POD_NAME=meshsoak-0",
-		`PROXY_CONFIG={"discoveryAddress":"` + p.xdsAddr + `"}`,
+		// No drain: the agent is stopped with SIGTERM and a grace of its own
+		// (docs/operations.md, "Termination").
+		`PROXY_CONFIG={"discoveryAddress":"` + p.xdsAddr + `","terminationDrainDuration":"0s"}`,
 		"XDS_ROOT_CA=" + filepath.Join(p.dir, rootFile),
 		"STATUS_PORT=" + strconv.Itoa(port),
 		"MESHAGENT_STATUS_HOST=127.0.0.1",
@@ -160,9 +162,7 @@ func (a *agent) stop(grace time.Duration) {
 		return
 	default:
 	}
-	// SIGINT after SIGTERM: a stop without the drain (docs/operations.md).
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
-	_ = a.cmd.Process.Signal(syscall.SIGINT)
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
