@@ -66,8 +66,9 @@ func (v *intValue) UnmarshalJSON(b []byte) error {
 }
 
 // ParseProxyConfig reads discoveryAddress, statusPort and
-// terminationDrainDuration from an Istio ProxyConfig JSON object. Unknown fields are ignored; anything that is not a
-// JSON object, or a field of the wrong type or out of range, is an error.
+// terminationDrainDuration from an Istio ProxyConfig JSON object. Unknown
+// fields are ignored; anything that is not a JSON object, or a field of the
+// wrong type or out of range, is an error.
 func ParseProxyConfig(raw string) (ProxyConfig, error) {
 	var pc ProxyConfig
 	b := bytes.TrimSpace([]byte(raw))
