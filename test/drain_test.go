@@ -2,17 +2,28 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	gsworkloadapi "github.com/spiffe/go-spiffe/v2/workloadapi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
+	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/sdsclient"
+	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
 // drainAgent starts a dev sidecar whose PROXY_CONFIG terminationDrainDuration
@@ -182,5 +193,84 @@ func TestQuitEndsTheDrain(t *testing.T) {
 	resp.Body.Close()
 	if code := waitExit(t, ctx, p, "after /quitquitquit during the drain"); code != 0 {
 		t.Errorf("exit %d, want 0", code)
+	}
+}
+
+// TestSIGTERMDrainsTheXDSProxy: during the drain the xDS proxy keeps an ADS
+// stream opened before SIGTERM and forwards one opened after it, each
+// answered by the control plane.
+func TestSIGTERMDrainsTheXDSProxy(t *testing.T) {
+	ca := istioca.Start(t, istioca.Config{Tokens: map[string]istioca.ServiceAccount{vmToken: vmSA}})
+	xs := xdsserver.Start(t, xdsserver.Config{CA: ca.CA(), ServerNames: []string{istioca.DefaultServerName}, Tokens: []string{vmToken}})
+	const node = "sidecar~127.0.0.1~vm-1.vm~vm.svc.cluster.local"
+	publish := func(version string) {
+		t.Helper()
+		if err := xs.SetResources(node, version, map[resource.Type][]types.Resource{
+			resource.ClusterType: {&clusterv3.Cluster{Name: "drain-" + version}},
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish("1")
+
+	dir := agentproc.TempDir(t)
+	vmWriteToken(t, dir)
+	root := filepath.Join(dir, "root-cert.pem")
+	flWrite(t, root, ca.RootPEM())
+	proxyConfig, _ := json.Marshal(map[string]any{"discoveryAddress": xs.Addr(), "terminationDrainDuration": "600s"})
+	p := agentproc.Start(t, dir, vmEnv(ca, dir, "MESHAGENT_XDS_PROXY=true", "PROXY_CONFIG="+string(proxyConfig),
+		"CA_ROOT_CA="+root, "XDS_ROOT_CA="+root, "STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1")...)
+	ctx := untilDeadline(t)
+
+	// ads opens a stream on a connection of its own and returns it with
+	// its first response.
+	ads := func(what string) (discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient, *discoveryv3.DiscoveryResponse) {
+		t.Helper()
+		conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "etc/istio/proxy/XDS"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx, grpc.WaitForReady(true))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: node}, TypeUrl: resource.ClusterType}); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		r, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, p.Logs())
+		}
+		return stream, r
+	}
+	before, first := ads("the stream opened before SIGTERM")
+
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the drain's start in the log", func() bool { return strings.Contains(p.Logs(), "drain started") })
+
+	if _, r := ads("a stream opened during the drain"); r.GetVersionInfo() != "1" {
+		t.Errorf("a stream opened during the drain got version %q, want 1", r.GetVersionInfo())
+	}
+	// The stream opened before: ACKed, then a new version is pushed to it.
+	if err := before.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: node}, TypeUrl: resource.ClusterType,
+		VersionInfo: first.GetVersionInfo(), ResponseNonce: first.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	publish("2")
+	r, err := before.Recv()
+	if err != nil || r.GetVersionInfo() != "2" {
+		t.Errorf("the stream opened before SIGTERM, during the drain: %v, version %q, want 2", err, r.GetVersionInfo())
+	}
+	if code := p.ExitCode(); code != -1 {
+		t.Fatalf("the agent exited (%d) during its drain", code)
+	}
+	if err := p.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code := waitExit(t, ctx, p, "after SIGINT during the drain"); code != 0 {
+		t.Errorf("exit %d after SIGINT during the drain, want 0", code)
 	}
 }
