@@ -162,6 +162,7 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 			checkEnv(t, agent, "CA_PROVIDER", "Linkerd")
 			checkEnv(t, agent, "DISABLE_ENVOY", "true")
 			container(t, pod, "app")
+			checkNativeSidecar(t, pod, "")
 			for _, c := range pod.Containers {
 				if c.Name == "envoy" {
 					t.Error("envoy rendered with sidecar.envoy.enabled=false")
@@ -475,6 +476,9 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"caProvider: Vault\n", "caProvider must be Citadel or Linkerd"},
 		{"credentialFetcherType: GoogleComputeEngine\n", "credentialFetcherType must be JWT or TokenRequest"},
 		{"sidecar:\n  enabled: false\nnode:\n  enabled: true\n  broker:\n    enabled: true\n", "node.broker.brokers: list the brokers"},
+		{"sidecar:\n  terminationDrainDuration: 5\n", "sidecar.terminationDrainDuration must be seconds"},
+		{"sidecar:\n  terminationDrainDuration: 1m\n", "sidecar.terminationDrainDuration must be seconds"},
+		{"sidecar:\n  terminationDrainDuration: 30s\n  terminationGracePeriodSeconds: 30\n", "must be longer than sidecar.terminationDrainDuration"},
 	} {
 		_, err := render(t, "bad", "default", tt.values)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -550,6 +554,66 @@ func checkSidecarPod(t *testing.T, pod corev1.PodSpec, audience string) {
 		})
 	}
 	checkProbes(t, agent)
+	checkNativeSidecar(t, pod, "5s")
+}
+
+// checkNativeSidecar checks that the sidecar pod runs the agent as a native
+// sidecar (docs/operations.md, "Termination"): the first init container,
+// restartPolicy Always, with a startup probe on readiness, so that every
+// container of the pod starts after it is ready and stops before it; the
+// drain is PROXY_CONFIG's terminationDrainDuration ("" where the agent does
+// not drain: proxyless), and the pod's grace period is longer than it.
+func checkNativeSidecar(t *testing.T, pod corev1.PodSpec, drain string) {
+	t.Helper()
+	if len(pod.InitContainers) == 0 || pod.InitContainers[0].Name != "meshagent" {
+		t.Fatalf("init containers %v, want meshagent first", names(pod.InitContainers))
+	}
+	agent := pod.InitContainers[0]
+	if agent.RestartPolicy == nil || *agent.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("agent restart policy %v, want Always (a native sidecar)", agent.RestartPolicy)
+	}
+	if p := agent.StartupProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz/ready" || p.HTTPGet.Port.StrVal != "status" {
+		t.Errorf("agent startup probe %+v, want GET /healthz/ready on the status port", p)
+	}
+	for _, c := range pod.Containers {
+		if c.Name == "meshagent" {
+			t.Errorf("the agent is also a regular container")
+		}
+	}
+	if len(pod.Containers) == 0 {
+		t.Error("no container for the agent to serve")
+	}
+	var pc struct {
+		TerminationDrainDuration string `json:"terminationDrainDuration"`
+	}
+	for _, e := range agent.Env {
+		if e.Name == "PROXY_CONFIG" {
+			if err := yaml.Unmarshal([]byte(e.Value), &pc); err != nil {
+				t.Fatalf("PROXY_CONFIG %q: %v", e.Value, err)
+			}
+		}
+	}
+	if pc.TerminationDrainDuration != drain {
+		t.Errorf("PROXY_CONFIG terminationDrainDuration %q, want %q", pc.TerminationDrainDuration, drain)
+	}
+	if drain == "" {
+		return
+	}
+	d, err := time.ParseDuration(drain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= d {
+		t.Errorf("terminationGracePeriodSeconds %v, want longer than the %s drain", g, drain)
+	}
+}
+
+func names(cs []corev1.Container) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Name)
+	}
+	return out
 }
 
 func checkNodePod(t *testing.T, objs objects, audience string) {
@@ -810,9 +874,11 @@ func checkProbes(t *testing.T, c corev1.Container) {
 	}
 }
 
+// container returns the pod's container (or init container, native sidecars
+// included) of that name.
 func container(t *testing.T, pod corev1.PodSpec, name string) corev1.Container {
 	t.Helper()
-	for _, c := range pod.Containers {
+	for _, c := range append(slices.Clone(pod.Containers), pod.InitContainers...) {
 		if c.Name == name {
 			return c
 		}
@@ -1279,4 +1345,85 @@ func allowedIn(t *testing.T, ns, sa, group, verb, resource, name string, waitFor
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// TestChartResources: every container of the agent, the node agent, its CSI
+// driver and its socket holder renders the requests and limits values.yaml
+// gives it (each with the measured figure it comes from, docs/operations.md,
+// "Sizing"): a CPU and memory request, a memory limit above the request and
+// no CPU limit.
+func TestChartResources(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values map[string]any
+	if err := yaml.Unmarshal(raw, &values); err != nil {
+		t.Fatal(err)
+	}
+	valuesAt := func(path ...string) corev1.ResourceRequirements {
+		t.Helper()
+		var v any = values
+		for _, p := range path {
+			m, ok := v.(map[string]any)
+			if !ok {
+				t.Fatalf("values.yaml has no %v", path)
+			}
+			v = m[p]
+		}
+		js, err := yaml.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r corev1.ResourceRequirements
+		if err := yaml.UnmarshalStrict(js, &r); err != nil {
+			t.Fatalf("values.yaml %v: %v", path, err)
+		}
+		return r
+	}
+	objs, err := render(t, "res", "default", "node:\n  enabled: true\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	objs.find(t, "DaemonSet", &ds)
+	sidecar, node := objs.deployment(t).Spec.Template.Spec, ds.Spec.Template.Spec
+	for _, tt := range []struct {
+		what      string
+		pod       corev1.PodSpec
+		container string
+		values    []string
+	}{
+		{"sidecar agent", sidecar, "meshagent", []string{"sidecar", "resources"}},
+		{"node agent", node, "meshagent", []string{"node", "resources"}},
+		{"CSI driver", node, "csi", []string{"node", "csi", "resources"}},
+		{"socket holder", node, "socket-holder", []string{"node", "socketHolder", "resources"}},
+	} {
+		t.Run(tt.what, func(t *testing.T) {
+			want := valuesAt(tt.values...)
+			got := container(t, tt.pod, tt.container).Resources
+			if !reflect.DeepEqual(normalise(got), normalise(want)) {
+				t.Errorf("resources %v, want values.yaml's %v", got, want)
+			}
+			req, lim := got.Requests[corev1.ResourceMemory], got.Limits[corev1.ResourceMemory]
+			if got.Requests.Cpu().IsZero() || req.IsZero() || lim.IsZero() || lim.Cmp(req) <= 0 {
+				t.Errorf("resources %v: want CPU and memory requests and a larger memory limit", got)
+			}
+			if _, ok := got.Limits[corev1.ResourceCPU]; ok {
+				t.Errorf("a CPU limit (%v): throttling delays certificates", got.Limits.Cpu())
+			}
+		})
+	}
+}
+
+// normalise writes quantities in canonical form, for comparison.
+func normalise(r corev1.ResourceRequirements) map[string]string {
+	out := map[string]string{}
+	for k, q := range r.Requests {
+		out["requests."+string(k)] = q.String()
+	}
+	for k, q := range r.Limits {
+		out["limits."+string(k)] = q.String()
+	}
+	return out
 }

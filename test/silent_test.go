@@ -477,7 +477,7 @@ func TestTerminalLogTimesCarryTheDate(t *testing.T) {
 	stop()
 }
 
-// stopProcessesIn sends SIGTERM to every process whose working directory is
+// stopProcessesIn sends SIGTERM and SIGINT to every process whose working directory is
 // dir and waits (up to 10 s) until they are gone.
 func stopProcessesIn(t *testing.T, dir string) {
 	t.Helper()
@@ -496,7 +496,9 @@ func stopProcessesIn(t *testing.T, dir string) {
 		return pids
 	}
 	for _, pid := range in() {
+		// SIGINT after SIGTERM: a stop without the drain.
 		_ = syscall.Kill(pid, syscall.SIGTERM)
+		_ = syscall.Kill(pid, syscall.SIGINT)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for len(in()) > 0 {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meshagent/meshagent/internal/app"
+	"github.com/meshagent/meshagent/internal/drain"
 	"github.com/meshagent/meshagent/internal/logging"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/memlimit"
@@ -18,8 +19,8 @@ import (
 )
 
 // runAgent runs the agent of cfg (package app) until ctx ends, SIGINT or
-// SIGTERM arrives, a loopback caller POSTs /quitquitquit (all return nil) or
-// a component fails.
+// SIGTERM arrives and the drain that follows ends (package drain), a
+// loopback caller POSTs /quitquitquit (all return nil) or a component fails.
 func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hooks) error {
 	// Held until New has checked the configuration (heldWriter); released
 	// on every path but a configuration error, which execute prints first.
@@ -34,10 +35,15 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 	defer logging.RouteKlog(base)() // client-go logs in the agent's format
 	log := base.Named("agent")
 
-	setMemoryLimit(log)
+	setMemoryLimit(log, "/", os.Getenv("GOMEMLIMIT"))
 
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	// Received from here on, read once the agent runs: one starts the
+	// drain, a second ends it.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	ignoreHangup(ctx, log)
 
 	a, err := app.New(app.Config{Settings: cfg, Logger: base, OnStatusListen: h.statusListening, Version: version})
@@ -52,6 +58,8 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 		return failureLogged{err}
 	}
 	held.release()
+	ctx, stopDrain := drain.Context(ctx, sigs, drain.Config{Period: a.DrainPeriod(), Started: a.StartDrain, Logger: log})
+	defer stopDrain()
 	if err := a.Run(ctx); err != nil {
 		log.Error("agent stopped on a failure", zap.Error(err))
 		return failureLogged{err}
@@ -80,10 +88,11 @@ func ignoreHangup(ctx context.Context, log *zap.Logger) {
 }
 
 // setMemoryLimit gives Go a soft memory limit of 90 % of the container's
-// cgroup limit unless GOMEMLIMIT (the Go runtime's own variable, not a
-// setting of the agent's) is set, as pilot-agent does, and logs what it did.
-func setMemoryLimit(log *zap.Logger) {
-	d := memlimit.Apply("/", os.Getenv("GOMEMLIMIT"))
+// cgroup limit (the cgroup files under root) unless gomemlimit, GOMEMLIMIT
+// (the Go runtime's own variable, not a setting of the agent's), is set, as
+// pilot-agent does, and logs what it did.
+func setMemoryLimit(log *zap.Logger, root, gomemlimit string) {
+	d := memlimit.Apply(root, gomemlimit)
 	if d.Set == 0 {
 		log.Info("no soft memory limit set from the cgroup", zap.String(logkeys.Reason, d.Why))
 		return

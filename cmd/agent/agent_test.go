@@ -43,7 +43,8 @@ func TestBinary(t *testing.T) {
 		t.Run("dev agent stops on "+sig.String(), func(t *testing.T) {
 			cmd := exec.Command(bin, "run", "--dev")
 			cmd.Dir = t.TempDir()
-			cmd.Env = []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1"}
+			// No drain: this is about stopping cleanly (test/drain_test.go drains).
+			cmd.Env = []string{"STATUS_PORT=0", "MESHAGENT_STATUS_HOST=127.0.0.1", `PROXY_CONFIG={"terminationDrainDuration":"0s"}`}
 			stderr, err := cmd.StderrPipe()
 			if err != nil {
 				t.Fatal(err)

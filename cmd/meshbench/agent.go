@@ -95,7 +95,9 @@ func agentEnv(dir string, cfg agentConfig) []string {
 		"POD_NAMESPACE=" + cfg.Namespace,
 		"SERVICE_ACCOUNT=" + cfg.ServiceAccount,
 		"POD_NAME=meshbench-0",
-		`PROXY_CONFIG={"discoveryAddress":"` + cfg.XDSAddr + `"}`,
+		// No drain: the agent is stopped with SIGTERM and a grace of its own
+		// (docs/operations.md, "Termination").
+		`PROXY_CONFIG={"discoveryAddress":"` + cfg.XDSAddr + `","terminationDrainDuration":"0s"}`,
 		"XDS_ROOT_CA=" + filepath.Join(dir, caRootPath),
 		"STATUS_PORT=" + strconv.Itoa(cfg.StatusPort),
 		"MESHAGENT_STATUS_HOST=127.0.0.1",

@@ -88,7 +88,7 @@ func TestAgentConfigFromFixture(t *testing.T) {
 		"TRUST_DOMAIN=cluster.local",
 		"POD_NAMESPACE=bench",
 		"SERVICE_ACCOUNT=meshbench",
-		`PROXY_CONFIG={"discoveryAddress":"` + fx.xds.Addr() + `"}`,
+		`PROXY_CONFIG={"discoveryAddress":"` + fx.xds.Addr() + `","terminationDrainDuration":"0s"}`,
 		"XDS_ROOT_CA=" + filepath.Join(dir, caRootPath),
 		"STATUS_PORT=0",
 		"MESHAGENT_STATUS_HOST=127.0.0.1",

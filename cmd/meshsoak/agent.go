@@ -86,7 +86,9 @@ func startAgent(p agentParams) (*agent, error) {
 		"POD_NAMESPACE=" + soakNS,
 		"SERVICE_ACCOUNT=" + soakSA,
 		"POD_NAME=meshsoak-0",
-		`PROXY_CONFIG={"discoveryAddress":"` + p.xdsAddr + `"}`,
+		// No drain: the agent is stopped with SIGTERM and a grace of its own
+		// (docs/operations.md, "Termination").
+		`PROXY_CONFIG={"discoveryAddress":"` + p.xdsAddr + `","terminationDrainDuration":"0s"}`,
 		"XDS_ROOT_CA=" + filepath.Join(p.dir, rootFile),
 		"STATUS_PORT=" + strconv.Itoa(port),
 		"MESHAGENT_STATUS_HOST=127.0.0.1",

@@ -40,7 +40,9 @@ const (
 	// CryptoModule names the Go cryptographic module and its FIPS mode.
 	CryptoModule = "crypto_module"
 	Dir          = "dir"
-	Endpoint     = "endpoint"
+	// Drain is how long the agent keeps serving after a stop signal.
+	Drain    = "drain"
+	Endpoint = "endpoint"
 	// Error is the error text a refused client was sent (zap.Error logs errors).
 	Error       = "error"
 	ErrorDetail = "error_detail"
@@ -109,8 +111,10 @@ const (
 	ServiceAccount     = "service_account"
 	Services           = "services"
 	Setting            = "setting"
-	Signer             = "signer"
-	Socket             = "socket"
+	// Signal is the name of a signal the process received ("terminated").
+	Signal = "signal"
+	Signer = "signer"
+	Socket = "socket"
 	// Source names where certificates or roots come from: a certificate
 	// source (ca, dev-ca, file, output-certs, the source chosen at start-up),
 	// a trust source or a watched file source, by its name. A file the

@@ -95,6 +95,51 @@ func TestLimit(t *testing.T) {
 	}
 }
 
+// writeTree writes files (path under root: content) under a new root.
+func writeTree(t *testing.T, files map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	for p, c := range files {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+// TestApplySetsNinetyPercent: with a limit in the cgroup files, v2 and v1
+// alike, Apply gives the Go runtime 90 % of it and says where it read it.
+func TestApplySetsNinetyPercent(t *testing.T) {
+	before := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(before) })
+	for _, tt := range []struct {
+		name  string
+		files map[string]string
+		limit int64
+		from  string
+	}{
+		{"v2", map[string]string{"proc/self/cgroup": "0::/kubepods/pod1/c1\n", "proc/self/mountinfo": v2Mount, v2Controllers: "memory\n",
+			"sys/fs/cgroup/kubepods/pod1/c1/memory.max": "134217728\n"}, 128 << 20, "/sys/fs/cgroup/kubepods/pod1/c1/memory.max"},
+		{"v1", map[string]string{"proc/self/cgroup": "4:memory:/kubepods/pod1/c1\n", "proc/self/mountinfo": v1Mount,
+			"sys/fs/cgroup/memory/kubepods/pod1/c1/memory.limit_in_bytes": "67108864\n"}, 64 << 20, "/sys/fs/cgroup/memory/kubepods/pod1/c1/memory.limit_in_bytes"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Apply(writeTree(t, tt.files), "")
+			want := tt.limit * 9 / 10
+			if d.Limit != tt.limit || d.Set != want || d.From != tt.from || d.Why != "" {
+				t.Errorf("Apply = %+v, want limit %d, set %d, from %s", d, tt.limit, want, tt.from)
+			}
+			if got := debug.SetMemoryLimit(-1); got != want {
+				t.Errorf("the runtime's soft limit is %d, want %d", got, want)
+			}
+		})
+	}
+}
+
 func TestApplyLeavesGOMEMLIMIT(t *testing.T) {
 	before := debug.SetMemoryLimit(-1)
 	d := Apply(t.TempDir(), "512MiB")

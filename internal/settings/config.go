@@ -139,6 +139,9 @@ type Config struct {
 	DiscoveryAddress string
 	// StatusPort is the status server's port (STATUS_PORT, else PROXY_CONFIG statusPort).
 	StatusPort int
+	// TerminationDrainDuration is how long a sidecar keeps serving after
+	// SIGTERM (PROXY_CONFIG terminationDrainDuration, default 5s).
+	TerminationDrainDuration time.Duration
 	// WorkloadIdentitySocketFile is the SDS socket's file name (WORKLOAD_IDENTITY_SOCKET_FILE).
 	WorkloadIdentitySocketFile string
 
@@ -279,6 +282,7 @@ type Config struct {
 
 	scheme          pki.Scheme // of CA_PROVIDER, TRUST_DOMAIN and MESHAGENT_LINKERD_NAMESPACE
 	proxyStatusPort int        // statusPort from PROXY_CONFIG; 0 when not given
+	proxyDrainSet   bool       // PROXY_CONFIG gives terminationDrainDuration
 	rows            []Row
 	// CompliancePolicy restricts the TLS of the CA and xDS connections
 	// (COMPLIANCE_POLICY).

@@ -56,6 +56,7 @@ func FuzzParseProxyConfig(f *testing.F) {
 		`{"discoveryAddress":"istiod.istio-system.svc:15012","statusPort":15020}`,
 		`{"discovery_address":"a:1","status_port":"2"}`,
 		`{"discoveryAddress":"","statusPort":0,"tracing":{"zipkin":{}}}`,
+		`{"terminationDrainDuration":"5s"}`, `{"termination_drain_duration":"0.5s"}`, `{"terminationDrainDuration":"-1s"}`,
 		`{"statusPort":-1}`, `{"statusPort":1e3}`, `{"statusPort":"x"}`, `{"discoveryAddress":5}`,
 		`{`, `[]`, `null`, `""`, ``, `{} {}`, `{"a":` + strings.Repeat("[", 100),
 	} {
@@ -76,6 +77,9 @@ func FuzzParseProxyConfig(f *testing.F) {
 		}
 		if pc.StatusPort < 0 || pc.StatusPort > 65535 {
 			t.Fatalf("accepted port %d", pc.StatusPort)
+		}
+		if d := pc.TerminationDrainDuration; d != nil && *d < 0 {
+			t.Fatalf("accepted drain %v", *d)
 		}
 	})
 }

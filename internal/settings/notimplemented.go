@@ -8,7 +8,8 @@ import "strings"
 // for every variable with that prefix. Each is warned about by name when set
 // (UnknownNames): pilot-agent would act on it, meshagent would not.
 var notImplemented = []struct{ name, instead string }{
-	{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "meshagent runs no Envoy whose connections it could count; it stops on SIGTERM, when the pod stops"},
+	{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "meshagent runs no Envoy whose connections it could count; a sidecar drains for PROXY_CONFIG terminationDrainDuration after SIGTERM (docs/operations.md)"},
+	{"MINIMUM_DRAIN_DURATION", "pilot-agent reads it only with EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true, which meshagent does not implement; a sidecar drains for PROXY_CONFIG terminationDrainDuration (docs/operations.md)"},
 	{"ISTIO_META_DNS_CAPTURE", "meshagent has no DNS proxy; keep pilot-agent in istio-proxy for DNS capture (docs/istio.md)"},
 	{"ISTIO_META_DNS_AUTO_ALLOCATE", "meshagent has no DNS proxy; keep pilot-agent in istio-proxy for DNS auto-allocation (docs/istio.md)"},
 	{"ISTIO_META_ENABLE_DNS_SERVER", "meshagent has no DNS proxy; keep pilot-agent in istio-proxy for DNS (docs/istio.md)"},

@@ -220,9 +220,12 @@ var Registry = []Setting{
 	},
 	{
 		Name: "PROXY_CONFIG", Group: GroupIstio,
-		Default: `{"discoveryAddress":"istiod.istio-system.svc:15012","statusPort":15020}`,
-		Doc:     "Istio ProxyConfig as JSON. meshagent reads discoveryAddress (the control plane, host:port) and statusPort; other fields are ignored.",
-		Value:   JSON(setProxyConfig, showProxyConfig),
+		Default: `{"discoveryAddress":"istiod.istio-system.svc:15012","statusPort":15020,"terminationDrainDuration":"5s"}`,
+		Doc: "Istio ProxyConfig as JSON. meshagent reads discoveryAddress (the control plane, host:port), statusPort and " +
+			"terminationDrainDuration (how long a sidecar keeps serving SDS, the Workload API and the xDS proxy after SIGTERM, " +
+			"as pilot-agent keeps Envoy; not in node mode nor with DISABLE_ENVOY=true; docs/operations.md); other fields are ignored.",
+		Value:  JSON(setProxyConfig, showProxyConfig),
+		Unused: proxyConfigUnused,
 	},
 	{
 		Name: "STATUS_PORT", Flag: "status-port", Group: GroupIstio,

@@ -82,7 +82,7 @@ func TestDefaults(t *testing.T) {
 		GraceJitter: 0.01, FileDebounce: 100 * time.Millisecond, XDSProxy: true, WorkloadAPI: true, Mode: ModeSidecar, SDSMaxStreams: 4096, WorkloadAPIMaxStreams: 4096, SDSMaxStreamsPerPod: 64, BrokerMaxStreams: DefaultBrokerMaxStreams, BrokerMaxWorkloads: DefaultBrokerMaxWorkloads,
 		SocketMaxConnsPerCaller: 32, SocketMaxConnRatePerCaller: 20, SocketMaxStreamsPerConn: 100, SocketMaxUnaryPerCaller: 16, SocketMaxQueuedBytesPerCaller: 4 << 20, SocketIdleTimeout: 5 * time.Minute, SDSMaxFileResourcesPerCaller: 16, SDSMaxRecvBytes: 65536, CAMaxConcurrentCSRs: 8, IdentityIdleGrace: time.Minute, WorkloadRSAKeySize: 2048, ECCCurve: "P256",
 		GRPCXDSBootstrap: "etc/istio/proxy/grpc-bootstrap.json", DiscoveryAddress: DefaultDiscoveryAddress,
-		StatusPort: 15020, WorkloadIdentitySocketFile: "socket", KeyType: pki.ECP256, LinkerdNamespace: "linkerd",
+		StatusPort: 15020, TerminationDrainDuration: DefaultTerminationDrainDuration, WorkloadIdentitySocketFile: "socket", KeyType: pki.ECP256, LinkerdNamespace: "linkerd",
 		LinkerdIdentityServiceName: "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local",
 		SDSSocket:                  "./var/run/secrets/workload-spiffe-uds/socket", XDSSocket: "./etc/istio/proxy/XDS",
 		WorkloadCredentialsDir: "./var/run/secrets/workload-spiffe-credentials", FileMountedCertsDir: "./etc/certs", FileResourceDirs: DefaultFileResourceDirs, NodePodTokensDir: "./var/run/meshagent/pod-tokens",
@@ -94,7 +94,7 @@ func TestDefaults(t *testing.T) {
 	if want, _ := pki.IstioScheme("cluster.local"); c.Scheme() != want {
 		t.Errorf("scheme %v, want %v", c.Scheme(), want)
 	}
-	c.rows, c.proxyStatusPort, c.scheme = nil, 0, pki.Scheme{}
+	c.rows, c.proxyStatusPort, c.proxyDrainSet, c.scheme = nil, 0, false, pki.Scheme{}
 	if len(c.CAHeaders) != 0 || len(c.XDSHeaders) != 0 {
 		t.Errorf("headers = %v %v, want none", c.CAHeaders, c.XDSHeaders)
 	}
@@ -219,6 +219,40 @@ func TestInvalidValues(t *testing.T) {
 	}
 }
 
+// TestTerminationDrainDuration: PROXY_CONFIG's terminationDrainDuration, a
+// proto JSON duration under either name, is the drain; Istio's 5s without
+// it; a value that is not one is refused with the field named.
+func TestTerminationDrainDuration(t *testing.T) {
+	for _, tt := range []struct {
+		proxyConfig string
+		want        time.Duration
+	}{
+		{`{}`, 5 * time.Second},
+		{`{"terminationDrainDuration":"30s"}`, 30 * time.Second},
+		{`{"termination_drain_duration":"0.25s"}`, 250 * time.Millisecond},
+		{`{"terminationDrainDuration":"0s"}`, 0},
+		{`{"terminationDrainDuration":"1.000000001s"}`, time.Second + 1},
+		{`{"terminationDrainDuration":"600s","discoveryAddress":"cp:1"}`, 10 * time.Minute},
+	} {
+		c := resolve(t, []string{"PROXY_CONFIG=" + tt.proxyConfig}, nil)
+		if c.TerminationDrainDuration != tt.want {
+			t.Errorf("%s: drain %v, want %v", tt.proxyConfig, c.TerminationDrainDuration, tt.want)
+		}
+		// What `meshagent config` shows reads back as the same drain.
+		again := resolve(t, []string{"PROXY_CONFIG=" + row(t, c, "PROXY_CONFIG").Value}, nil)
+		if again.TerminationDrainDuration != tt.want {
+			t.Errorf("%s: shown as %s, read back as %v", tt.proxyConfig, row(t, c, "PROXY_CONFIG").Value, again.TerminationDrainDuration)
+		}
+	}
+	for _, bad := range []string{`"5"`, `"-1s"`, `"1m"`, `"5 s"`, `"1.0000000001s"`, `5`, `"99999999999999999999s"`, `"9223372037s"`} {
+		raw := `{"terminationDrainDuration":` + bad + `}`
+		_, err := Resolve(Input{Env: []string{"PROXY_CONFIG=" + raw}, FileExists: func(string) bool { return false }})
+		if err == nil || !strings.Contains(err.Error(), "PROXY_CONFIG") {
+			t.Errorf("%s: err %v, want an error naming PROXY_CONFIG", raw, err)
+		}
+	}
+}
+
 func TestProxyConfig(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -240,6 +274,9 @@ func TestProxyConfig(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := resolve(t, tt.env, tt.flags)
+			if c.TerminationDrainDuration != DefaultTerminationDrainDuration {
+				t.Errorf("terminationDrainDuration %v, want the default %v", c.TerminationDrainDuration, DefaultTerminationDrainDuration)
+			}
 			if c.CAAddr != tt.caAddr || c.StatusPort != tt.port || c.DiscoveryAddress != tt.discovery {
 				t.Errorf("CA_ADDR %q port %d discovery %q, want %q %d %q", c.CAAddr, c.StatusPort, c.DiscoveryAddress, tt.caAddr, tt.port, tt.discovery)
 			}
@@ -537,6 +574,11 @@ func TestWarningsNameSettingsWithoutEffect(t *testing.T) {
 		{"kubernetes", []string{"PILOT_CERT_PROVIDER=kubernetes"}, []string{"PILOT_CERT_PROVIDER"}},
 		{"custom is honoured", []string{"PILOT_CERT_PROVIDER=custom"}, nil},
 		{"istiod set", []string{"PILOT_CERT_PROVIDER=istiod"}, nil},
+		{"drain in a sidecar", []string{`PROXY_CONFIG={"terminationDrainDuration":"30s"}`}, nil},
+		{"drain in node mode", []string{`PROXY_CONFIG={"terminationDrainDuration":"30s"}`, "MESHAGENT_MODE=node", "NODE_NAME=n"}, []string{"PROXY_CONFIG"}},
+		{"zero drain in node mode", []string{`PROXY_CONFIG={"terminationDrainDuration":"0s"}`, "MESHAGENT_MODE=node", "NODE_NAME=n"}, nil},
+		{"drain without Envoy", []string{`PROXY_CONFIG={"terminationDrainDuration":"30s"}`, "DISABLE_ENVOY=true"}, []string{"PROXY_CONFIG"}},
+		{"node mode without drain", []string{`PROXY_CONFIG={"statusPort":15020}`, "MESHAGENT_MODE=node", "NODE_NAME=n"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

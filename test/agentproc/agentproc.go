@@ -1,8 +1,8 @@
 // Package agentproc runs the real agent binary for end-to-end tests: it
 // builds cmd/agent once per test binary (or uses MESHAGENT_TEST_AGENT_BIN),
 // starts it in a working directory of the test's choosing with only the
-// environment given, captures its logs, and stops it with SIGTERM when the
-// test ends. The process is owned by the returned Proc.
+// environment given, captures its logs, and stops it (SIGTERM, then SIGINT
+// to skip the drain) when the test ends. The process is owned by the returned Proc.
 package agentproc
 
 import (
@@ -178,8 +178,14 @@ func start(t testing.TB, dir string, cred *syscall.Credential, args, env []strin
 	return p
 }
 
-// Stop sends SIGTERM and waits up to 5 s before killing the process. It
-// may be called more than once.
+// Signal sends sig to the process.
+func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Stop stops the process as a clean stop without the drain: SIGTERM starts
+// the drain (docs/operations.md, "Termination"), SIGINT, a second signal,
+// ends it at once (two SIGTERMs sent together may reach the process as
+// one). It waits up to 5 s before killing the process, and may be called
+// more than once.
 func (p *Proc) Stop() {
 	select {
 	case <-p.done:
@@ -187,6 +193,7 @@ func (p *Proc) Stop() {
 	default:
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
 	select {
 	case <-p.done:
 	case <-time.After(5 * time.Second):

@@ -59,6 +59,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- if not (has .Values.credentialFetcherType (list "JWT" "TokenRequest")) -}}
 {{- fail (printf "credentialFetcherType must be JWT or TokenRequest, not %q" .Values.credentialFetcherType) -}}
 {{- end -}}
+{{- if .Values.sidecar.enabled -}}
+{{- $drain := toString .Values.sidecar.terminationDrainDuration -}}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]{1,9})?s$" $drain) -}}
+{{- fail (printf "sidecar.terminationDrainDuration must be seconds such as \"5s\" or \"0.5s\", not %q" $drain) -}}
+{{- end -}}
+{{- if le (float64 .Values.sidecar.terminationGracePeriodSeconds) (float64 (trimSuffix "s" $drain)) -}}
+{{- fail (printf "sidecar.terminationGracePeriodSeconds (%v) must be longer than sidecar.terminationDrainDuration (%s): the kubelet kills the agent at the end of the grace period" .Values.sidecar.terminationGracePeriodSeconds $drain) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* true when the agent asks the API server for its own token. */}}
@@ -78,7 +87,8 @@ istio-ca
 
 {{/*
 Environment shared by the sidecar and node agents: who the pod is (downward API), which
-CA, how it authenticates. The agent runs with working directory /, so the relative
+CA, how it authenticates; the sidecar passes its drain as .terminationDrainDuration
+(merged into the context), which goes into PROXY_CONFIG. The agent runs with working directory /, so the relative
 default paths of its settings land on the mounted volumes.
 */}}
 {{- define "meshagent.env" -}}
@@ -128,8 +138,12 @@ default paths of its settings land on the mounted volumes.
 - name: MESHAGENT_TOKEN_LIFETIME
   value: {{ .Values.token.lifetime | quote }}
 {{- end }}
+{{- $proxyConfig := dict "discoveryAddress" .Values.discoveryAddress "statusPort" (int .Values.statusPort) }}
+{{- with .terminationDrainDuration }}
+{{- $_ := set $proxyConfig "terminationDrainDuration" . }}
+{{- end }}
 - name: PROXY_CONFIG
-  value: {{ dict "discoveryAddress" .Values.discoveryAddress "statusPort" (int .Values.statusPort) | toJson | quote }}
+  value: {{ $proxyConfig | toJson | quote }}
 - name: MESHAGENT_LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
 {{- range .Values.extraEnv }}
