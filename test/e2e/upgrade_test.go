@@ -62,16 +62,19 @@ func installNodeAgent(t *testing.T) *corev1.Pod {
 }
 
 // checkAgentReadyBeforeLabel is the install order of docs/istio.md: every
-// node's agent Ready before a namespace is labelled for the template.
+// node's agent and node socket pod Ready before a namespace is labelled for
+// the template.
 func checkAgentReadyBeforeLabel(t *testing.T) {
 	t.Helper()
-	ds, err := kube.Client().AppsV1().DaemonSets(agentNamespace).Get(context.Background(), release, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ds.Status.DesiredNumberScheduled == 0 || ds.Status.NumberReady != ds.Status.DesiredNumberScheduled {
-		t.Fatalf("install order: the node agent is Ready on %d of %d nodes; label namespaces only once it is Ready on all",
-			ds.Status.NumberReady, ds.Status.DesiredNumberScheduled)
+	for _, name := range []string{release, release + "-socket"} {
+		ds, err := kube.Client().AppsV1().DaemonSets(agentNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds.Status.DesiredNumberScheduled == 0 || ds.Status.NumberReady != ds.Status.DesiredNumberScheduled {
+			t.Fatalf("install order: DaemonSet %s is Ready on %d of %d nodes; label namespaces only once it is Ready on all",
+				name, ds.Status.NumberReady, ds.Status.DesiredNumberScheduled)
+		}
 	}
 }
 
