@@ -181,7 +181,7 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 	}, {
 		name:   "node",
 		values: "sidecar:\n  enabled: false\nnode:\n  enabled: true\n",
-		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"},
+		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "DaemonSet", "ServiceAccount", "ServiceAccount"},
 		check: func(t *testing.T, objs objects) {
 			checkNodePod(t, objs, "istio-ca")
 			role := objs.clusterRole(t)
@@ -196,11 +196,16 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 			{verb: "get", resource: "secrets"},
 			{verb: "create", resource: "serviceaccounts", subresource: "token", namespace: "elsewhere", name: "app"},
 			{verb: "create", resource: "serviceaccounts", subresource: "token", name: "$sa"},
+		}, "node-socket": {
+			// The socket holder and the CSI driver need no API at all.
+			{verb: "list", resource: "pods"},
+			{verb: "get", resource: "secrets"},
+			{verb: "create", resource: "serviceaccounts", subresource: "token", name: "$sa"},
 		}},
 	}, {
 		name:   "node-tokenrequest",
 		values: "credentialFetcherType: TokenRequest\nsidecar:\n  enabled: false\nnode:\n  enabled: true\n",
-		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role", "RoleBinding", "ServiceAccount"},
+		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "DaemonSet", "Role", "RoleBinding", "ServiceAccount", "ServiceAccount"},
 		check: func(t *testing.T, objs objects) {
 			checkNodePod(t, objs, "")
 		},
@@ -212,7 +217,7 @@ func TestChartAcceptedByAPIServer(t *testing.T) {
 	}, {
 		name:   "node-linkerd-and-sidecar",
 		values: "caProvider: Linkerd\nnode:\n  enabled: true\n",
-		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount"},
+		kinds:  []string{"CSIDriver", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DaemonSet", "Deployment", "ServiceAccount", "ServiceAccount", "ServiceAccount"},
 		check: func(t *testing.T, objs objects) {
 			checkNodePod(t, objs, "identity.l5d.io")
 			checkPodTokenHandOver(t, objs)
@@ -378,9 +383,7 @@ func TestChartEnvIsAgentConfig(t *testing.T) {
 			}
 			var pod corev1.PodSpec
 			if tt.kind == "DaemonSet" {
-				var ds appsv1.DaemonSet
-				objs.find(t, "DaemonSet", &ds)
-				pod = ds.Spec.Template.Spec
+				pod = objs.daemonSet(t, "node").Spec.Template.Spec
 			} else {
 				pod = objs.deployment(t).Spec.Template.Spec
 			}
@@ -618,9 +621,8 @@ func names(cs []corev1.Container) []string {
 
 func checkNodePod(t *testing.T, objs objects, audience string) {
 	t.Helper()
-	var ds appsv1.DaemonSet
-	objs.find(t, "DaemonSet", &ds)
-	pod := ds.Spec.Template.Spec
+	pod := objs.daemonSet(t, "node").Spec.Template.Spec
+	sockPod := objs.daemonSet(t, "node-socket").Spec.Template.Spec
 	if !pod.HostPID {
 		t.Error("node agent without hostPID cannot map callers' PIDs to pods")
 	}
@@ -637,38 +639,45 @@ func checkNodePod(t *testing.T, objs objects, audience string) {
 		t.Errorf("node agent tolerations %v, want one tolerating every taint", pod.Tolerations)
 	}
 	checkNodeAgentPrivileges(t, pod, agent)
+	checkSocketPod(t, objs, sockPod, pod, agent)
 	if audience != "" {
 		checkMount(t, pod, agent, "/var/run/secrets/tokens", func(v corev1.Volume) bool {
 			return v.Projected != nil && v.Projected.Sources[0].ServiceAccountToken.Audience == audience
 		})
 	}
 	checkProbes(t, agent)
-	checkCSI(t, objs, pod)
+	checkCSI(t, objs, sockPod, pod)
 }
 
-// checkCSI checks the CSI driver's container and object: the only privileged part,
-// mounting the kubelet's pods directory with Bidirectional propagation and the socket
-// directory read-only; ephemeral inline volumes only.
-func checkCSI(t *testing.T, objs objects, pod corev1.PodSpec) {
+// checkCSI checks the CSI driver's container (in the node socket pod, not the
+// agent's) and object: the only privileged part, mounting the kubelet's pods
+// directory with Bidirectional propagation and the socket directory read-only;
+// ephemeral inline volumes only.
+func checkCSI(t *testing.T, objs objects, pod, agentPod corev1.PodSpec) {
 	t.Helper()
 	c := container(t, pod, "csi")
 	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
 		t.Errorf("csi container security context %+v: Bidirectional propagation needs privileged", sc)
 	}
-	if sc := container(t, pod, "meshagent").SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
+	for _, ac := range agentPod.Containers {
+		if ac.Name == "csi" {
+			t.Error("the CSI driver runs in the agent's pod: it goes away with every agent upgrade")
+		}
+	}
+	if sc := container(t, agentPod, "meshagent").SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
 		t.Error("the agent container is privileged")
 	}
 	// The privileged container gets no API token: the pod mounts none by itself,
 	// and only the agent container mounts the projected API credentials.
 	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
-		t.Error("the node pod automounts an API token into every container, the privileged CSI one included")
+		t.Error("the node socket pod automounts an API token into every container, the privileged CSI one included")
 	}
 	for _, m := range c.VolumeMounts {
 		if m.MountPath == "/var/run/secrets/kubernetes.io/serviceaccount" || m.Name == "kube-api-access" {
 			t.Errorf("the csi container mounts API credentials (%s at %s)", m.Name, m.MountPath)
 		}
 	}
-	checkMount(t, pod, container(t, pod, "meshagent"), "/var/run/secrets/kubernetes.io/serviceaccount", func(v corev1.Volume) bool {
+	checkMount(t, agentPod, container(t, agentPod, "meshagent"), "/var/run/secrets/kubernetes.io/serviceaccount", func(v corev1.Volume) bool {
 		p := v.Projected
 		return p != nil && len(p.Sources) == 3 && p.Sources[0].ServiceAccountToken != nil && p.Sources[0].ServiceAccountToken.Audience == "" &&
 			p.Sources[1].ConfigMap != nil && p.Sources[1].ConfigMap.Name == "kube-root-ca.crt"
@@ -712,15 +721,14 @@ func checkPodTokenHandOver(t *testing.T, objs objects) {
 		d.Spec.RequiresRepublish == nil || !*d.Spec.RequiresRepublish || d.Spec.PodInfoOnMount == nil || !*d.Spec.PodInfoOnMount {
 		t.Errorf("CSIDriver spec %+v, want tokenRequests [identity.l5d.io], requiresRepublish and podInfoOnMount", d.Spec)
 	}
-	var ds appsv1.DaemonSet
-	objs.find(t, "DaemonSet", &ds)
-	pod := ds.Spec.Template.Spec
+	pod := objs.daemonSet(t, "node").Spec.Template.Spec
+	sockPod := objs.daemonSet(t, "node-socket").Spec.Template.Spec
 	const dir = "/var/run/meshagent/pod-tokens"
 	hostDir := func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == dir }
-	agent, csi := container(t, pod, "meshagent"), container(t, pod, "csi")
+	agent, csi := container(t, pod, "meshagent"), container(t, sockPod, "csi")
 	checkEnv(t, agent, "MESHAGENT_NODE_POD_TOKENS_DIR", dir)
 	checkMount(t, pod, agent, dir, hostDir)
-	checkMount(t, pod, csi, dir, hostDir)
+	checkMount(t, sockPod, csi, dir, hostDir)
 	for _, m := range agent.VolumeMounts {
 		if m.MountPath == dir && !m.ReadOnly {
 			t.Error("the agent mounts the token directory writable")
@@ -729,8 +737,10 @@ func checkPodTokenHandOver(t *testing.T, objs objects) {
 	if !slices.Contains(csi.Args, "--token-dir="+dir) || !slices.Contains(csi.Args, "--token-audience=identity.l5d.io") {
 		t.Errorf("csi args %v, want --token-dir=%s --token-audience=identity.l5d.io", csi.Args, dir)
 	}
-	if init := pod.InitContainers; len(init) == 0 || init[0].Name != "socket-dir" || !slices.Contains(init[0].Args, "--private-dir="+dir) {
-		t.Errorf("init containers %+v, want the socket-dir one to make %s the agent's", init, dir)
+	for _, p := range []corev1.PodSpec{pod, sockPod} {
+		if init := p.InitContainers; len(init) == 0 || init[0].Name != "socket-dir" || !slices.Contains(init[0].Args, "--private-dir="+dir) {
+			t.Errorf("init containers %+v, want the socket-dir one to make %s the agent's", init, dir)
+		}
 	}
 }
 
@@ -750,8 +760,7 @@ func TestChartFixesFromARealNode(t *testing.T) {
 	if err := apply(context.Background(), ns, objs, true); err != nil {
 		t.Fatalf("API server refused the chart:\n%v", err)
 	}
-	var ds appsv1.DaemonSet
-	objs.find(t, "DaemonSet", &ds)
+	ds := objs.daemonSet(t, "node")
 	if ds.Name != "meshagent-node" {
 		t.Errorf("release meshagent-node named its DaemonSet %q", ds.Name)
 	}
@@ -803,12 +812,19 @@ func checkNodeAgentPrivileges(t *testing.T, pod corev1.PodSpec, agent corev1.Con
 		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Privileged != nil && *sc.Privileged {
 		t.Errorf("node agent security context %+v, want every capability dropped, none added, no escalation, a read-only root", sc)
 	}
-	if len(pod.InitContainers) != 2 {
-		t.Fatalf("node agent init containers %v, want socket-dir and the socket holder", pod.InitContainers)
+	if len(pod.InitContainers) != 1 {
+		t.Fatalf("node agent init containers %v, want socket-dir alone (the socket holder has a pod of its own)", pod.InitContainers)
 	}
-	checkSocketHolder(t, pod, pod.InitContainers[1], agent)
+	checkSocketDirInit(t, pod, *sc.RunAsUser, *sc.RunAsGroup)
+}
+
+// checkSocketDirInit: the pod's first init container is socket-dir, giving the
+// socket's host directory and the socket holder's private one (and, with
+// Linkerd, the pods' token directory) to the agent's uid, with CAP_CHOWN alone.
+func checkSocketDirInit(t *testing.T, pod corev1.PodSpec, uid, gid int64) {
+	t.Helper()
 	init := pod.InitContainers[0]
-	want := []string{"socket-dir", fmt.Sprintf("--owner=%d:%d", *sc.RunAsUser, *sc.RunAsGroup), "/var/run/secrets/workload-spiffe-uds"}
+	want := []string{"socket-dir", fmt.Sprintf("--owner=%d:%d", uid, gid), "--private-dir=/var/run/meshagent-handoff", "/var/run/secrets/workload-spiffe-uds"}
 	if slices.Contains(init.Args, "--private-dir=/var/run/meshagent/pod-tokens") {
 		// With Linkerd, the same step makes the pods' token directory the agent's
 		// (checkPodTokenHandOver).
@@ -826,19 +842,41 @@ func checkNodeAgentPrivileges(t *testing.T, pod corev1.PodSpec, agent corev1.Con
 	checkMount(t, pod, init, "/var/run/secrets/workload-spiffe-uds", func(v corev1.Volume) bool { return v.HostPath != nil })
 }
 
-// checkSocketHolder: the socket holder (docs/node-mode.md, "Restarts") is a
-// native sidecar started after socket-dir, as unprivileged as the agent, and
-// shares with it the socket directory and a private in-memory directory where
-// the agent finds it (MESHAGENT_SOCKET_HANDOFF).
-func checkSocketHolder(t *testing.T, pod corev1.PodSpec, h, agent corev1.Container) {
+// checkSocketPod: the node socket DaemonSet (docs/node-mode.md, "Restarts")
+// runs the socket holder and the CSI driver apart from the agent's pod, so that
+// an upgrade of the agent leaves them running (its own update strategy,
+// OnDelete); it shares no PID namespace with the node and mounts no API token.
+// The holder is as unprivileged as the agent and shares with it the socket
+// directory and a private host directory where the agent finds it
+// (MESHAGENT_SOCKET_HANDOFF).
+func checkSocketPod(t *testing.T, objs objects, pod, agentPod corev1.PodSpec, agent corev1.Container) {
 	t.Helper()
-	if h.Name != "socket-holder" || h.RestartPolicy == nil || *h.RestartPolicy != corev1.ContainerRestartPolicyAlways ||
-		len(h.Args) == 0 || h.Args[0] != "socket-holder" {
-		t.Fatalf("second init container %s (restart policy %v, args %v), want the socket holder as a native sidecar", h.Name, h.RestartPolicy, h.Args)
+	ds := objs.daemonSet(t, "node-socket")
+	if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		t.Errorf("node socket DaemonSet update strategy %+v, want OnDelete: an upgrade must not take the socket and the driver away with the agent", ds.Spec.UpdateStrategy)
+	}
+	if pod.HostPID {
+		t.Error("the node socket pod shares the host's PID namespace: the holder could see and signal the agent")
+	}
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Error("the node socket pod automounts an API token")
+	}
+	for _, c := range append(slices.Clone(agentPod.InitContainers), agentPod.Containers...) {
+		if c.Name == "socket-holder" {
+			t.Error("the socket holder runs in the agent's pod: it goes away with every agent upgrade")
+		}
+	}
+	h := container(t, pod, "socket-holder")
+	if len(h.Args) == 0 || h.Args[0] != "socket-holder" {
+		t.Fatalf("socket holder args %v", h.Args)
 	}
 	if !reflect.DeepEqual(h.SecurityContext, agent.SecurityContext) {
 		t.Errorf("socket holder security context %+v, want the agent's %+v", h.SecurityContext, agent.SecurityContext)
 	}
+	if len(pod.InitContainers) != 1 {
+		t.Fatalf("node socket init containers %v, want socket-dir alone", pod.InitContainers)
+	}
+	checkSocketDirInit(t, pod, *agent.SecurityContext.RunAsUser, *agent.SecurityContext.RunAsGroup)
 	var private string
 	for _, a := range h.Args {
 		if v, ok := strings.CutPrefix(a, "--private="); ok {
@@ -854,12 +892,27 @@ func checkSocketHolder(t *testing.T, pod corev1.PodSpec, h, agent corev1.Contain
 	if private == "" || handoff != private {
 		t.Errorf("the holder listens at %q, the agent's MESHAGENT_SOCKET_HANDOFF is %q", private, handoff)
 	}
-	inMemory := func(v corev1.Volume) bool {
-		return v.EmptyDir != nil && v.EmptyDir.Medium == corev1.StorageMediumMemory
+	var hostDir string
+	for _, v := range pod.Volumes {
+		for _, m := range h.VolumeMounts {
+			if m.Name == v.Name && m.MountPath == filepath.Dir(private) && v.HostPath != nil {
+				hostDir = v.HostPath.Path
+			}
+		}
 	}
-	checkMount(t, pod, h, filepath.Dir(private), inMemory)
-	checkMount(t, pod, agent, filepath.Dir(private), inMemory)
-	checkMount(t, pod, h, "/var/run/secrets/workload-spiffe-uds", func(v corev1.Volume) bool { return v.HostPath != nil })
+	if hostDir == "" {
+		t.Fatalf("the holder's private directory %s is no host directory", filepath.Dir(private))
+	}
+	sameHostDir := func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == hostDir }
+	checkMount(t, agentPod, agent, filepath.Dir(private), sameHostDir)
+	checkMount(t, pod, h, "/var/run/secrets/workload-spiffe-uds", func(v corev1.Volume) bool {
+		return v.HostPath != nil && v.HostPath.Path == "/var/run/meshagent"
+	})
+	if !slices.ContainsFunc(pod.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Operator == corev1.TolerationOpExists && tol.Key == ""
+	}) {
+		t.Errorf("node socket tolerations %v, want the agent's, tolerating every taint", pod.Tolerations)
+	}
 }
 
 func checkProbes(t *testing.T, c corev1.Container) {
@@ -954,6 +1007,26 @@ func (objs objects) find(t *testing.T, kind string, out any) {
 	}
 }
 
+// daemonSet converts the only DaemonSet of component ("node": the agent's;
+// "node-socket": the socket holder's and the CSI driver's).
+func (objs objects) daemonSet(t *testing.T, component string) appsv1.DaemonSet {
+	t.Helper()
+	var found []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == "DaemonSet" && o.GetLabels()["app.kubernetes.io/component"] == component {
+			found = append(found, o)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d DaemonSets of component %s rendered, want 1", len(found), component)
+	}
+	var ds appsv1.DaemonSet
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(found[0].Object, &ds); err != nil {
+		t.Fatal(err)
+	}
+	return ds
+}
+
 func (objs objects) deployment(t *testing.T) appsv1.Deployment {
 	var d appsv1.Deployment
 	objs.find(t, "Deployment", &d)
@@ -970,10 +1043,8 @@ func (objs objects) clusterRole(t *testing.T) rbacv1.ClusterRole {
 // service account, as the rendered pod template uses it.
 func (objs objects) serviceAccount(t *testing.T, who string) string {
 	t.Helper()
-	if who == "node" {
-		var ds appsv1.DaemonSet
-		objs.find(t, "DaemonSet", &ds)
-		return ds.Spec.Template.Spec.ServiceAccountName
+	if who == "node" || who == "node-socket" {
+		return objs.daemonSet(t, who).Spec.Template.Spec.ServiceAccountName
 	}
 	return objs.deployment(t).Spec.Template.Spec.ServiceAccountName
 }

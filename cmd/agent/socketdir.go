@@ -16,10 +16,12 @@ import (
 // hands the host directory of the socket (which the kubelet makes
 // root-owned) to the agent's non-root uid. It makes dir if missing, sets
 // it 0755 and owns it to uid:gid; a symbolic link or a file at dir is an
-// error. With --private-dir it does the same for a second directory, 0700:
-// the one the CSI driver hands the pods' tokens over to the agent in.
+// error. With --private-dir (repeated as needed) it does the same for other
+// directories, 0700: the one the CSI driver hands the pods' tokens over to
+// the agent in, the socket holder's.
 func newSocketDirCommand() *cobra.Command {
-	var owner, private string
+	var owner string
+	var private []string
 	cmd := &cobra.Command{
 		Use:   "socket-dir --owner <uid>:<gid> <dir>",
 		Short: "Make the socket directory the non-root node agent's (run as root with CAP_CHOWN, before the agent)",
@@ -32,8 +34,8 @@ func newSocketDirCommand() *cobra.Command {
 			if err := ownDir(args[0], 0o755, uid, gid); err != nil {
 				return runFailure{err}
 			}
-			if private != "" {
-				if err := ownDir(private, 0o700, uid, gid); err != nil {
+			for _, dir := range private {
+				if err := ownDir(dir, 0o700, uid, gid); err != nil {
 					return runFailure{err}
 				}
 			}
@@ -41,7 +43,7 @@ func newSocketDirCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "numeric <uid>:<gid> the directory is given to")
-	cmd.Flags().StringVar(&private, "private-dir", "", "a second directory made 0700 and given to the owner (the pods' token hand-over of the CSI driver)")
+	cmd.Flags().StringArrayVar(&private, "private-dir", nil, "another directory made 0700 and given to the owner (the pods' token hand-over of the CSI driver, the socket holder's); may be repeated")
 	return cmd
 }
 

@@ -57,3 +57,26 @@ func TestSocketDirGivesTheDirectoryToTheAgent(t *testing.T) {
 		t.Errorf("the symbolic link was followed or replaced: %v, %v", fi, err)
 	}
 }
+
+// TestSocketDirPrivateDirs: --private-dir may be given more than once (the
+// pods' token directory and the socket holder's); each is made 0700 and the
+// agent's.
+func TestSocketDirPrivateDirs(t *testing.T) {
+	parent := t.TempDir()
+	sock, tokens, handoff := filepath.Join(parent, "sock"), filepath.Join(parent, "tokens"), filepath.Join(parent, "handoff")
+	var stderr bytes.Buffer
+	args := []string{"socket-dir", "--owner", "4711:4712", "--private-dir=" + tokens, "--private-dir=" + handoff, sock}
+	if code := execute(context.Background(), args, nil, &stderr, &stderr, hooks{}); code != exitOK {
+		t.Fatalf("%v: exit %d: %s", args, code, stderr.String())
+	}
+	for dir, mode := range map[string]os.FileMode{sock: 0o755, tokens: 0o700, handoff: 0o700} {
+		fi, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if st.Uid != 4711 || st.Gid != 4712 || fi.Mode().Perm() != mode {
+			t.Errorf("%s: owner %d:%d mode %v, want 4711:4712 %v", dir, st.Uid, st.Gid, fi.Mode().Perm(), mode)
+		}
+	}
+}

@@ -608,8 +608,8 @@ var Registry = []Setting{
 	},
 	{
 		Name: "MESHAGENT_SOCKET_HANDOFF", Group: GroupPaths,
-		Doc: "Private socket of a socket holder (`meshagent socket-holder`, a process that outlives the agent's) that keeps MESHAGENT_SDS_SOCKET answering while the agent restarts: " +
-			"the agent takes the listening socket from it by descriptor passing (or binds it and gives it), and leaves it to the holder when it exits. Empty: the agent binds the socket itself and removes it when it exits. docs/node-mode.md, \"Restarts\".",
+		Doc: "Private socket of a socket holder (`meshagent socket-holder`, a process that outlives the agent's: the node chart runs it in a pod of its own) that keeps MESHAGENT_SDS_SOCKET answering, and the connections made to it waiting, while the agent is away: " +
+			"the agent takes the listening socket and those connections from it by descriptor passing (or binds the socket and gives it), and leaves it to the holder when it exits. Empty: the agent binds the socket itself and removes it when it exits. docs/node-mode.md, \"Restarts\".",
 		Value: Path(func(c *Config) *string { return &c.SocketHandoff }),
 	},
 	{

@@ -426,7 +426,7 @@ func TestNodeModeWithTheCSIDriver(t *testing.T) {
 	if waitRefresh() {
 		podCerts.refresh(t)
 	}
-	csiLog := containerLog(agent, "csi")
+	csiLog := containerLog(socketPod(t), "csi")
 	t.Logf("CSI driver after the kubelet restart: %d publishes answered without mounting", strings.Count(csiLog, "already published"))
 
 	// Deleting a pod unmounts its volume and releases its identity.

@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
@@ -61,16 +62,19 @@ func installNodeAgent(t *testing.T) *corev1.Pod {
 }
 
 // checkAgentReadyBeforeLabel is the install order of docs/istio.md: every
-// node's agent Ready before a namespace is labelled for the template.
+// node's agent and node socket pod Ready before a namespace is labelled for
+// the template.
 func checkAgentReadyBeforeLabel(t *testing.T) {
 	t.Helper()
-	ds, err := kube.Client().AppsV1().DaemonSets(agentNamespace).Get(context.Background(), release, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ds.Status.DesiredNumberScheduled == 0 || ds.Status.NumberReady != ds.Status.DesiredNumberScheduled {
-		t.Fatalf("install order: the node agent is Ready on %d of %d nodes; label namespaces only once it is Ready on all",
-			ds.Status.NumberReady, ds.Status.DesiredNumberScheduled)
+	for _, name := range []string{release, release + "-socket"} {
+		ds, err := kube.Client().AppsV1().DaemonSets(agentNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds.Status.DesiredNumberScheduled == 0 || ds.Status.NumberReady != ds.Status.DesiredNumberScheduled {
+			t.Fatalf("install order: DaemonSet %s is Ready on %d of %d nodes; label namespaces only once it is Ready on all",
+				name, ds.Status.NumberReady, ds.Status.DesiredNumberScheduled)
+		}
 	}
 }
 
@@ -272,10 +276,12 @@ func readyWithIdentity(t *testing.T, ns, name, want string, within time.Duration
 //     workloads call each other every 100 ms and an injected pod's Envoy
 //     stand-in holds its SDS stream: no call fails; the time until the stream
 //     is answered again and the CSRs istiod received are printed;
-//   - agent away: a pod created while the agent container restarts (its CSI
-//     driver and socket holder running) is Ready with its identity within 10 s
-//     of the agent's return; one created while the whole agent pod is away is,
-//     once the kubelet mounts its volume; istio-proxy never restarts;
+//   - agent away, three rounds of each: a pod created while the agent
+//     container restarts, and one created while the whole agent pod is away
+//     (the node socket pod, with the socket holder and the CSI driver,
+//     running), is Ready with its identity within 10 s of the agent's return;
+//     istio-proxy never restarts; the steady pod's stream is answered again;
+//     the upgrade left the node socket pod alone;
 //   - rollback: without the template a restarted pod gets its certificate
 //     from istiod through pilot-agent alone, and still after `helm uninstall`.
 func TestNodeAgentDay2(t *testing.T) {
@@ -305,6 +311,7 @@ func TestNodeAgentDay2(t *testing.T) {
 	}
 	held := len(heldCerts(t, agent, 15020))
 	csrs := istiodCSRs(t)
+	sockBefore := socketPod(t)
 	upgrade := time.Now()
 	run(t, "helm", "upgrade", release, filepath.Join(repoRoot(), "deploy", "helm", "meshagent"),
 		"--namespace", agentNamespace, "--reuse-values", "--set", "image.tag="+tag, "--wait", "--timeout", "3m")
@@ -344,51 +351,71 @@ func TestNodeAgentDay2(t *testing.T) {
 	if upgradeCSRs > held+1 {
 		t.Fatalf("istiod received %d CSRs during the upgrade; the agent held %d identities (each is asked for once)", upgradeCSRs, held)
 	}
+	if sockAfter := socketPod(t); sockAfter.UID != sockBefore.UID {
+		t.Fatalf("the upgrade replaced the node socket pod %s by %s: it must hold the socket while the agent's pod is replaced", sockBefore.Name, sockAfter.Name)
+	}
 
-	// The agent container restarting, its CSI driver and socket holder running: a
-	// second crash soon after the first keeps it down for the kubelet's restart
-	// back-off (10 s); a pod created meanwhile.
+	// The agent container restarting, the node socket pod running: a second
+	// crash soon after the first keeps it down for the kubelet's restart
+	// back-off, which grows with each round; a pod created meanwhile.
+	const rounds = 3
 	if err := syscall.Kill(agentRun(t, agent), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	waitAgentRestarted(t, agent, 1)
-	if err := syscall.Kill(agentRun(t, agent), syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	for r := 1; r <= rounds; r++ {
+		if err := syscall.Kill(agentRun(t, agent), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		down := time.Now()
+		name := fmt.Sprintf("during-restart-%d", r)
+		if _, err := core.Pods(day2Namespace).Create(ctx, nodeTemplatePod(name, "sidecar,meshagent"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		back := waitAgentBack(t, agent, int32(r+1))
+		ready, identity, restarts := readyWithIdentity(t, day2Namespace, name, want, 3*time.Minute)
+		t.Logf("agent container restart %d/%d: down %.1fs; the pod created meanwhile had its identity %.1fs and was Ready %.1fs after the agent's return (Ready with its identity %.1fs after); istio-proxy restarts: %d",
+			r, rounds, back.Sub(down).Seconds(), identity.Sub(back).Seconds(), ready.Sub(back).Seconds(), both(ready, identity).Sub(back).Seconds(), restarts)
+		checkWithin(t, "after the agent container's restart", back, ready, identity, restarts, 10*time.Second)
+		deletePod(t, day2Namespace, name)
 	}
-	down := time.Now()
-	if _, err := core.Pods(day2Namespace).Create(ctx, nodeTemplatePod("during-restart", "sidecar,meshagent"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	back := waitAgentBack(t, agent, 2)
-	ready, identity, restarts := readyWithIdentity(t, day2Namespace, "during-restart", want, 3*time.Minute)
-	t.Logf("agent container restart: down %.1fs; the pod created meanwhile had its identity %.1fs and was Ready %.1fs after the agent's return; istio-proxy restarts: %d",
-		back.Sub(down).Seconds(), identity.Sub(back).Seconds(), ready.Sub(back).Seconds(), restarts)
-	checkWithin(t, "after the agent container's restart", back, ready, identity, restarts, 10*time.Second)
 
-	// The whole agent pod away (the DaemonSet kept off the node), a pod created
-	// meanwhile; the steady pod keeps the certificate it holds.
-	away := time.Now()
-	run(t, "kubectl", "-n", agentNamespace, "patch", "daemonset", release, "--type", "merge",
-		"-p", `{"spec":{"template":{"spec":{"nodeSelector":{"meshagent.test/away":"true"}}}}}`)
-	waitGone(t, "the node agent's pod", func() bool {
-		l, err := core.Pods(agentNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node"})
-		return err == nil && len(l.Items) == 0
-	})
-	if _, err := core.Pods(day2Namespace).Create(ctx, nodeTemplatePod("during-absence", "sidecar,meshagent"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	// The whole agent pod away (its DaemonSet kept off the node; the node socket
+	// pod stays), a pod created meanwhile; the steady pod keeps the
+	// certificate it holds and its stream is answered again.
+	for r := 1; r <= rounds; r++ {
+		away := time.Now()
+		run(t, "kubectl", "-n", agentNamespace, "patch", "daemonset", release, "--type", "merge",
+			"-p", `{"spec":{"template":{"spec":{"nodeSelector":{"meshagent.test/away":"true"}}}}}`)
+		waitGone(t, "the node agent's pod", func() bool {
+			l, err := core.Pods(agentNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node"})
+			return err == nil && len(l.Items) == 0
+		})
+		name := fmt.Sprintf("during-absence-%d", r)
+		if _, err := core.Pods(day2Namespace).Create(ctx, nodeTemplatePod(name, "sidecar,meshagent"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(15 * time.Second)
+		run(t, "kubectl", "-n", agentNamespace, "patch", "daemonset", release, "--type", "json",
+			"-p", `[{"op":"remove","path":"/spec/template/spec/nodeSelector"}]`)
+		agent = agentPod(t, "")
+		back := agentReadySince(t, agent)
+		ready, identity, restarts := readyWithIdentity(t, day2Namespace, name, want, 3*time.Minute)
+		var steady time.Time
+		deadline := time.Now().Add(time.Minute)
+		for steady.IsZero() && time.Now().Before(deadline) {
+			if _, steady = streamGap(t, day2Namespace, "steady", away); steady.IsZero() {
+				time.Sleep(250 * time.Millisecond)
+			}
+		}
+		if steady.IsZero() {
+			t.Fatal("the steady pod's SDS stream was not answered again after the agent pod's absence")
+		}
+		t.Logf("agent pod away %d/%d for %.1fs: the pod created meanwhile had its identity %.1fs and was Ready %.1fs after the agent's return (Ready with its identity %.1fs after); istio-proxy restarts: %d; the steady pod's stream answered again %.1fs after it",
+			r, rounds, back.Sub(away).Seconds(), identity.Sub(back).Seconds(), ready.Sub(back).Seconds(), both(ready, identity).Sub(back).Seconds(), restarts, steady.Sub(back).Seconds())
+		checkWithin(t, "after the agent pod's absence", back, ready, identity, restarts, 10*time.Second)
+		deletePod(t, day2Namespace, name)
 	}
-	time.Sleep(15 * time.Second)
-	run(t, "kubectl", "-n", agentNamespace, "patch", "daemonset", release, "--type", "json",
-		"-p", `[{"op":"remove","path":"/spec/template/spec/nodeSelector"}]`)
-	agent = agentPod(t, "")
-	back = agentReadySince(t, agent)
-	ready, identity, restarts = readyWithIdentity(t, day2Namespace, "during-absence", want, 3*time.Minute)
-	t.Logf("agent pod away for %.1fs: the pod created meanwhile had its identity %.1fs and was Ready %.1fs after the agent's return; istio-proxy restarts: %d",
-		back.Sub(away).Seconds(), identity.Sub(back).Seconds(), ready.Sub(back).Seconds(), restarts)
-	// Bounded by the kubelet's mount back-off while the CSI driver, which lives in
-	// the agent's pod, is away (docs/node-mode.md, "Restarts"): no crash loop, and
-	// the figure is printed.
-	checkWithin(t, "after the agent pod's absence", back, ready, identity, restarts, 2*time.Minute)
 
 	// Rollback (docs/istio.md): the template removed, the pods restarted without
 	// it, none left on the CSI volume, then helm uninstall.
@@ -396,10 +423,8 @@ func TestNodeAgentDay2(t *testing.T) {
 	if _, err := core.Pods(day2Namespace).Create(ctx, rollback, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"steady", "during-restart", "during-absence"} {
-		if err := core.Pods(day2Namespace).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
+	if err := core.Pods(day2Namespace).Delete(ctx, "steady", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	waitGone(t, "the pods on the CSI volume", func() bool { return len(csiPods(t)) == 0 })
 	checkPilotAgentAlone(t, "rolled-back", want)
@@ -420,6 +445,53 @@ func TestNodeAgentDay2(t *testing.T) {
 	if err := core.Namespaces().Delete(ctx, day2Namespace, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// both is when a pod was Ready with its identity: the later of the two. The
+// pod's Ready comes from pilot-agent's readiness, which the Envoy stand-in
+// gives before it holds a certificate: a pod may be Ready before the agent
+// is back.
+func both(ready, identity time.Time) time.Time {
+	if ready.After(identity) {
+		return ready
+	}
+	return identity
+}
+
+// deletePod deletes pod ns/name and waits until it is gone.
+func deletePod(t *testing.T, ns, name string) {
+	t.Helper()
+	core := kube.Client().CoreV1()
+	if err := core.Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, "pod "+ns+"/"+name, func() bool {
+		_, err := core.Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+}
+
+// socketPod returns the node socket DaemonSet's Ready pod (the socket holder
+// and the CSI driver).
+func socketPod(t *testing.T) *corev1.Pod {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		l, err := kube.Client().CoreV1().Pods(agentNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node-socket"})
+		if err == nil {
+			for i := range l.Items {
+				p := &l.Items[i]
+				for _, c := range p.Status.Conditions {
+					if p.DeletionTimestamp == nil && c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+						return p
+					}
+				}
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Fatal("the node socket pod is not Ready")
+	return nil
 }
 
 // checkWithin fails unless the pod was Ready with its identity within bound

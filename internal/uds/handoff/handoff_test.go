@@ -2,10 +2,14 @@ package handoff_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +19,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/handoff"
@@ -72,10 +77,16 @@ func handshakes(t *testing.T, socket string) bool {
 }
 
 // heldCall starts a call on a connection the holder accepted and returns its
-// outcome once it ends.
-func heldCall(t *testing.T, socket string) <-chan error {
+// outcome once it ends, with the number of connections its client made.
+func heldCall(t *testing.T, socket string) (<-chan error, func() int32) {
 	t.Helper()
-	cc, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	var dials atomic.Int32
+	cc, err := grpc.NewClient("passthrough:///holder", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			dials.Add(1)
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,10 +103,28 @@ func heldCall(t *testing.T, socket string) <-chan error {
 		defer cc.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		var reply struct{}
-		out <- cc.Invoke(ctx, "/envoy.service.secret.v3.SecretDiscoveryService/FetchSecrets", nil, &reply)
+		var reply emptypb.Empty
+		out <- cc.Invoke(ctx, "/envoy.service.secret.v3.SecretDiscoveryService/FetchSecrets", &emptypb.Empty{}, &reply)
 	}()
-	return out
+	return out, dials.Load
+}
+
+// agentAnswer is what the test's agent answers every call with.
+var agentAnswer = status.Error(codes.FailedPrecondition, "answered by the agent")
+
+// serveAgent serves a gRPC server that answers every call with agentAnswer
+// on lis, recording each caller's peer credentials; stop ends it.
+func serveAgent(lis net.Listener, peers chan *unix.Ucred) (stop func()) {
+	srv := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error { return agentAnswer }))
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(credListener{lis, peers})
+	}()
+	return func() {
+		srv.Stop() // closes lis
+		<-served
+	}
 }
 
 func listen(t *testing.T, p paths) *udslisten.Listener {
@@ -116,41 +145,42 @@ func inode(t *testing.T, path string) uint64 {
 	return st.Ino
 }
 
-// TestHolderAnswersWhileTheAgentIsAway: the holder binds the socket and
-// answers HTTP/2 on it while no agent holds it; a call made then waits and
-// ends with UNAVAILABLE once an agent takes the socket; the agent accepts
-// the next connections itself, with the caller's own credentials; when the
-// agent closes, the holder answers again, on the same socket.
-func TestHolderAnswersWhileTheAgentIsAway(t *testing.T) {
+// TestHolderKeepsCallsForTheAgent: the holder binds the socket and
+// completes the HTTP/2 handshake on it while no agent holds it (as
+// pilot-agent's check needs); a call made then waits and, once an agent takes
+// the socket, is answered by the agent on the same connection (its client
+// dialled once); the agent reads the caller's own credentials on it and
+// accepts the next connections itself; when the agent closes, the holder
+// answers again, on the same socket.
+func TestHolderKeepsCallsForTheAgent(t *testing.T) {
 	p := newPaths(t)
-	startHolder(t, p)
+	h, _ := startHolder(t, p)
 	testwait.For(t, "the holder's socket", func() bool { _, err := os.Stat(p.socket); return err == nil })
 	first := inode(t, p.socket)
 	if !handshakes(t, p.socket) {
 		t.Fatal("no HTTP/2 handshake on the holder's socket")
 	}
-	held := heldCall(t, p.socket)
+	held, dials := heldCall(t, p.socket)
 	select {
 	case err := <-held:
 		t.Fatalf("a call ended while no agent was there: %v", err)
 	default:
 	}
+	testwait.For(t, "the holder keeping the held call's connection", func() bool { return h.Parked() >= 1 })
 
-	// The agent: a gRPC server with no service on the socket it took,
-	// recording each caller's peer credentials.
+	// The agent: a gRPC server on the socket it took.
 	lis := listen(t, p)
 	peers := make(chan *unix.Ucred, 16)
-	srv := grpc.NewServer()
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = srv.Serve(credListener{lis, peers})
-	}()
-	if err := <-held; status.Code(err) != codes.Unavailable && status.Code(err) != codes.Unimplemented {
-		t.Fatalf("the held call ended with %v once the agent took the socket, want UNAVAILABLE (or the agent's answer after a retry)", err)
+	stop := serveAgent(lis, peers)
+	if err := <-held; status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("the held call ended with %v once the agent took the socket, want the agent's answer", err)
 	}
-	if err := <-heldCall(t, p.socket); status.Code(err) != codes.Unimplemented {
-		t.Fatalf("a call once the agent took the socket: %v, want the agent's UNIMPLEMENTED", err)
+	if n := dials(); n != 1 {
+		t.Fatalf("the held call's client dialled %d times, want once (served on the connection the holder kept)", n)
+	}
+	next, _ := heldCall(t, p.socket)
+	if err := <-next; status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("a call once the agent took the socket: %v, want the agent's answer", err)
 	}
 	for len(peers) > 0 {
 		if cred := <-peers; cred == nil || int(cred.Pid) != os.Getpid() {
@@ -161,8 +191,7 @@ func TestHolderAnswersWhileTheAgentIsAway(t *testing.T) {
 		t.Fatalf("the agent bound a socket of its own (inode %d, the holder's %d)", got, first)
 	}
 
-	srv.Stop() // closes lis
-	<-served
+	stop()
 	if _, err := os.Stat(p.socket); err != nil {
 		t.Fatalf("the agent removed the holder's socket on close: %v", err)
 	}
@@ -170,10 +199,78 @@ func TestHolderAnswersWhileTheAgentIsAway(t *testing.T) {
 		t.Fatal("the holder does not answer once the agent closed")
 	}
 	// The next agent takes the same socket.
-	next := listen(t, p)
-	defer next.Close()
+	again := listen(t, p)
+	defer again.Close()
 	if got := inode(t, p.socket); got != first {
 		t.Fatalf("the next agent's socket: inode %d, want the holder's %d", got, first)
+	}
+}
+
+// TestHolderLetsGoOfWhatItCannotKeep: a connection whose client went away
+// while no agent was there is let go of at the next sweep; beyond
+// MaxParked, a connection gets the handshake and is closed (its client
+// calls again); the holder reads nothing a client sends.
+func TestHolderLetsGoOfWhatItCannotKeep(t *testing.T) {
+	p := newPaths(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	h := &handoff.Holder{Path: p.socket, Private: p.private, MaxParked: 2, SweepInterval: 10 * time.Millisecond}
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("holder: %v", err)
+		}
+	}()
+	testwait.For(t, "the holder's socket", func() bool { _, err := os.Stat(p.socket); return err == nil })
+	dial := func() net.Conn {
+		c, err := net.Dial("unix", p.socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		// Bytes the holder must leave alone: not a valid HTTP/2 preface.
+		if _, err := c.Write([]byte("not http/2")); err != nil {
+			t.Fatal(err)
+		}
+		settings := make([]byte, 9)
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadFull(c, settings); err != nil || settings[3] != 0x4 {
+			t.Fatalf("the holder's handshake: %x, %v; want a SETTINGS frame", settings, err)
+		}
+		return c
+	}
+	a, b := dial(), dial()
+	testwait.For(t, "two connections kept", func() bool { return h.Parked() == 2 })
+	c := dial()
+	// Closed with what its client wrote unread: EOF or a reset.
+	if n, err := c.Read(make([]byte, 1)); err != io.EOF && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("a third connection beyond MaxParked=2: read %d, %v; want it closed", n, err)
+	}
+	a.Close()
+	testwait.For(t, "the closed connection let go of", func() bool { return h.Parked() == 1 })
+
+	// The agent gets the one left, with what its client wrote, unread.
+	lis := listen(t, p)
+	defer lis.Close()
+	got, err := lis.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	buf := make([]byte, len("not http/2"))
+	_ = got.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(got, buf); err != nil || string(buf) != "not http/2" {
+		t.Fatalf("the agent read %q, %v from the kept connection; want what its client wrote", buf, err)
+	}
+	if _, err := got.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	one := make([]byte, 1)
+	_ = b.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(b, one); err != nil || one[0] != 'x' {
+		t.Fatalf("the client read %q, %v; want the agent's byte on the same connection", one, err)
 	}
 }
 

@@ -103,6 +103,7 @@ type Listener struct {
 
 	att      *handoff.Attachment // the holder's, with Handoff
 	stopKeep func()              // ends att.Keep
+	waiting  []net.Conn          // taken from the holder, for Accept first
 }
 
 // handoffTimeout bounds the wait for the socket's holder, which answers once
@@ -165,17 +166,20 @@ func Listen(cfg Config) (*Listener, error) {
 func (l *Listener) take() (*Listener, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), handoffTimeout)
 	defer cancel()
-	lis, att, err := handoff.Take(ctx, l.cfg.Handoff, l.log)
+	taken, att, err := handoff.Take(ctx, l.cfg.Handoff, l.log)
 	switch {
 	case err == nil:
 		info, serr := os.Lstat(l.cfg.Path)
 		if serr != nil {
-			lis.Close()
+			taken.Close()
 			att.Close()
 			return nil, fmt.Errorf("unix socket: the holder's socket: %w", serr)
 		}
-		l.cur, l.ours = lis, info
-		l.log.Info("socket taken from its holder")
+		l.cur, l.ours = taken.Listener, info
+		for _, c := range taken.Waiting {
+			l.waiting = append(l.waiting, c)
+		}
+		l.log.Info("socket taken from its holder", zap.Int(logkeys.Connections, len(taken.Waiting)))
 	case errors.Is(err, handoff.ErrNoSocket):
 		lis, info, err := l.bind()
 		if err != nil {
@@ -240,14 +244,24 @@ func (l *Listener) bind() (*net.UnixListener, os.FileInfo, error) {
 	return lis, info, nil
 }
 
-// Accept waits for the next connection on the socket bound last.
+// Accept returns the connections taken from the holder, which waited for
+// this process, then waits for the next connection on the socket bound last.
 func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		l.mu.Lock()
 		cur, closed := l.cur, l.closed
+		var next net.Conn
+		if !closed && len(l.waiting) > 0 {
+			next = l.waiting[0]
+			l.waiting[0] = nil
+			l.waiting = l.waiting[1:]
+		}
 		l.mu.Unlock()
 		if closed {
 			return nil, net.ErrClosed
+		}
+		if next != nil {
+			return next, nil
 		}
 		c, err := cur.Accept()
 		if err == nil {
@@ -275,6 +289,10 @@ func (l *Listener) Close() error {
 	}
 	l.closed = true
 	close(l.done)
+	for _, c := range l.waiting {
+		_ = c.Close()
+	}
+	l.waiting = nil
 	err := l.cur.Close()
 	if l.att != nil {
 		// The holder answers on the socket from now on.

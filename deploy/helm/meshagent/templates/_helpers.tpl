@@ -19,7 +19,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end -}}
 
-{{/* Selector labels of one component ("workload" or "node"); never change on upgrade. */}}
+{{/* Selector labels of one component ("workload", "node" or "node-socket"); never change on upgrade. */}}
 {{- define "meshagent.selectorLabels" -}}
 app.kubernetes.io/name: {{ .root.Chart.Name }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
@@ -46,6 +46,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- else -}}
 {{- printf "%s-node" $full | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The node socket DaemonSet (socket holder, CSI driver) and its service account. */}}
+{{- define "meshagent.nodeSocketName" -}}
+{{- printf "%s-socket" (include "meshagent.nodeName" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "meshagent.nodeServiceAccount" -}}
