@@ -36,6 +36,7 @@ import (
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/node/podresolver"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/brokerclient"
@@ -170,7 +171,7 @@ func startAgent(t testing.TB, adjust func(*brokerapi.Config)) *agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.RootPEM(), "dev-ca")
 	if err != nil {
 		t.Fatal(err)
 	}

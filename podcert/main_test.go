@@ -27,6 +27,7 @@ import (
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -204,7 +205,7 @@ func (c *cluster) startSignerCache(edit func(*Config), editCache func(*secretman
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(c.ca.RootPEM(), "test-ca")
+	roots, err := secret.NewRoots(c.ca.RootPEM(), "test-ca")
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
 )
@@ -270,7 +271,7 @@ func TestRefuseDenies(t *testing.T) {
 func TestPublisherFollowsRoots(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
 	pubSigner := "meshagent.io/publisher-" + c.ns // the other tests' signers have no bundle
-	roots, err := secretmanager.NewRoots(c.ca.RootPEM(), "test-ca")
+	roots, err := secret.NewRoots(c.ca.RootPEM(), "test-ca")
 	if err != nil {
 		t.Fatal(err)
 	}

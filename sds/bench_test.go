@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -29,7 +30,7 @@ func BenchmarkFirstSecret(b *testing.B) {
 		socket := filepath.Join(dir, "s", "socket")
 		start := time.Now()
 		dev, _ := devca.New(devca.Config{CA: ca})
-		roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+		roots, err := secret.NewRoots(ca.RootPEM(), "dev-ca")
 		if err != nil {
 			b.Fatal(err)
 		}

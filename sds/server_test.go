@@ -37,6 +37,7 @@ import (
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -107,7 +108,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(f.ca.RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(f.ca.RootPEM(), "dev-ca")
 	if err != nil {
 		t.Fatal(err)
 	}

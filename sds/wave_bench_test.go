@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
@@ -68,7 +69,7 @@ func BenchmarkRenewalWave1000(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = client.Close() })
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "istio-ca")
+	roots, err := secret.NewRoots(ca.RootPEM(), "istio-ca")
 	if err != nil {
 		b.Fatal(err)
 	}

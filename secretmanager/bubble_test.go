@@ -5,6 +5,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
 // The scheduler on the bubble's clock (testing/synctest): the certificate
@@ -14,7 +16,7 @@ import (
 func TestRenewalAtRenewAtInBubble(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ca := newTestCA(t, time.Now)
-		roots, err := NewRoots(ca.ca.RootPEM(), "test")
+		roots, err := secret.NewRoots(ca.ca.RootPEM(), "test")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/istioca"
 )
@@ -155,7 +156,7 @@ func newCache(t *testing.T, mutate func(*Config)) *cache {
 	t.Helper()
 	fc := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
 	signer := newFakeSigner(t, fc.Now)
-	roots, err := NewRoots(signer.ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(signer.ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,7 +469,7 @@ func TestCacheSubscriberKeepsIdentity(t *testing.T) {
 func TestCacheRootChangeDoesNotWaitForLeaves(t *testing.T) {
 	fc := clocktesting.NewFakeClock(time.Now())
 	signer := newFakeSigner(t, fc.Now)
-	roots, err := NewRoots(signer.ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(signer.ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +514,7 @@ func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 	if err := os.WriteFile(tokenPath, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	roots, err := NewRoots(ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -564,7 +565,7 @@ func BenchmarkCache10000Identities(b *testing.B) {
 		for i := range n {
 			signer.modes[ident(i)] = signOK
 		}
-		roots, err := NewRoots(signer.ca.RootPEM(), "bench")
+		roots, err := secret.NewRoots(signer.ca.RootPEM(), "bench")
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -17,7 +18,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.CA().RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.CA().RootPEM(), "dev-ca")
 	if err != nil {
 		panic(err)
 	}
@@ -66,7 +67,7 @@ func ExampleManager_Prefetch() {
 	if err != nil {
 		panic(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.CA().RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.CA().RootPEM(), "dev-ca")
 	if err != nil {
 		panic(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
 // Defaults of Config.
@@ -200,7 +201,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, errors.New("secret manager: root source has no bundle")
 	}
 	m.version++
-	m.roots = RootSecret(RootCertName, b, source)
+	m.roots = secret.RootSecret(RootCertName, b, source)
 	m.roots.CRL = cfg.Roots.CRL()
 	m.roots.Version = m.version
 	if !cfg.Identity.IsZero() || cfg.CA == nil {

@@ -23,17 +23,15 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var testID = pki.SPIFFEIdentity("cluster.local", "ns1", "sa1")
-
-func x509VerifyOptions(pool *x509.CertPool) x509.VerifyOptions {
-	return x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}
-}
 
 // Answer modes of testCA: what a broken or hostile CA might return.
 const (
@@ -157,7 +155,7 @@ func newEnv(t *testing.T, mutate func(*Config)) *env {
 	t.Helper()
 	fc := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
 	ca := newTestCA(t, fc.Now)
-	roots, err := NewRoots(ca.ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca.ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -767,7 +765,7 @@ func TestPublishWithoutCA(t *testing.T) {
 }
 
 type staticProvider struct {
-	h       hub
+	h       notify.Set
 	secrets map[string]*Secret
 }
 
@@ -782,11 +780,14 @@ func (p *staticProvider) Current(name string) (*Secret, error) {
 	return p.Secret(context.Background(), name)
 }
 
-func (p *staticProvider) Watch(string) (<-chan struct{}, func()) { return p.h.watch() }
+func (p *staticProvider) Watch(string) (<-chan struct{}, func()) {
+	ch := p.h.Add()
+	return ch, func() { p.h.Remove(ch) }
+}
 
 func TestNamesAndProviders(t *testing.T) {
 	fileRoot := &Secret{Name: "file-root:/etc/roots.pem", Roots: []byte("x")}
-	p := &staticProvider{secrets: map[string]*Secret{fileRoot.Name: fileRoot}}
+	p := &staticProvider{h: notify.Set{}, secrets: map[string]*Secret{fileRoot.Name: fileRoot}}
 	e := newEnv(t, func(c *Config) { c.Providers = map[string]Provider{FileRootPrefix: p} })
 	ctx := context.Background()
 	if s, err := e.m.Secret(ctx, own, fileRoot.Name); err != nil || s != fileRoot {
@@ -797,7 +798,7 @@ func TestNamesAndProviders(t *testing.T) {
 	}
 	ch, cancel := e.m.Watch(own, fileRoot.Name)
 	defer cancel()
-	p.h.notify()
+	p.h.Signal()
 	waitSignal(t, ch, "provider watch")
 	for _, name := range []string{"", "Default", "rootca", "file-cert:/a~/b", "file-root:/missing", "default ", string([]byte{0xff, 0})} {
 		if _, err := e.m.Secret(ctx, own, name); !errors.Is(err, ErrUnknownResource) {
@@ -816,7 +817,7 @@ func TestNamesAndProviders(t *testing.T) {
 
 func TestConfigChecks(t *testing.T) {
 	ca := newCA(t, localca.Config{})
-	roots, err := NewRoots(ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -879,7 +880,7 @@ func FuzzPublish(f *testing.F) {
 	f.Add(chainPEM[:100], keyPEM)
 	f.Add(keyPEM, chainPEM)
 	f.Add([]byte{}, []byte{})
-	roots, _ := NewRoots(ca.RootPEM(), "fuzz")
+	roots, _ := secret.NewRoots(ca.RootPEM(), "fuzz")
 	m, err := New(Config{Roots: roots})
 	if err != nil {
 		f.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -33,7 +34,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.RootPEM(), "dev-ca")
 	if err != nil {
 		panic(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -292,7 +293,7 @@ func (s *Server) follow(ctx context.Context, ident pki.Identity, method string, 
 				return status.FromContextError(ctx.Err()).Err()
 			}
 			s.log.Warn("workload API update not sent", zap.Uint64(logkeys.Stream, id), zap.String(logkeys.Method, method), zap.Error(err))
-		case !secretmanager.SameVersions(secrets, sent):
+		case !secret.SameVersions(secrets, sent):
 			if err := send(secrets); err != nil {
 				return err
 			}

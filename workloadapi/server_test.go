@@ -26,6 +26,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
@@ -80,7 +81,7 @@ func startAgent(t testing.TB, ttl time.Duration, adjust func(*workloadapi.Config
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.roots, err = secretmanager.NewRoots(a.ca.RootPEM(), "dev-ca"); err != nil {
+	if a.roots, err = secret.NewRoots(a.ca.RootPEM(), "dev-ca"); err != nil {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)

@@ -9,6 +9,7 @@ import (
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -19,7 +20,7 @@ func TestWorkloadCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}

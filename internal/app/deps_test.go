@@ -21,9 +21,6 @@ var knownDependencies = []string{
 	"internal/settings -> sds",                    // the stream limits' defaults
 	"internal/settings -> secretmanager",          // the cache's defaults
 	"internal/settings -> workloadapi",            // the stream limit's default
-	"internal/files/certfile -> secretmanager",    // Roots and Secret
-	"internal/files/fileprovider -> secretmanager",
-	"internal/files/outputcerts -> secretmanager",
 }
 
 // The packages import one another in one direction only: internal/settings

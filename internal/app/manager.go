@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/internal/trust"
@@ -183,7 +184,7 @@ func (a *App) devSource() (certSource, error) {
 	if err != nil {
 		return certSource{}, err
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.RootPEM(), "dev-ca")
 	if err != nil {
 		return certSource{}, err
 	}

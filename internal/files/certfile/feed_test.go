@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -120,7 +121,7 @@ func TestPairFeedConfigErrors(t *testing.T) {
 
 func mustRoots(t *testing.T, ca *localca.CA) *secretmanager.Roots {
 	t.Helper()
-	r, err := secretmanager.NewRoots(ca.RootPEM(), "test")
+	r, err := secret.NewRoots(ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -57,7 +58,7 @@ func TestHookRunsOncePerRotationWithTheFilesInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
