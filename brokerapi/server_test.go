@@ -177,7 +177,8 @@ func startAgent(t testing.TB, adjust func(*brokerapi.Config)) *agent {
 	}
 	a.csrs = &countingCA{Client: dev}
 	a.mgr, err = secretmanager.New(secretmanager.Config{Identity: agentID, CA: a.csrs, Roots: roots, TTL: time.Hour,
-		Clock: a.clock, Rand: func() float64 { return 0.5 }})
+		Clock: a.clock, Rand: func() float64 { return 0.5 },
+		GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,6 +51,10 @@ var kube = &kubeenv.Shared{Options: kubeenv.Options{
 	APIServerFlags: []string{"--enable-admission-plugins=NodeRestriction"},
 }}
 
+// testTTL is the life the signer asks of the CA in these tests
+// (SECRET_TTL's default).
+const testTTL = 24 * time.Hour
+
 func TestMain(m *testing.M) { os.Exit(kube.Main(m)) }
 
 // nodesOnce creates the Node objects the node restriction checks requests
@@ -212,6 +216,7 @@ func (c *cluster) startSignerCache(edit func(*Config), editCache func(*secretman
 	mc := secretmanager.Config{
 		Roots: roots, CSRSigner: c.agentCA(),
 		BackoffBase: 10 * time.Millisecond, BackoffCap: 100 * time.Millisecond,
+		TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	}
 	if editCache != nil {
 		editCache(&mc)
@@ -223,6 +228,7 @@ func (c *cluster) startSignerCache(edit func(*Config), editCache func(*secretman
 	cfg := Config{
 		SignerName: c.signer, NodeName: nodeA, API: api, Pods: idx, Roots: roots, CA: m,
 		BackoffBase: 10 * time.Millisecond, BackoffCap: 100 * time.Millisecond,
+		TTL: testTTL, RefreshRatio: 0.5, RefreshJitter: 0.01, Workers: 8,
 	}
 	if edit != nil {
 		edit(&cfg)

@@ -55,8 +55,8 @@ func TestIssuesForPodsOfItsNodeOnly(t *testing.T) {
 		t.Fatalf("condition %+v, want Issued", cond)
 	}
 	leaf := c.checkIssued(got, key, c.spiffeID("web"))
-	if life := leaf.NotAfter.Sub(leaf.NotBefore); life != DefaultTTL {
-		t.Errorf("certificate lives %s, want the TTL %s (the CA's backdating subtracted from the validity asked)", life, DefaultTTL)
+	if life := leaf.NotAfter.Sub(leaf.NotBefore); life != testTTL {
+		t.Errorf("certificate lives %s, want the TTL %s (the CA's backdating subtracted from the validity asked)", life, testTTL)
 	}
 	half := leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) / 2)
 	if d := got.Status.BeginRefreshAt.Sub(half); d < -15*time.Minute || d > 15*time.Minute {

@@ -34,11 +34,11 @@ func BenchmarkFirstSecret(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		mgr, err := secretmanager.New(secretmanager.Config{Identity: testID, CA: dev, Roots: roots})
+		mgr, err := secretmanager.New(secretmanager.Config{Identity: testID, CA: dev, Roots: roots, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 		if err != nil {
 			b.Fatal(err)
 		}
-		srv, err := New(Config{Secrets: mgr})
+		srv, err := New(Config{Secrets: mgr, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -42,12 +42,14 @@ func Example() {
 		Identity: pki.SPIFFEIdentity("cluster.local", "shop", "cart"),
 		CA:       signer,
 		Roots:    roots,
+		TTL:      24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		panic(err)
 	}
 	srv, err := sds.New(sds.Config{
-		Secrets: m, // any Secret/Watch pair will do
+		Secrets:    m, // any Secret/Watch pair will do,
+		MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16,
 	})
 	if err != nil {
 		panic(err)

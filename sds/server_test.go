@@ -117,12 +117,13 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	f.mgr, err = secretmanager.New(secretmanager.Config{
 		Identity: testID, CA: f.dev, Roots: roots, TTL: o.ttl,
 		Clock: f.clock, Rand: func() float64 { return 0.5 }, Logger: zap.New(core),
-		Providers: o.providers,
+		Providers:  o.providers,
+		GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Secrets: f.mgr, Logger: zap.New(core), Registerer: f.reg}
+	cfg := Config{Secrets: f.mgr, Logger: zap.New(core), Registerer: f.reg, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16}
 	if o.config != nil {
 		o.config(&cfg)
 	}
@@ -563,7 +564,7 @@ func TestStalledStreamDoesNotBlockOthers(t *testing.T) {
 	dir := shortDir(t)
 	socket := filepath.Join(dir, "sds.sock")
 	src := newBigSource("stalled", "live")
-	srv, err := New(Config{Secrets: src})
+	srv, err := New(Config{Secrets: src, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -759,7 +760,7 @@ func FuzzClassify(f *testing.F) {
 		if proto.Unmarshal(data, req) != nil {
 			return
 		}
-		str := &stream{srv: &Server{cfg: Config{Secrets: staticSource{}}}, ctx: context.Background()}
+		str := &stream{srv: &Server{cfg: Config{Secrets: staticSource{}, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16}}, ctx: context.Background()}
 		st := &str.st
 		if subscribed {
 			if err := str.subscribe([]string{"default"}, []string{"default"}); err != nil {
@@ -768,7 +769,7 @@ func FuzzClassify(f *testing.F) {
 			st.nonce = "n1"
 		}
 		checkClassifyProperties(t, st, req)
-		srv := &Server{cfg: Config{MaxNames: DefaultMaxNames, DefaultNames: []string{"default", "ROOTCA"}}}
+		srv := &Server{cfg: Config{MaxNames: DefaultMaxNames, DefaultNames: []string{"default", "ROOTCA"}, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16}}
 		names, err := srv.names(req.GetResourceNames())
 		if err == nil && (len(names) == 0 || len(names) > DefaultMaxNames) {
 			t.Fatalf("names %v", names)

@@ -32,7 +32,7 @@ import (
 // same moment and so all due together. The CA is the test Istio CA over
 // gRPC/TLS on loopback, reached by the Istio CA client with a bearer token
 // per identity, and the CSRs go through the secret manager's budget
-// (secretmanager.DefaultMaxConcurrentCSRs). Each op steps the clock to the
+// (MESHAGENT_CA_MAX_CONCURRENT_CSRS's default, 8). Each op steps the clock to the
 // renewal time and waits until every stream has its new certificate. It
 // reports:
 //
@@ -51,7 +51,7 @@ import (
 func BenchmarkRenewalWave1000(b *testing.B) {
 	identities := waveIdentities
 	const ttl = time.Hour
-	budget := secretmanager.DefaultMaxConcurrentCSRs
+	budget := 8 // MESHAGENT_CA_MAX_CONCURRENT_CSRS's default
 
 	clk := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
 	tokens := map[string]istioca.ServiceAccount{}
@@ -76,13 +76,14 @@ func BenchmarkRenewalWave1000(b *testing.B) {
 	mgr, err := secretmanager.New(secretmanager.Config{
 		// No own identity: the manager serves the callers' (node mode).
 		CA: tokenPerIdentity{client}, Roots: roots, TTL: ttl, Logger: waveLogger,
-		GraceJitter: -1, MaxConcurrentCSRs: budget,
-		Clock: clk, Rand: func() float64 { return 0.5 },
+		MaxConcurrentCSRs: budget,
+		Clock:             clk, Rand: func() float64 { return 0.5 },
+		GraceRatio: 0.5, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := New(Config{Secrets: mgr, MaxStreams: 2 * identities, Logger: zap.NewNop()})
+	srv, err := New(Config{Secrets: mgr, MaxStreams: 2 * identities, Logger: zap.NewNop(), MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16})
 	if err != nil {
 		b.Fatal(err)
 	}

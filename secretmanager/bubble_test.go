@@ -20,7 +20,7 @@ func TestRenewalAtRenewAtInBubble(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := New(Config{Identity: testID, CA: ca, Roots: roots, TTL: time.Hour, Rand: func() float64 { return 0.5 }})
+		m, err := New(Config{Identity: testID, CA: ca, Roots: roots, TTL: time.Hour, Rand: func() float64 { return 0.5 }, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

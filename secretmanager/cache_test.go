@@ -161,7 +161,7 @@ func newCache(t *testing.T, mutate func(*Config)) *cache {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	cfg := Config{CA: signer, CSRSigner: signer, Roots: roots, TTL: time.Hour, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core)}
+	cfg := Config{CA: signer, CSRSigner: signer, Roots: roots, TTL: time.Hour, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core), GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -473,7 +473,7 @@ func TestCacheRootChangeDoesNotWaitForLeaves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(Config{Identity: testID, CA: signer, Roots: roots, Clock: fc, MaxConcurrentCSRs: 1})
+	m, err := New(Config{Identity: testID, CA: signer, Roots: roots, Clock: fc, MaxConcurrentCSRs: 1, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -526,7 +526,7 @@ func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 	}
 	defer client.Close()
 	core, logs := observer.New(zapcore.InfoLevel)
-	m, err := New(Config{Identity: testID, CA: client, Roots: roots, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core)})
+	m, err := New(Config{Identity: testID, CA: client, Roots: roots, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core), TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -569,7 +569,7 @@ func BenchmarkCache10000Identities(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		m, err := New(Config{CA: signer, Roots: roots})
+		m, err := New(Config{CA: signer, Roots: roots, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -589,8 +589,8 @@ func BenchmarkCache10000Identities(b *testing.B) {
 		wg.Wait()
 		b.ReportMetric(float64(time.Since(start).Microseconds())/n, "us/identity")
 		b.StopTimer()
-		if p := signer.peak(); p > DefaultMaxConcurrentCSRs {
-			b.Fatalf("%d CSRs in flight, limit %d", p, DefaultMaxConcurrentCSRs)
+		if p := signer.peak(); p > 8 {
+			b.Fatalf("%d CSRs in flight, limit %d", p, 8)
 		}
 		stop()
 		<-done

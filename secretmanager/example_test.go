@@ -27,6 +27,7 @@ func Example() {
 		CA:       ca,
 		Roots:    roots,
 		Source:   "dev-ca",
+		TTL:      24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		panic(err)
@@ -71,7 +72,7 @@ func ExampleManager_Prefetch() {
 	if err != nil {
 		panic(err)
 	}
-	m, err := secretmanager.New(secretmanager.Config{CA: ca, Roots: roots, MaxConcurrentCSRs: 4})
+	m, err := secretmanager.New(secretmanager.Config{CA: ca, Roots: roots, MaxConcurrentCSRs: 4, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, IdleGrace: time.Minute})
 	if err != nil {
 		panic(err)
 	}

@@ -42,15 +42,16 @@ func Example() {
 		Identity: pki.SPIFFEIdentity("cluster.local", "shop", "cart"),
 		CA:       signer,
 		Roots:    roots,
+		TTL:      24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		panic(err)
 	}
-	sdsServer, err := sds.New(sds.Config{Secrets: m})
+	sdsServer, err := sds.New(sds.Config{Secrets: m, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16})
 	if err != nil {
 		panic(err)
 	}
-	wl, err := workloadapi.New(workloadapi.Config{Secrets: m})
+	wl, err := workloadapi.New(workloadapi.Config{Secrets: m, MaxStreams: 4096, MaxStreamsPerCaller: 64})
 	if err != nil {
 		panic(err)
 	}

@@ -3,6 +3,7 @@ package workloadapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,15 +20,6 @@ import (
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
-)
-
-// Defaults of Config.
-const (
-	// DefaultMaxStreams bounds the Workload API streams open at once.
-	DefaultMaxStreams = 4096
-	// DefaultMaxStreamsPerCaller bounds the streams one resolved caller
-	// (one pod in node mode) holds open at once, as SDS's.
-	DefaultMaxStreamsPerCaller = 64
 )
 
 // The security header every Workload API call must carry, as the SPIFFE
@@ -50,20 +42,20 @@ type SecretSource interface {
 	Watch(id pki.Identity, name string) (<-chan struct{}, func())
 }
 
-// Config describes a Workload API server. Zero values get the defaults noted.
+// Config describes a Workload API server. The bounds are required: their
+// values are settings', passed in by internal/app.
 type Config struct {
 	// Secrets provides the caller's certificate and the trust bundle. Required.
 	Secrets SecretSource
 	// MaxStreams bounds the streams (FetchX509SVID and FetchX509Bundles) open
-	// at once; one over the limit is refused with ResourceExhausted. Default
-	// DefaultMaxStreams.
+	// at once; one over the limit is refused with ResourceExhausted.
+	// Required.
 	MaxStreams int
 	// MaxStreamsPerCaller bounds the streams one caller (a pod, or an
 	// identity, as the socket server's resolver named it) holds open at once,
 	// so that no pod on a node can take every stream; one over the limit is
 	// refused with ResourceExhausted. Callers the agent does not tell apart
-	// (a sidecar's: one workload) are bounded by MaxStreams only. Default
-	// DefaultMaxStreamsPerCaller.
+	// (a sidecar's: one workload) are bounded by MaxStreams only. Required.
 	MaxStreamsPerCaller int
 	// Callers, when set, is the per-caller stream count shared with the
 	// other service on the socket, so a pod's SDS and Workload API streams
@@ -95,10 +87,10 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("workload API server: no secret source")
 	}
 	if cfg.MaxStreams <= 0 {
-		cfg.MaxStreams = DefaultMaxStreams
+		return nil, fmt.Errorf("workload API server: Config.MaxStreams %d is not positive", cfg.MaxStreams)
 	}
 	if cfg.MaxStreamsPerCaller <= 0 {
-		cfg.MaxStreamsPerCaller = DefaultMaxStreamsPerCaller
+		return nil, fmt.Errorf("workload API server: Config.MaxStreamsPerCaller %d is not positive", cfg.MaxStreamsPerCaller)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()

@@ -90,12 +90,13 @@ func startAgent(t testing.TB, ttl time.Duration, adjust func(*workloadapi.Config
 	a.mgr, err = secretmanager.New(secretmanager.Config{
 		Identity: testID, CA: dev, Roots: a.roots, TTL: ttl,
 		Clock: a.clock, Rand: func() float64 { return 0.5 }, Logger: log,
+		GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.wl = newWorkloadAPI(t, a.mgr, a.reg, log, adjust)
-	sdsSrv, err := sds.New(sds.Config{Secrets: a.mgr, Logger: log, Registerer: a.reg})
+	sdsSrv, err := sds.New(sds.Config{Secrets: a.mgr, Logger: log, Registerer: a.reg, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func startAgent(t testing.TB, ttl time.Duration, adjust func(*workloadapi.Config
 
 func newWorkloadAPI(t testing.TB, src workloadapi.SecretSource, reg prometheus.Registerer, log *zap.Logger, adjust func(*workloadapi.Config)) *workloadapi.Server {
 	t.Helper()
-	cfg := workloadapi.Config{Secrets: src, Logger: log, Registerer: reg}
+	cfg := workloadapi.Config{Secrets: src, Logger: log, Registerer: reg, MaxStreams: 4096, MaxStreamsPerCaller: 64}
 	if adjust != nil {
 		adjust(&cfg)
 	}

@@ -597,7 +597,7 @@ func TestNoIdentityIsPermissionDenied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := secretmanager.New(secretmanager.Config{CA: dev, Roots: roots}) // node mode: no own identity
+	mgr, err := secretmanager.New(secretmanager.Config{CA: dev, Roots: roots, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}) // node mode: no own identity
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/localca"
@@ -24,7 +25,7 @@ func TestWorkloadCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := secretmanager.New(secretmanager.Config{Roots: roots})
+	m, err := secretmanager.New(secretmanager.Config{Roots: roots, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,9 +93,6 @@ func (a *App) managerConfig(id pki.Identity, roots secretmanager.RootSource, sou
 		Registerer:        a.reg,
 		OnPublish:         a.noteFirstCert,
 	}
-	if mc.GraceJitter == 0 {
-		mc.GraceJitter = -1 // zero means none; the manager reads 0 as "default"
-	}
 	return mc
 }
 

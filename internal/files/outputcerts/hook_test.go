@@ -64,8 +64,8 @@ func TestHookRunsOncePerRotationWithTheFilesInPlace(t *testing.T) {
 	}
 	id := pki.SPIFFEIdentity("cluster.local", "ns", "sa")
 	m, err := secretmanager.New(secretmanager.Config{
-		Identity: id, CA: client, Roots: roots, TTL: time.Hour, GraceJitter: -1,
-		Clock: fc, Rand: func() float64 { return 0.5 }, Source: "ca",
+		Identity: id, CA: client, Roots: roots, TTL: time.Hour, Clock: fc, Rand: func() float64 { return 0.5 }, Source: "ca",
+		GraceRatio: 0.5, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)

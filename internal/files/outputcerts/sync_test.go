@@ -65,7 +65,7 @@ func TestSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := secretmanager.New(secretmanager.Config{Roots: roots, Source: "file"})
+	m, err := secretmanager.New(secretmanager.Config{Roots: roots, Source: "file", TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestSyncWritesTheBundleMap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := secretmanager.New(secretmanager.Config{Roots: roots, Source: "file"})
+	m, err := secretmanager.New(secretmanager.Config{Roots: roots, Source: "file", TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
