@@ -24,7 +24,7 @@ func ExampleNew() {
 	workloadCert := func() (*tls.Certificate, error) {
 		return nil, nil // the secret manager's current certificate
 	}
-	// The agent listens on xdsproxy.DefaultSocketPath.
+	// The agent listens on MESHAGENT_XDS_SOCKET (./etc/istio/proxy/XDS by default).
 	dir, err := os.MkdirTemp("", "xdsproxy-example")
 	if err != nil {
 		log.Fatal(err)

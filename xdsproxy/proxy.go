@@ -106,6 +106,9 @@ type Proxy struct {
 // New checks cfg and builds a proxy. It starts nothing; Run does.
 func New(cfg Config) (*Proxy, error) {
 	cfg = cfg.withDefaults()
+	if cfg.SocketPath == "" {
+		return nil, errors.New("xds proxy: no Config.SocketPath")
+	}
 	if cfg.Upstream.Addr == "" {
 		return nil, errors.New("xds proxy: no discovery address")
 	}

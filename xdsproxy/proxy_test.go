@@ -423,7 +423,7 @@ func TestPort15010MeansPlaintext(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := New(Config{Upstream: caclient.TransportConfig{Addr: tt.addr, Token: staticToken("t")}})
+			p, err := New(Config{SocketPath: "XDS", Upstream: caclient.TransportConfig{Addr: tt.addr, Token: staticToken("t")}})
 			if err != nil {
 				t.Fatal(err)
 			}
