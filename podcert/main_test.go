@@ -22,8 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/pki"
@@ -166,9 +166,9 @@ func (s staticToken) Token(context.Context) (string, error) { return string(s), 
 func (c *cluster) agentCA() *istio.Client {
 	c.t.Helper()
 	client, err := istio.New(istio.Config{
-		Transport: caclient.TransportConfig{
+		Transport: controlplane.Config{
 			Addr: c.ca.Addr(), ServerName: istioca.DefaultServerName,
-			Roots: caclient.StaticRoots{Pool: c.ca.Roots()}, Token: staticToken(c.agentToken),
+			Roots: controlplane.StaticRoots{Pool: c.ca.Roots()}, Token: staticToken(c.agentToken),
 		},
 		Identity: pki.SPIFFEIdentity("cluster.local", c.sys, agentSA),
 	})

@@ -14,8 +14,8 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
@@ -61,9 +61,9 @@ func BenchmarkRenewalWave1000(b *testing.B) {
 		tokens[waveToken(i)] = istioca.ServiceAccount{Namespace: "wave", Name: fmt.Sprintf("sa-%d", i)}
 	}
 	ca := istioca.Start(b, istioca.Config{Tokens: tokens, Now: clk.Now})
-	client, err := istio.New(istio.Config{Transport: caclient.TransportConfig{
+	client, err := istio.New(istio.Config{Transport: controlplane.Config{
 		Addr: ca.Addr(), ServerName: ca.ServerName(),
-		Roots: caclient.StaticRoots{Pool: ca.Roots()}, Token: waveTokens{},
+		Roots: controlplane.StaticRoots{Pool: ca.Roots()}, Token: waveTokens{},
 	}})
 	if err != nil {
 		b.Fatal(err)

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/codes"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
@@ -518,7 +518,7 @@ func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := istio.New(istio.Config{Transport: caclient.TransportConfig{
+	client, err := istio.New(istio.Config{Transport: controlplane.Config{
 		Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: roots, Token: credfetcher.File{Path: tokenPath},
 	}})
 	if err != nil {

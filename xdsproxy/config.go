@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
-	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/controlplane"
 )
 
 // Defaults for Config fields left zero.
@@ -53,7 +53,7 @@ type Config struct {
 	// An Addr whose port is 15010 is dialed in plaintext, as by pilot-agent,
 	// and then the token is sent only if Addr is a loopback address.
 	// DialOptions are appended after the proxy's own.
-	Upstream caclient.TransportConfig
+	Upstream controlplane.Config
 
 	// ConnectAfter, when set, holds back the connection made at start until
 	// it is closed: the agent closes it once it holds its first workload

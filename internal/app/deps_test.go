@@ -11,12 +11,13 @@ const module = "github.com/meshagent/meshagent/"
 
 // components are the running parts (docs/architecture.md, "Dependencies"),
 // each with its subpackages: they import no settings package and no
-// internal/app. internal/csi is the CSI node plugin (`meshagent csi`);
-// internal/files/grpcbootstrap writes a file the xDS clients
-// read; the trust publisher is podcert's Publisher.
+// internal/app. internal/controlplane is the connection the CA clients and
+// the xDS proxy dial; internal/csi is the CSI node plugin (`meshagent
+// csi`); internal/files/grpcbootstrap writes the file the xDS clients read;
+// the trust publisher is podcert's Publisher.
 var components = []string{
 	"brokerapi", "caclient", "credfetcher", "podcert", "sds", "secretmanager", "workloadapi", "xdsproxy",
-	"internal/csi", "internal/files/grpcbootstrap", "internal/node", "internal/status", "internal/uds",
+	"internal/controlplane", "internal/csi", "internal/files/grpcbootstrap", "internal/node", "internal/status", "internal/uds",
 }
 
 // roots are the packages that wire components together or are programs:

@@ -9,8 +9,8 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/files/grpcbootstrap"
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
@@ -173,7 +173,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 		md["ClusterID"] = c.ClusterID
 	}
 	var (
-		roots    caclient.RootSource
+		roots    controlplane.RootSource
 		rootFeed *certfile.RootFeed
 	)
 	if c.XDSRoot == c.CARoot && src.caRoots != nil {
@@ -189,7 +189,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 		// Not fatal: the proxy then cannot verify the control plane and
 		// says so at every attempt.
 		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(logkeys.Path, c.XDSRoot), zap.Error(err))
-		roots = caclient.StaticRoots{Pool: pki.CertPool(nil)}
+		roots = controlplane.StaticRoots{Pool: pki.CertPool(nil)}
 	}
 	tokens, err := a.tokenFetcher()
 	if err != nil {
@@ -205,7 +205,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 	}
 	xp, err := xdsproxy.New(xdsproxy.Config{
 		SocketPath: c.XDSSocket,
-		Upstream: caclient.TransportConfig{
+		Upstream: controlplane.Config{
 			Addr:              c.DiscoveryAddress,
 			ServerName:        c.IstiodSAN,
 			Roots:             roots,

@@ -1,4 +1,4 @@
-package caclient
+package controlplane
 
 import (
 	"context"
@@ -135,7 +135,7 @@ func TestTarget(t *testing.T) {
 }
 
 func TestDialNeedsAnAddress(t *testing.T) {
-	if _, err := Dial(TransportConfig{}); err == nil {
+	if _, err := Dial(Config{}); err == nil {
 		t.Fatal("Dial without an address succeeded")
 	}
 }
@@ -147,11 +147,11 @@ func TestServerNameDefaultsToHost(t *testing.T) {
 		"[::1]:1":                       "::1",
 		"no-port":                       "no-port",
 	} {
-		if got := (TransportConfig{Addr: addr}).serverName(); got != want {
+		if got := (Config{Addr: addr}).serverName(); got != want {
 			t.Errorf("serverName for %q = %q, want %q", addr, got, want)
 		}
 	}
-	if got := (TransportConfig{Addr: "a:1", ServerName: "b"}).serverName(); got != "b" {
+	if got := (Config{Addr: "a:1", ServerName: "b"}).serverName(); got != "b" {
 		t.Errorf("explicit ServerName lost: %q", got)
 	}
 }
@@ -171,7 +171,7 @@ func call(ctx context.Context, t *testing.T, conn *grpc.ClientConn, ca *istioca.
 	return err
 }
 
-func dial(t *testing.T, cfg TransportConfig) *grpc.ClientConn {
+func dial(t *testing.T, cfg Config) *grpc.ClientConn {
 	t.Helper()
 	conn, err := Dial(cfg)
 	if err != nil {
@@ -222,7 +222,7 @@ func TestTLSPeerVerification(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ca := startCA(t, istioca.Config{})
-			conn := dial(t, TransportConfig{
+			conn := dial(t, Config{
 				Addr:       ca.Addr(),
 				ServerName: tt.serverName,
 				Roots:      tt.roots(ca),
@@ -268,7 +268,7 @@ func TestRootRotationAppliesToNewHandshakes(t *testing.T) {
 	ca := startCA(t, istioca.Config{CA: oldCA})
 	roots := &swapRoots{}
 	roots.Set(oldCA.Pool())
-	cfg := TransportConfig{Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: roots, Token: tokenFile(t)}
+	cfg := Config{Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: roots, Token: tokenFile(t)}
 	conn := dial(t, cfg)
 	if err := call(testCtx(t), t, conn, ca); err != nil {
 		t.Fatalf("call before rotation: %v", err)
@@ -312,7 +312,7 @@ func TestClientCertificateIsAskedAtEveryHandshake(t *testing.T) {
 	}
 	var asked atomic.Int32
 	var fail atomic.Bool
-	cfg := TransportConfig{
+	cfg := Config{
 		Addr:       ca.Addr(),
 		ServerName: ca.ServerName(),
 		Roots:      StaticRoots{Pool: ca.Roots()},
@@ -351,7 +351,7 @@ func TestClientCertificateIsAskedAtEveryHandshake(t *testing.T) {
 
 func TestPlaintextLoopbackCarriesTokenAndRemoteWouldNot(t *testing.T) {
 	ca := startCA(t, istioca.Config{Plaintext: true})
-	conn := dial(t, TransportConfig{Addr: ca.Addr(), Plaintext: true, Token: tokenFile(t)})
+	conn := dial(t, Config{Addr: ca.Addr(), Plaintext: true, Token: tokenFile(t)})
 	if err := call(testCtx(t), t, conn, ca); err != nil {
 		t.Fatalf("plaintext call over loopback: %v", err)
 	}
@@ -360,7 +360,7 @@ func TestPlaintextLoopbackCarriesTokenAndRemoteWouldNot(t *testing.T) {
 	}
 	// The same configuration for a remote address builds credentials that
 	// refuse the token (checked without sending anything).
-	cfg := TransportConfig{Addr: net.JoinHostPort("istiod.istio-system.svc", "15010"), Plaintext: true, Token: tokenFile(t)}
+	cfg := Config{Addr: net.JoinHostPort("istiod.istio-system.svc", "15010"), Plaintext: true, Token: tokenFile(t)}
 	creds := &callCreds{token: cfg.Token, loopback: IsLoopback(cfg.Addr)}
 	if _, err := creds.GetRequestMetadata(context.Background()); !errors.Is(err, ErrUnverifiedPeer) {
 		t.Errorf("remote plaintext token: %v, want ErrUnverifiedPeer", err)
@@ -395,7 +395,7 @@ func TestClientCertificateOnlyOfAnIssuerThePeerAccepts(t *testing.T) {
 		t.Fatal(err)
 	}
 	var offer atomic.Pointer[tls.Certificate]
-	cfg := TransportConfig{
+	cfg := Config{
 		Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: StaticRoots{Pool: ca.Roots()},
 		Token:             tokenFile(t),
 		ClientCertificate: func() (*tls.Certificate, error) { return offer.Load(), nil },

@@ -1,4 +1,4 @@
-package caclient
+package controlplane
 
 import (
 	"context"
@@ -36,8 +36,9 @@ type StaticRoots struct{ Pool *x509.CertPool }
 // Roots returns the pool.
 func (s StaticRoots) Roots() *x509.CertPool { return s.Pool }
 
-// TransportConfig describes how to reach a CA (or a control plane).
-type TransportConfig struct {
+// Config describes how to reach a control-plane service: the CA or the
+// discovery server.
+type Config struct {
 	// Addr is host:port.
 	Addr string
 	// ServerName is the name the peer's certificate must carry (ISTIOD_SAN,
@@ -71,8 +72,8 @@ type TransportConfig struct {
 	Policy tlspolicy.Policy
 }
 
-// ServerNameFor returns cfg.ServerName, or the host part of cfg.Addr.
-func (cfg TransportConfig) serverName() string {
+// serverName returns cfg.ServerName, or the host part of cfg.Addr.
+func (cfg Config) serverName() string {
 	if cfg.ServerName != "" {
 		return cfg.ServerName
 	}
@@ -84,8 +85,9 @@ func (cfg TransportConfig) serverName() string {
 }
 
 // TLSConfig returns the client TLS configuration Dial uses: the peer chain is
-// verified against cfg.Roots at handshake time and must name cfg.ServerName.
-func (cfg TransportConfig) TLSConfig() *tls.Config {
+// verified against cfg.Roots at handshake time and must name the server
+// name (cfg.ServerName, else the host of cfg.Addr).
+func (cfg Config) TLSConfig() *tls.Config {
 	name := cfg.serverName()
 	roots := cfg.Roots
 	tc := &tls.Config{
@@ -144,7 +146,7 @@ func verifyPeer(cs tls.ConnectionState, roots RootSource, name string) error {
 
 // Dial builds a gRPC client connection for cfg. Like grpc.NewClient it does
 // not connect until the first call.
-func Dial(cfg TransportConfig) (*grpc.ClientConn, error) {
+func Dial(cfg Config) (*grpc.ClientConn, error) {
 	if cfg.Addr == "" {
 		return nil, errors.New("no address to dial")
 	}
