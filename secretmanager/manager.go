@@ -219,13 +219,13 @@ func (cfg Config) withDefaults() (Config, error) {
 		}
 	}
 	if cfg.TTL < time.Second {
-		return cfg, fmt.Errorf("secret manager: TTL %s is shorter than a second", cfg.TTL)
+		return cfg, fmt.Errorf("secret manager: Config.TTL %s is shorter than a second", cfg.TTL)
 	}
 	if !(cfg.GraceRatio > 0 && cfg.GraceRatio <= 1) {
-		return cfg, fmt.Errorf("secret manager: GraceRatio %v is outside (0, 1]", cfg.GraceRatio)
+		return cfg, fmt.Errorf("secret manager: Config.GraceRatio %v is outside (0, 1]", cfg.GraceRatio)
 	}
 	if !(cfg.GraceJitter >= 0 && cfg.GraceJitter <= 1) {
-		return cfg, fmt.Errorf("secret manager: GraceJitter %v is outside [0, 1]", cfg.GraceJitter)
+		return cfg, fmt.Errorf("secret manager: Config.GraceJitter %v is outside [0, 1]", cfg.GraceJitter)
 	}
 	if cfg.MinRenewDelay < 0 || cfg.MaxRenewDelay < 0 || (cfg.MaxRenewDelay > 0 && cfg.MaxRenewDelay < cfg.MinRenewDelay) {
 		return cfg, fmt.Errorf("secret manager: renewal delay clamp [%s, %s] is not a range", cfg.MinRenewDelay, cfg.MaxRenewDelay)
@@ -244,10 +244,10 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.SignTimeout = 0
 	}
 	if cfg.MaxConcurrentCSRs < 1 {
-		return cfg, fmt.Errorf("secret manager: MaxConcurrentCSRs %d is not positive", cfg.MaxConcurrentCSRs)
+		return cfg, fmt.Errorf("secret manager: Config.MaxConcurrentCSRs %d is not positive", cfg.MaxConcurrentCSRs)
 	}
 	if cfg.IdleGrace < time.Second {
-		return cfg, fmt.Errorf("secret manager: IdleGrace %s is shorter than a second", cfg.IdleGrace)
+		return cfg, fmt.Errorf("secret manager: Config.IdleGrace %s is shorter than a second", cfg.IdleGrace)
 	}
 	for prefix, p := range cfg.Providers {
 		if prefix == "" || p == nil {

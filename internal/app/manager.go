@@ -125,7 +125,7 @@ func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secr
 	}
 	m, err := secretmanager.New(mc)
 	if err != nil {
-		return nil, nil, configError(err)
+		return nil, nil, configError(settingError(err, managerSettings))
 	}
 	a.status.AddReadiness("workload_certificate", m.Ready)
 	a.status.AddLiveness("workload_certificate", m.Live)

@@ -62,14 +62,14 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 		Clock:                 a.clock, Logger: a.base, Registerer: a.reg,
 	})
 	if err != nil {
-		return nil, err
+		return nil, settingError(err, sdsSettings)
 	}
 	services := []func(*grpc.Server){srv.Register}
 	if c.WorkloadAPI {
 		wl, err := workloadapi.New(workloadapi.Config{Secrets: m, MaxStreams: c.WorkloadAPIMaxStreams,
 			MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams, Logger: a.base, Registerer: a.reg})
 		if err != nil {
-			return nil, err
+			return nil, settingError(err, workloadAPISettings)
 		}
 		services = append(services, wl.Register)
 	}
