@@ -83,6 +83,9 @@ type Config struct {
 	MaxFileNamesPerCaller int
 	// Clock stamps VersionInfo. Default the real clock.
 	Clock clock.PassiveClock
+	// LimitNames are what a refused stream is told to raise: the settings
+	// behind MaxStreams and MaxStreamsPerCaller. Empty names are left out.
+	LimitNames streamlimit.Names
 	// Logger receives the server's logs. Nil means no logs.
 	Logger *zap.Logger
 	// Registerer receives the metrics. Nil means they are not registered.
@@ -143,7 +146,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.Named("sds"), metrics: m,
 		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers,
-			Service: "SDS", MaxSetting: "MESHAGENT_SDS_MAX_STREAMS"}}, nil
+			Service: "SDS", Names: cfg.LimitNames}}, nil
 }
 
 // Register adds the SDS service to gs.

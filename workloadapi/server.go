@@ -61,6 +61,9 @@ type Config struct {
 	// other service on the socket, so a pod's SDS and Workload API streams
 	// count together against MaxStreamsPerCaller. Nil: a count of its own.
 	Callers *streamlimit.Callers
+	// LimitNames are what a refused stream is told to raise: the settings
+	// behind MaxStreams and MaxStreamsPerCaller. Empty names are left out.
+	LimitNames streamlimit.Names
 	// Logger receives the server's logs. Nil means no logs.
 	Logger *zap.Logger
 	// Registerer receives the metrics. Nil means they are not registered.
@@ -101,7 +104,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.Named("workloadapi"), metrics: m,
 		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers,
-			Service: "Workload API", MaxSetting: "MESHAGENT_WORKLOAD_API_MAX_STREAMS"}}, nil
+			Service: "Workload API", Names: cfg.LimitNames}}, nil
 }
 
 // Register adds the SpiffeWorkloadAPI service to gs.

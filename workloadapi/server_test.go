@@ -29,6 +29,7 @@ import (
 	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
+	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -122,7 +123,8 @@ func startAgent(t testing.TB, ttl time.Duration, adjust func(*workloadapi.Config
 
 func newWorkloadAPI(t testing.TB, src workloadapi.SecretSource, reg prometheus.Registerer, log *zap.Logger, adjust func(*workloadapi.Config)) *workloadapi.Server {
 	t.Helper()
-	cfg := workloadapi.Config{Secrets: src, Logger: log, Registerer: reg, MaxStreams: 4096, MaxStreamsPerCaller: 64}
+	cfg := workloadapi.Config{Secrets: src, Logger: log, Registerer: reg, MaxStreams: 4096, MaxStreamsPerCaller: 64,
+		LimitNames: streamlimit.Names{Max: "MESHAGENT_WORKLOAD_API_MAX_STREAMS", PerCaller: "MESHAGENT_SDS_MAX_STREAMS_PER_POD"}}
 	if adjust != nil {
 		adjust(&cfg)
 	}

@@ -1,10 +1,18 @@
 package app
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/meshagent/meshagent/internal/settings"
 )
 
 const module = "github.com/meshagent/meshagent/"
@@ -89,4 +97,60 @@ func against(from, to string) bool {
 	}
 	// internal/settings and the shared packages.
 	return under(to, components) || to == "internal/app"
+}
+
+// quotingAllowed are the components still naming settings in their texts,
+// each to go: udsserver's refusals name the socket limits' settings (to
+// be passed in as sds' and workloadapi's stream-limit names are).
+var quotingAllowed = []string{"internal/uds/udsserver"}
+
+// No component quotes a setting's name in its code: its errors name its
+// Config fields, and internal/app maps them to the settings (settingError)
+// or passes the names a component shows (streamlimit.Names).
+func TestComponentsQuoteNoSetting(t *testing.T) {
+	t.Parallel()
+	names := map[string]bool{}
+	for _, s := range settings.Registry {
+		if p, ok := s.Prefix(); ok {
+			names[strings.TrimSuffix(p, "_")] = true
+			continue
+		}
+		names[s.Name] = true
+	}
+	word := regexp.MustCompile(`[A-Z][A-Z0-9_]*[A-Z0-9]`)
+	var files int
+	for _, c := range components {
+		root := filepath.Join("..", "..", filepath.FromSlash(c))
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			rel, _ := filepath.Rel(filepath.Join("..", ".."), filepath.Dir(path))
+			if slices.Contains(quotingAllowed, filepath.ToSlash(rel)) {
+				return nil
+			}
+			f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+			if err != nil {
+				return err
+			}
+			files++
+			ast.Inspect(f, func(n ast.Node) bool {
+				if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+					for _, w := range word.FindAllString(lit.Value, -1) {
+						if names[w] {
+							t.Errorf("%s quotes the setting %s: name the Config field, and let internal/app name the setting", path, w)
+						}
+					}
+				}
+				return true
+			})
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if files < 50 {
+		t.Fatalf("read %d files of the components; the walk missed them", files)
+	}
 }

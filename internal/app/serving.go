@@ -59,6 +59,7 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	srv, err := sds.New(sds.Config{
 		Secrets: m, MaxStreams: c.SDSMaxStreams, MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams,
 		MaxFileNamesPerCaller: c.SDSMaxFileResourcesPerCaller,
+		LimitNames:            streamlimit.Names{Max: "MESHAGENT_SDS_MAX_STREAMS", PerCaller: "MESHAGENT_SDS_MAX_STREAMS_PER_POD"},
 		Clock:                 a.clock, Logger: a.base, Registerer: a.reg,
 	})
 	if err != nil {
@@ -67,7 +68,8 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	services := []func(*grpc.Server){srv.Register}
 	if c.WorkloadAPI {
 		wl, err := workloadapi.New(workloadapi.Config{Secrets: m, MaxStreams: c.WorkloadAPIMaxStreams,
-			MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams, Logger: a.base, Registerer: a.reg})
+			MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams, Logger: a.base, Registerer: a.reg,
+			LimitNames: streamlimit.Names{Max: "MESHAGENT_WORKLOAD_API_MAX_STREAMS", PerCaller: "MESHAGENT_SDS_MAX_STREAMS_PER_POD"}})
 		if err != nil {
 			return nil, settingError(err, workloadAPISettings)
 		}
