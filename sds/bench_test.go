@@ -42,7 +42,7 @@ func BenchmarkFirstSecret(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		uds, err := socketServer(srv, udsserver.Config{SocketPath: socket})
+		uds, err := socketServer(srv, udsserver.Config{SocketPath: socket, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -253,7 +253,7 @@ func TestChangeOfAnyWatchedNamePushes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket})
+	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -133,7 +133,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ucfg := udsserver.Config{SocketPath: f.socket, Logger: zap.New(core)}
+	ucfg := udsserver.Config{SocketPath: f.socket, Logger: zap.New(core), MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute}
 	if o.socket != nil {
 		o.socket(&ucfg)
 	}
@@ -570,7 +570,7 @@ func TestStalledStreamDoesNotBlockOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket})
+	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func BenchmarkRenewalWave1000(b *testing.B) {
 		b.Fatal(err)
 	}
 	socket := filepath.Join(shortDir(b), "socket")
-	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket, Resolver: &identityPerConnection{}, Logger: zap.NewNop()})
+	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket, Resolver: &identityPerConnection{}, Logger: zap.NewNop(), MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -62,8 +62,9 @@ func Example() {
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "socket")
 	socket, err := udsserver.New(udsserver.Config{
-		SocketPath: path,
-		Services:   []func(*grpc.Server){sdsServer.Register, wl.Register},
+		SocketPath:   path,
+		Services:     []func(*grpc.Server){sdsServer.Register, wl.Register},
+		MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute,
 	})
 	if err != nil {
 		panic(err)

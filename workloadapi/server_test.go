@@ -104,6 +104,7 @@ func startAgent(t testing.TB, ttl time.Duration, adjust func(*workloadapi.Config
 	uds, err := udsserver.New(udsserver.Config{
 		SocketPath: a.socket, Services: []func(*grpc.Server){sdsSrv.Register, a.wl.Register},
 		Logger: log, Registerer: a.reg,
+		MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +147,7 @@ func serveResolved(t testing.TB, src workloadapi.SecretSource, adjust func(*work
 	t.Helper()
 	socket = filepath.Join(shortDir(t), "socket")
 	wl = newWorkloadAPI(t, src, nil, nil, adjust)
-	uds, err := udsserver.New(udsserver.Config{SocketPath: socket, Services: []func(*grpc.Server){wl.Register}, Resolver: r})
+	uds, err := udsserver.New(udsserver.Config{SocketPath: socket, Services: []func(*grpc.Server){wl.Register}, Resolver: r, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

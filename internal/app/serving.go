@@ -96,7 +96,7 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	}
 	socket, err := udsserver.New(uc)
 	if err != nil {
-		return nil, err
+		return nil, settingError(err, socketSettings)
 	}
 	a.socket = socket
 	return append(cs, component{name: "sds", run: socket.Run}), nil

@@ -23,6 +23,15 @@ var (
 		{"Config.MaxStreamsPerCaller", "MESHAGENT_SDS_MAX_STREAMS_PER_POD"},
 		{"Config.MaxFileNamesPerCaller", "MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER"},
 	}
+	socketSettings = []fieldSetting{
+		{"Config.MaxRecvBytes", "MESHAGENT_SDS_MAX_RECV_BYTES"},
+		{"Config.MaxConnsPerCaller", "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER"},
+		{"Config.MaxConnRatePerCaller", "MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER"},
+		{"Config.MaxStreamsPerConn", "MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION"},
+		{"Config.MaxUnaryPerCaller", "MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER"},
+		{"Config.MaxQueuedBytesPerCaller", "MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER"},
+		{"Config.IdleTimeout", "MESHAGENT_SOCKET_IDLE_TIMEOUT"},
+	}
 	workloadAPISettings = []fieldSetting{
 		{"Config.MaxStreams", "MESHAGENT_WORKLOAD_API_MAX_STREAMS"},
 		{"Config.MaxStreamsPerCaller", "MESHAGENT_SDS_MAX_STREAMS_PER_POD"},

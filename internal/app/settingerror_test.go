@@ -24,6 +24,8 @@ func TestComponentErrorsNameTheSetting(t *testing.T) {
 		{"MESHAGENT_SDS_MAX_STREAMS", func(c *settings.Config) { c.SDSMaxStreams = 0 }},
 		{"MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER", func(c *settings.Config) { c.SDSMaxFileResourcesPerCaller = 0 }},
 		{"MESHAGENT_WORKLOAD_API_MAX_STREAMS", func(c *settings.Config) { c.WorkloadAPIMaxStreams = 0 }},
+		{"MESHAGENT_SDS_MAX_RECV_BYTES", func(c *settings.Config) { c.SDSMaxRecvBytes = 0 }},
+		{"MESHAGENT_SOCKET_IDLE_TIMEOUT", func(c *settings.Config) { c.SocketIdleTimeout = 0 }},
 	} {
 		t.Run(tt.setting, func(t *testing.T) {
 			t.Parallel()
