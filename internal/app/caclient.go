@@ -127,7 +127,7 @@ func (a *App) tokenFetcher() (credfetcher.Fetcher, error) {
 		Logger:         a.base,
 	})
 	if err != nil {
-		return nil, configError(err)
+		return nil, configError(settingError(err, tokenSettings))
 	}
 	a.log.Info("bearer tokens come from the Kubernetes TokenRequest API",
 		zap.String(logkeys.ServiceAccount, c.PodNamespace+"/"+c.ServiceAccount),

@@ -23,6 +23,10 @@ var (
 		{"Config.MaxStreamsPerCaller", "MESHAGENT_SDS_MAX_STREAMS_PER_POD"},
 		{"Config.MaxFileNamesPerCaller", "MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER"},
 	}
+	tokenSettings = []fieldSetting{
+		{"Config.Lifetime", "MESHAGENT_TOKEN_LIFETIME"},
+		{"Config.RefreshRatio", "MESHAGENT_TOKEN_REFRESH_RATIO"},
+	}
 	socketSettings = []fieldSetting{
 		{"Config.MaxRecvBytes", "MESHAGENT_SDS_MAX_RECV_BYTES"},
 		{"Config.MaxConnsPerCaller", "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER"},
