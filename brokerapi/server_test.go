@@ -207,6 +207,7 @@ func startAgent(t testing.TB, adjust func(*brokerapi.Config)) *agent {
 			{ID: spiffeid.RequireFromString(pidOnlyID.SPIFFEID), PID: true},
 		},
 		MaxStreamsSetting: "MESHAGENT_BROKER_MAX_STREAMS", MaxWorkloadsSetting: "MESHAGENT_BROKER_MAX_WORKLOADS",
+		MaxStreams: 1024, MaxWorkloads: 512,
 	}
 	if adjust != nil {
 		adjust(&cfg)

@@ -23,6 +23,10 @@ var (
 		{"Config.MaxStreamsPerCaller", "MESHAGENT_SDS_MAX_STREAMS_PER_POD"},
 		{"Config.MaxFileNamesPerCaller", "MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER"},
 	}
+	brokerSettings = []fieldSetting{
+		{"Config.MaxStreams", "MESHAGENT_BROKER_MAX_STREAMS"},
+		{"Config.MaxWorkloads", "MESHAGENT_BROKER_MAX_WORKLOADS"},
+	}
 	tokenSettings = []fieldSetting{
 		{"Config.Lifetime", "MESHAGENT_TOKEN_LIFETIME"},
 		{"Config.RefreshRatio", "MESHAGENT_TOKEN_REFRESH_RATIO"},
