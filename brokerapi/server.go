@@ -32,12 +32,8 @@ const (
 	headerValue = "true"
 )
 
-// Defaults of Config.
-const (
-	DefaultMaxStreams   = 1024
-	DefaultMaxWorkloads = 512
-	DefaultPodWait      = 2 * time.Second
-)
+// DefaultPodWait is Config.PodWait's default, which no setting configures.
+const DefaultPodWait = 2 * time.Second
 
 // maxRecvBytes bounds a request: a reference is a few hundred bytes.
 const maxRecvBytes = 16 << 10
@@ -84,10 +80,10 @@ type Config struct {
 	Processes caller.Resolver
 	// Pods are the node's pods. Required.
 	Pods Pods
-	// MaxStreams bounds one broker's open streams. Default DefaultMaxStreams.
+	// MaxStreams bounds one broker's open streams. Required.
 	MaxStreams int
 	// MaxWorkloads bounds the distinct pods one broker holds streams for.
-	// Default DefaultMaxWorkloads.
+	// Required.
 	MaxWorkloads int
 	// MaxStreamsSetting and MaxWorkloadsSetting name the settings of the
 	// two limits in refusals; empty: the limits are named alone.
@@ -142,10 +138,10 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("broker API: no pod index")
 	}
 	if cfg.MaxStreams <= 0 {
-		cfg.MaxStreams = DefaultMaxStreams
+		return nil, fmt.Errorf("broker API: Config.MaxStreams %d is not positive", cfg.MaxStreams)
 	}
 	if cfg.MaxWorkloads <= 0 {
-		cfg.MaxWorkloads = DefaultMaxWorkloads
+		return nil, fmt.Errorf("broker API: Config.MaxWorkloads %d is not positive", cfg.MaxWorkloads)
 	}
 	if cfg.PodWait <= 0 {
 		cfg.PodWait = DefaultPodWait

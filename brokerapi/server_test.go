@@ -36,6 +36,7 @@ import (
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/node/podresolver"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/brokerclient"
@@ -170,13 +171,14 @@ func startAgent(t testing.TB, adjust func(*brokerapi.Config)) *agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.RootPEM(), "dev-ca")
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.csrs = &countingCA{Client: dev}
 	a.mgr, err = secretmanager.New(secretmanager.Config{Identity: agentID, CA: a.csrs, Roots: roots, TTL: time.Hour,
-		Clock: a.clock, Rand: func() float64 { return 0.5 }})
+		Clock: a.clock, Rand: func() float64 { return 0.5 },
+		GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,6 +207,7 @@ func startAgent(t testing.TB, adjust func(*brokerapi.Config)) *agent {
 			{ID: spiffeid.RequireFromString(pidOnlyID.SPIFFEID), PID: true},
 		},
 		MaxStreamsSetting: "MESHAGENT_BROKER_MAX_STREAMS", MaxWorkloadsSetting: "MESHAGENT_BROKER_MAX_WORKLOADS",
+		MaxStreams: 1024, MaxWorkloads: 512,
 	}
 	if adjust != nil {
 		adjust(&cfg)

@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/brokerapi/brokerpb"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -241,7 +242,7 @@ func (s *Server) follow(ctx context.Context, ident pki.Identity, names []string,
 				return status.FromContextError(ctx.Err()).Err()
 			}
 			s.log.Warn("broker update not sent", zap.Stringer(logkeys.Identity, ident), zap.Error(err))
-		case !secretmanager.SameVersions(secrets, sent):
+		case !secret.SameVersions(secrets, sent):
 			if err := send(secrets); err != nil {
 				return err
 			}

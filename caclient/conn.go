@@ -8,6 +8,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/internal/controlplane"
 )
 
 // Conn is a CA client's connection to its CA: dialled (Dial) on first use,
@@ -18,7 +20,7 @@ import (
 // connection alone: other identities' calls on it go on. It is safe for concurrent use; nothing waits on the network
 // while holding its lock.
 type Conn struct {
-	transport TransportConfig
+	transport controlplane.Config
 	errClosed error
 
 	mu     sync.Mutex
@@ -28,10 +30,10 @@ type Conn struct {
 
 // NewConn returns the connection to transport's CA, not yet dialled. Get
 // returns errClosed after Close.
-func NewConn(transport TransportConfig, errClosed error) *Conn {
+func NewConn(transport controlplane.Config, errClosed error) *Conn {
 	// Every connection dialled from here shares what a refused client
 	// certificate taught the one before it.
-	transport.refusals = transport.refusalsOrNew()
+	transport = transport.SharingRefusals()
 	return &Conn{transport: transport, errClosed: errClosed}
 }
 
@@ -43,7 +45,7 @@ func (c *Conn) Get() (*grpc.ClientConn, error) {
 		return nil, c.errClosed
 	}
 	if c.conn == nil {
-		conn, err := Dial(c.transport)
+		conn, err := controlplane.Dial(c.transport)
 		if err != nil {
 			return nil, err
 		}
@@ -98,12 +100,12 @@ func (c *Conn) Retire(conn *grpc.ClientConn, err error) {
 
 // TransportFailed reports whether a call on conn that ended with err failed
 // because the connection did: err is Unavailable or DeadlineExceeded and conn
-// is no longer ready, or err is ErrUnverifiedPeer (the connection reaches a
+// is no longer ready, or err is controlplane.ErrUnverifiedPeer (the connection reaches a
 // peer that must not be talked to). A status the CA sent arrives on a ready
 // connection, whatever its code; a connection that broke is idle, connecting
 // or failing by the time the call returns.
 func TransportFailed(conn *grpc.ClientConn, err error) bool {
-	if errors.Is(err, ErrUnverifiedPeer) {
+	if errors.Is(err, controlplane.ErrUnverifiedPeer) {
 		return true
 	}
 	switch status.Code(err) {

@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/internal/controlplane"
 )
 
 // A connection is made once and reused, kept after a status the CA
@@ -14,7 +16,7 @@ import (
 // changes nothing), and refused after Close.
 func TestConnLifecycle(t *testing.T) {
 	errClosed := errors.New("closed")
-	c := NewConn(TransportConfig{Addr: "127.0.0.1:1", Plaintext: true}, errClosed)
+	c := NewConn(controlplane.Config{Addr: "127.0.0.1:1", Plaintext: true}, errClosed)
 	if c.Current() != nil {
 		t.Fatal("a connection before the first Get")
 	}
@@ -59,7 +61,7 @@ func TestConnLifecycle(t *testing.T) {
 // now); without one, it does not.
 func TestConnRefusalRetiresWithAClientCertificate(t *testing.T) {
 	refused := status.Error(codes.Unauthenticated, "no bearer token and no client certificate")
-	withCert := NewConn(TransportConfig{Addr: "127.0.0.1:1", Plaintext: true,
+	withCert := NewConn(controlplane.Config{Addr: "127.0.0.1:1", Plaintext: true,
 		ClientCertificate: func() (*tls.Certificate, error) { return nil, errors.New("none yet") }}, errors.New("closed"))
 	defer withCert.Close()
 	first, err := withCert.Get()
@@ -70,7 +72,7 @@ func TestConnRefusalRetiresWithAClientCertificate(t *testing.T) {
 	if again, _ := withCert.Get(); again == first {
 		t.Error("a refusal kept the connection of a transport with a client certificate")
 	}
-	tokenOnly := NewConn(TransportConfig{Addr: "127.0.0.1:1", Plaintext: true}, errors.New("closed"))
+	tokenOnly := NewConn(controlplane.Config{Addr: "127.0.0.1:1", Plaintext: true}, errors.New("closed"))
 	defer tokenOnly.Close()
 	first, err = tokenOnly.Get()
 	if err != nil {

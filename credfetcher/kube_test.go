@@ -89,6 +89,7 @@ func (w *workload) fetcher(t *testing.T, client TokenCreator, clk *clocktesting.
 		Client: client, Namespace: w.ns, ServiceAccount: w.sa,
 		PodName: w.pod.Name, PodUID: w.pod.UID, Audiences: []string{pki.IstioAudience},
 		Lifetime: MinTokenLifetime, Clock: clk, Logger: log,
+		RefreshRatio: 0.8,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -195,6 +196,7 @@ func TestTokenRequestForAnotherPodUIDIsRefused(t *testing.T) {
 	f, err := NewTokenRequest(TokenRequestConfig{
 		Client: w.client, Namespace: w.ns, ServiceAccount: w.sa,
 		PodName: w.pod.Name, PodUID: "00000000-0000-0000-0000-000000000000", Audiences: []string{pki.IstioAudience},
+		Lifetime: time.Hour, RefreshRatio: 0.8,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -218,6 +220,7 @@ func TestTokenRequestWithoutRBACIsForbidden(t *testing.T) {
 	f, err := NewTokenRequest(TokenRequestConfig{
 		Client: w.client, Namespace: w.ns, ServiceAccount: "other",
 		PodName: "other-0", Audiences: []string{pki.IstioAudience},
+		Lifetime: time.Hour, RefreshRatio: 0.8,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -22,12 +22,6 @@ import (
 const (
 	// MinTokenLifetime is the shortest lifetime the API server grants.
 	MinTokenLifetime = 10 * time.Minute
-	// DefaultTokenLifetime is the lifetime asked for when none is given, the
-	// kubelet's default for projected tokens.
-	DefaultTokenLifetime = time.Hour
-	// DefaultRefreshRatio is the share of a token's life after which it is
-	// replaced, as the kubelet does.
-	DefaultRefreshRatio = 0.8
 	// DefaultRequestTimeout bounds one TokenRequest call.
 	DefaultRequestTimeout = 30 * time.Second
 
@@ -62,11 +56,10 @@ type TokenRequestConfig struct {
 	PodUID types.UID
 	// Audiences of the tokens. Required.
 	Audiences []string
-	// Lifetime asked for. Default DefaultTokenLifetime; less than
-	// MinTokenLifetime is refused.
+	// Lifetime asked for; less than MinTokenLifetime is refused. Required.
 	Lifetime time.Duration
 	// RefreshRatio is the share of a token's life after which Token asks
-	// for a new one. Default DefaultRefreshRatio; must be in (0, 1].
+	// for a new one, in (0, 1]. Required.
 	RefreshRatio float64
 	// RequestTimeout bounds one request. Default DefaultRequestTimeout.
 	RequestTimeout time.Duration
@@ -125,17 +118,11 @@ func NewTokenRequest(cfg TokenRequestConfig) (*TokenRequest, error) {
 	case len(cfg.Audiences) == 0:
 		return nil, errors.New("token request: no audience")
 	}
-	if cfg.Lifetime == 0 {
-		cfg.Lifetime = DefaultTokenLifetime
-	}
 	if cfg.Lifetime < MinTokenLifetime {
-		return nil, fmt.Errorf("token request: lifetime %s is below the API server's minimum of %s", cfg.Lifetime, MinTokenLifetime)
-	}
-	if cfg.RefreshRatio == 0 {
-		cfg.RefreshRatio = DefaultRefreshRatio
+		return nil, fmt.Errorf("token request: Config.Lifetime %s is below the API server's minimum of %s", cfg.Lifetime, MinTokenLifetime)
 	}
 	if !(cfg.RefreshRatio > 0 && cfg.RefreshRatio <= 1) {
-		return nil, fmt.Errorf("token request: refresh ratio %g is not in (0, 1]", cfg.RefreshRatio)
+		return nil, fmt.Errorf("token request: Config.RefreshRatio %g is not in (0, 1]", cfg.RefreshRatio)
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = DefaultRequestTimeout

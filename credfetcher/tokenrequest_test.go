@@ -67,6 +67,7 @@ func TestNewTokenRequestChecksConfig(t *testing.T) {
 		return TokenRequestConfig{
 			Client: clientsetTokens{fake.NewClientset()}, Namespace: "shop", ServiceAccount: "web",
 			PodName: "web-0", Audiences: []string{pki.IstioAudience},
+			Lifetime: time.Hour, RefreshRatio: 0.8,
 		}
 	}
 	tests := []struct {
@@ -80,8 +81,10 @@ func TestNewTokenRequestChecksConfig(t *testing.T) {
 		{"no pod", func(c *TokenRequestConfig) { c.PodName = "" }, "pod name"},
 		{"no audience", func(c *TokenRequestConfig) { c.Audiences = nil }, "no audience"},
 		{"lifetime below the floor", func(c *TokenRequestConfig) { c.Lifetime = 9 * time.Minute }, "below the API server's minimum of 10m0s"},
-		{"ratio above 1", func(c *TokenRequestConfig) { c.RefreshRatio = 1.5 }, "refresh ratio"},
-		{"negative ratio", func(c *TokenRequestConfig) { c.RefreshRatio = -0.5 }, "refresh ratio"},
+		{"no lifetime", func(c *TokenRequestConfig) { c.Lifetime = 0 }, "Config.Lifetime 0s is below"},
+		{"no ratio", func(c *TokenRequestConfig) { c.RefreshRatio = 0 }, "Config.RefreshRatio 0 is not in"},
+		{"ratio above 1", func(c *TokenRequestConfig) { c.RefreshRatio = 1.5 }, "Config.RefreshRatio"},
+		{"negative ratio", func(c *TokenRequestConfig) { c.RefreshRatio = -0.5 }, "Config.RefreshRatio"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -93,12 +96,8 @@ func TestNewTokenRequestChecksConfig(t *testing.T) {
 			}
 		})
 	}
-	f, err := NewTokenRequest(good())
-	if err != nil {
+	if _, err := NewTokenRequest(good()); err != nil {
 		t.Fatal(err)
-	}
-	if f.cfg.Lifetime != DefaultTokenLifetime || f.cfg.RefreshRatio != DefaultRefreshRatio {
-		t.Errorf("defaults: lifetime %s ratio %g", f.cfg.Lifetime, f.cfg.RefreshRatio)
 	}
 }
 
@@ -167,6 +166,7 @@ func newStubFetcher(t *testing.T, logger *zap.Logger) (*TokenRequest, *apiStub) 
 		Client: clientsetTokens{stub.client()}, Namespace: "shop", ServiceAccount: "web",
 		PodName: "web-0", PodUID: "uid-1", Audiences: []string{"istio-ca"},
 		Lifetime: time.Hour, Clock: stub.clock, Logger: logger,
+		RefreshRatio: 0.8,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -363,6 +363,7 @@ func TestTokenRequestRejectsAnEmptyAnswer(t *testing.T) {
 	f, err := NewTokenRequest(TokenRequestConfig{
 		Client: clientsetTokens{cs}, Namespace: "shop", ServiceAccount: "web", PodName: "web-0",
 		Audiences: []string{"istio-ca"}, Clock: clk,
+		Lifetime: time.Hour, RefreshRatio: 0.8,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -43,7 +43,7 @@ type PublisherConfig struct {
 	// did not change (someone else may have changed it). Default 10m.
 	BundleResync time.Duration
 	// BackoffBase and BackoffCap: the wait after a failed write doubles,
-	// with jitter. Defaults 500ms and 60s.
+	// with jitter. Zero means backoff.Default's.
 	BackoffBase, BackoffCap time.Duration
 	// Clock times the resync and backoff. Default the real clock.
 	Clock clock.WithTicker
@@ -83,10 +83,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		cfg.BundleResync = DefaultBundleResync
 	}
 	if cfg.BackoffBase <= 0 {
-		cfg.BackoffBase = DefaultBackoffBase
+		cfg.BackoffBase = backoff.Default.Base
 	}
 	if cfg.BackoffCap <= 0 {
-		cfg.BackoffCap = DefaultBackoffCap
+		cfg.BackoffCap = backoff.Default.Cap
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}

@@ -13,24 +13,20 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
+	"github.com/meshagent/meshagent/internal/backoff"
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
-// Defaults of Config.
+// Defaults of the Config fields no setting configures. TTL, RefreshRatio,
+// RefreshJitter and Workers follow settings and have no default here.
 const (
-	DefaultWorkers       = 8
-	DefaultTTL           = 24 * time.Hour
-	DefaultRefreshRatio  = 0.5
-	DefaultRefreshJitter = 0.01
-	DefaultBackoffBase   = 500 * time.Millisecond
-	DefaultBackoffCap    = 60 * time.Second
-	DefaultMaxAttempts   = 8
-	DefaultPodWait       = time.Minute
-	DefaultCABackdate    = time.Minute
-	DefaultBundleResync  = 10 * time.Minute
+	DefaultMaxAttempts  = 8
+	DefaultPodWait      = time.Minute
+	DefaultCABackdate   = time.Minute
+	DefaultBundleResync = 10 * time.Minute
 )
 
 // API is the part of the Kubernetes API the signer uses
@@ -66,7 +62,8 @@ type RootSource interface {
 	Watch() (<-chan struct{}, func())
 }
 
-// Config describes a Signer. Zero values get the defaults noted.
+// Config describes a Signer. Zero values get the defaults noted; the
+// fields without one are required.
 type Config struct {
 	// SignerName is the signer the agent implements, e.g.
 	// meshagent.io/workload-identity: requests naming another signer are
@@ -91,26 +88,26 @@ type Config struct {
 	// UnsupportedCA): the CA cannot sign a kubelet's stub CSR (Linkerd's
 	// identity service wants the identity in the CSR).
 	Refuse string
-	// TTL is the life asked of the CA (SECRET_TTL), raised to one hour and
-	// capped at each request's maxExpirationSeconds. Default 24h.
+	// TTL is the life asked of the CA, raised to one hour and capped at
+	// each request's maxExpirationSeconds. Required.
 	TTL time.Duration
 	// CABackdate is how far the CA is expected to move NotBefore into the
 	// past (istiod and the test CA: a minute). It is subtracted from the
 	// validity asked, so the certificate does not outlive the request's
 	// maximum; every answer corrects it. Default 1m; negative means 0.
 	CABackdate time.Duration
-	// RefreshRatio (SECRET_GRACE_PERIOD_RATIO) is the share of life left
-	// at beginRefreshAt, in (0, 1). Default 0.5.
+	// RefreshRatio is the share of life left at beginRefreshAt, in (0, 1).
+	// Required.
 	RefreshRatio float64
-	// RefreshJitter (SECRET_GRACE_PERIOD_RATIO_JITTER) moves beginRefreshAt
-	// by up to this share of the life either way. Default 0.01; negative
-	// means none.
+	// RefreshJitter moves beginRefreshAt by up to this share of the life
+	// either way, in [0, 1]; zero means none.
 	RefreshJitter float64
 	// Workers is how many requests are worked on at once; the CA's budget
-	// is CA's. Default 8.
+	// is CA's. Required.
 	Workers int
 	// BackoffBase and BackoffCap: the wait after a failed status write of
-	// a request doubles per failure, with jitter. Defaults 500ms and 60s.
+	// a request doubles per failure, with jitter. Zero means
+	// backoff.Default's.
 	BackoffBase, BackoffCap time.Duration
 	// MaxAttempts is how many rejected CA answers (a certificate that fails
 	// the checks) a PodCertificateRequest gets before it is marked Failed.
@@ -153,27 +150,26 @@ func (c *Config) setDefaults() error {
 		return err
 	}
 	if c.TTL <= 0 {
-		c.TTL = DefaultTTL
+		return fmt.Errorf("podcert: Config.TTL %s is not positive", c.TTL)
+	}
+	if !(c.RefreshRatio > 0 && c.RefreshRatio < 1) {
+		return fmt.Errorf("podcert: Config.RefreshRatio %v is outside (0, 1)", c.RefreshRatio)
+	}
+	if !(c.RefreshJitter >= 0 && c.RefreshJitter <= 1) {
+		return fmt.Errorf("podcert: Config.RefreshJitter %v is outside [0, 1]", c.RefreshJitter)
+	}
+	if c.Workers <= 0 {
+		return fmt.Errorf("podcert: Config.Workers %d is not positive", c.Workers)
 	}
 	if c.CABackdate == 0 {
 		c.CABackdate = DefaultCABackdate
 	}
 	c.CABackdate = max(c.CABackdate, 0)
-	if !(c.RefreshRatio > 0 && c.RefreshRatio < 1) {
-		c.RefreshRatio = DefaultRefreshRatio
-	}
-	if c.RefreshJitter == 0 {
-		c.RefreshJitter = DefaultRefreshJitter
-	}
-	c.RefreshJitter = max(c.RefreshJitter, 0)
-	if c.Workers <= 0 {
-		c.Workers = DefaultWorkers
-	}
 	if c.BackoffBase <= 0 {
-		c.BackoffBase = DefaultBackoffBase
+		c.BackoffBase = backoff.Default.Base
 	}
 	if c.BackoffCap <= 0 {
-		c.BackoffCap = DefaultBackoffCap
+		c.BackoffCap = backoff.Default.Cap
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = DefaultMaxAttempts

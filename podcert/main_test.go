@@ -22,11 +22,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/node/podindex"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -49,6 +50,10 @@ var kube = &kubeenv.Shared{Options: kubeenv.Options{
 	Nodes:          []string{nodeA, nodeB},
 	APIServerFlags: []string{"--enable-admission-plugins=NodeRestriction"},
 }}
+
+// testTTL is the life the signer asks of the CA in these tests
+// (SECRET_TTL's default).
+const testTTL = 24 * time.Hour
 
 func TestMain(m *testing.M) { os.Exit(kube.Main(m)) }
 
@@ -161,9 +166,9 @@ func (s staticToken) Token(context.Context) (string, error) { return string(s), 
 func (c *cluster) agentCA() *istio.Client {
 	c.t.Helper()
 	client, err := istio.New(istio.Config{
-		Transport: caclient.TransportConfig{
+		Transport: controlplane.Config{
 			Addr: c.ca.Addr(), ServerName: istioca.DefaultServerName,
-			Roots: caclient.StaticRoots{Pool: c.ca.Roots()}, Token: staticToken(c.agentToken),
+			Roots: controlplane.StaticRoots{Pool: c.ca.Roots()}, Token: staticToken(c.agentToken),
 		},
 		Identity: pki.SPIFFEIdentity("cluster.local", c.sys, agentSA),
 	})
@@ -204,13 +209,14 @@ func (c *cluster) startSignerCache(edit func(*Config), editCache func(*secretman
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(c.ca.RootPEM(), "test-ca")
+	roots, err := secret.NewRoots(c.ca.RootPEM(), "test-ca")
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	mc := secretmanager.Config{
 		Roots: roots, CSRSigner: c.agentCA(),
 		BackoffBase: 10 * time.Millisecond, BackoffCap: 100 * time.Millisecond,
+		TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	}
 	if editCache != nil {
 		editCache(&mc)
@@ -222,6 +228,7 @@ func (c *cluster) startSignerCache(edit func(*Config), editCache func(*secretman
 	cfg := Config{
 		SignerName: c.signer, NodeName: nodeA, API: api, Pods: idx, Roots: roots, CA: m,
 		BackoffBase: 10 * time.Millisecond, BackoffCap: 100 * time.Millisecond,
+		TTL: testTTL, RefreshRatio: 0.5, RefreshJitter: 0.01, Workers: 8,
 	}
 	if edit != nil {
 		edit(&cfg)

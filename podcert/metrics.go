@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshagent_podcert_csrs_in_flight",
-			Help: "Certificate requests to the CA in flight for PodCertificateRequests (bounded by MESHAGENT_CA_MAX_CONCURRENT_CSRS).",
+			Help: "Certificate requests to the CA in flight for PodCertificateRequests (bounded by the agent's one CSR budget).",
 		}),
 	}
 	if err := errors.Join(

@@ -23,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/istioca"
 )
@@ -54,8 +55,8 @@ func TestIssuesForPodsOfItsNodeOnly(t *testing.T) {
 		t.Fatalf("condition %+v, want Issued", cond)
 	}
 	leaf := c.checkIssued(got, key, c.spiffeID("web"))
-	if life := leaf.NotAfter.Sub(leaf.NotBefore); life != DefaultTTL {
-		t.Errorf("certificate lives %s, want the TTL %s (the CA's backdating subtracted from the validity asked)", life, DefaultTTL)
+	if life := leaf.NotAfter.Sub(leaf.NotBefore); life != testTTL {
+		t.Errorf("certificate lives %s, want the TTL %s (the CA's backdating subtracted from the validity asked)", life, testTTL)
 	}
 	half := leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) / 2)
 	if d := got.Status.BeginRefreshAt.Sub(half); d < -15*time.Minute || d > 15*time.Minute {
@@ -270,7 +271,7 @@ func TestRefuseDenies(t *testing.T) {
 func TestPublisherFollowsRoots(t *testing.T) {
 	c := newCluster(t, istioca.Config{})
 	pubSigner := "meshagent.io/publisher-" + c.ns // the other tests' signers have no bundle
-	roots, err := secretmanager.NewRoots(c.ca.RootPEM(), "test-ca")
+	roots, err := secret.NewRoots(c.ca.RootPEM(), "test-ca")
 	if err != nil {
 		t.Fatal(err)
 	}

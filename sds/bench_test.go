@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -29,19 +30,19 @@ func BenchmarkFirstSecret(b *testing.B) {
 		socket := filepath.Join(dir, "s", "socket")
 		start := time.Now()
 		dev, _ := devca.New(devca.Config{CA: ca})
-		roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+		roots, err := secret.NewRoots(ca.RootPEM(), "dev-ca")
 		if err != nil {
 			b.Fatal(err)
 		}
-		mgr, err := secretmanager.New(secretmanager.Config{Identity: testID, CA: dev, Roots: roots})
+		mgr, err := secretmanager.New(secretmanager.Config{Identity: testID, CA: dev, Roots: roots, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 		if err != nil {
 			b.Fatal(err)
 		}
-		srv, err := New(Config{Secrets: mgr})
+		srv, err := New(Config{Secrets: mgr, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16})
 		if err != nil {
 			b.Fatal(err)
 		}
-		uds, err := socketServer(srv, udsserver.Config{SocketPath: socket})
+		uds, err := socketServer(srv, udsserver.Config{SocketPath: socket, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 		if err != nil {
 			b.Fatal(err)
 		}

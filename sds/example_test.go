@@ -13,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -33,7 +34,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.RootPEM(), "dev-ca")
 	if err != nil {
 		panic(err)
 	}
@@ -41,12 +42,14 @@ func Example() {
 		Identity: pki.SPIFFEIdentity("cluster.local", "shop", "cart"),
 		CA:       signer,
 		Roots:    roots,
+		TTL:      24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		panic(err)
 	}
 	srv, err := sds.New(sds.Config{
-		Secrets: m, // any Secret/Watch pair will do
+		Secrets:    m, // any Secret/Watch pair will do,
+		MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16,
 	})
 	if err != nil {
 		panic(err)
@@ -58,8 +61,9 @@ func Example() {
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "socket")
 	socket, err := udsserver.New(udsserver.Config{
-		SocketPath: path,
-		Services:   []func(*grpc.Server){srv.Register},
+		SocketPath:   path,
+		Services:     []func(*grpc.Server){srv.Register},
+		MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute,
 	})
 	if err != nil {
 		panic(err)

@@ -249,11 +249,11 @@ func (r *rootSource) Bump(name string) {
 func TestChangeOfAnyWatchedNamePushes(t *testing.T) {
 	src := newRootSource()
 	socket := filepath.Join(shortDir(t), "socket")
-	srv, err := New(Config{Secrets: src})
+	srv, err := New(Config{Secrets: src, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
-	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket})
+	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,5 +288,25 @@ func TestChangeOfAnyWatchedNamePushes(t *testing.T) {
 			}
 		}
 		s.Close()
+	}
+}
+
+// The bounds a setting configures have no default here: a zero bound is an
+// error naming the Config field (internal/app passes the settings' values).
+func TestNewRefusesZeroBounds(t *testing.T) {
+	t.Parallel()
+	for _, field := range []string{"MaxStreams", "MaxStreamsPerCaller", "MaxFileNamesPerCaller"} {
+		cfg := Config{Secrets: staticSource{}, MaxStreams: 1, MaxStreamsPerCaller: 1, MaxFileNamesPerCaller: 1}
+		switch field {
+		case "MaxStreams":
+			cfg.MaxStreams = 0
+		case "MaxStreamsPerCaller":
+			cfg.MaxStreamsPerCaller = 0
+		case "MaxFileNamesPerCaller":
+			cfg.MaxFileNamesPerCaller = 0
+		}
+		if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "Config."+field) {
+			t.Errorf("New with %s 0 = %v, want an error naming Config.%s", field, err, field)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -24,21 +25,8 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
-// Defaults of Config.
-const (
-	// DefaultMaxNames bounds the resource names of one request.
-	DefaultMaxNames = 100
-	// DefaultMaxStreams bounds the StreamSecrets streams open at once.
-	DefaultMaxStreams = 4096
-	// DefaultMaxStreamsPerCaller bounds the StreamSecrets streams one
-	// resolved caller (a pod in node mode) holds at once.
-	DefaultMaxStreamsPerCaller = 64
-	// DefaultMaxFileNamesPerCaller bounds the file resources (file-cert:,
-	// file-root:) one caller's streams hold at once: a quarter of the
-	// names the file provider holds at once by default (64), so three
-	// other callers always find room.
-	DefaultMaxFileNamesPerCaller = 16
-)
+// DefaultMaxNames bounds the resource names of one request (Config.MaxNames).
+const DefaultMaxNames = 100
 
 // SecretSource is what the server needs from the secret manager. id is the
 // caller's identity as the socket server resolved it (caller.Info.Identity;
@@ -62,7 +50,9 @@ type SecretSource interface {
 	Watch(id pki.Identity, name string) (<-chan struct{}, func())
 }
 
-// Config describes an SDS server. Zero values get the defaults noted.
+// Config describes an SDS server. The bounds a setting configures
+// (MaxStreams, MaxStreamsPerCaller, MaxFileNamesPerCaller) are required;
+// other zero values get the defaults noted.
 type Config struct {
 	// Secrets provides the secrets. Required.
 	Secrets SecretSource
@@ -72,13 +62,13 @@ type Config struct {
 	// MaxNames bounds the names of one request. Default DefaultMaxNames.
 	MaxNames int
 	// MaxStreams bounds the StreamSecrets streams open at once; a stream over
-	// the limit is refused with ResourceExhausted. Default DefaultMaxStreams.
+	// the limit is refused with ResourceExhausted. Required.
 	MaxStreams int
 	// MaxStreamsPerCaller bounds the StreamSecrets streams one caller holds
 	// at once: a pod (caller.Info.PodUID), or an identity when the caller
 	// has no pod, as the socket server resolved it (node mode). Callers the
 	// socket server did not resolve (a sidecar's: one workload) are bounded
-	// by MaxStreams only. Default DefaultMaxStreamsPerCaller.
+	// by MaxStreams only. Required.
 	MaxStreamsPerCaller int
 	// Callers, when set, is the per-caller stream count shared with the
 	// other service on the socket, so a pod's SDS and Workload API streams
@@ -89,10 +79,13 @@ type Config struct {
 	// streams of one caller (its pod when the caller was resolved to one,
 	// else its identity, else its connecting process: uid and pid); one
 	// more is refused with ResourceExhausted naming it and the limit.
-	// Default DefaultMaxFileNamesPerCaller.
+	// Required.
 	MaxFileNamesPerCaller int
 	// Clock stamps VersionInfo. Default the real clock.
 	Clock clock.PassiveClock
+	// LimitNames are what a refused stream is told to raise: the settings
+	// behind MaxStreams and MaxStreamsPerCaller. Empty names are left out.
+	LimitNames streamlimit.Names
 	// Logger receives the server's logs. Nil means no logs.
 	Logger *zap.Logger
 	// Registerer receives the metrics. Nil means they are not registered.
@@ -136,14 +129,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxNames <= 0 {
 		cfg.MaxNames = DefaultMaxNames
 	}
-	if cfg.MaxStreams <= 0 {
-		cfg.MaxStreams = DefaultMaxStreams
-	}
-	if cfg.MaxStreamsPerCaller <= 0 {
-		cfg.MaxStreamsPerCaller = DefaultMaxStreamsPerCaller
-	}
-	if cfg.MaxFileNamesPerCaller <= 0 {
-		cfg.MaxFileNamesPerCaller = DefaultMaxFileNamesPerCaller
+	for field, v := range map[string]int{"MaxStreams": cfg.MaxStreams, "MaxStreamsPerCaller": cfg.MaxStreamsPerCaller, "MaxFileNamesPerCaller": cfg.MaxFileNamesPerCaller} {
+		if v <= 0 {
+			return nil, fmt.Errorf("SDS server: Config.%s %d is not positive", field, v)
+		}
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
@@ -157,7 +146,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.Named("sds"), metrics: m,
 		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers,
-			Service: "SDS", MaxSetting: "MESHAGENT_SDS_MAX_STREAMS"}}, nil
+			Service: "SDS", Names: cfg.LimitNames}}, nil
 }
 
 // Register adds the SDS service to gs.

@@ -37,7 +37,9 @@ import (
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
+	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -107,7 +109,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(f.ca.RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(f.ca.RootPEM(), "dev-ca")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +118,14 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	f.mgr, err = secretmanager.New(secretmanager.Config{
 		Identity: testID, CA: f.dev, Roots: roots, TTL: o.ttl,
 		Clock: f.clock, Rand: func() float64 { return 0.5 }, Logger: zap.New(core),
-		Providers: o.providers,
+		Providers:  o.providers,
+		GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Secrets: f.mgr, Logger: zap.New(core), Registerer: f.reg}
+	cfg := Config{Secrets: f.mgr, Logger: zap.New(core), Registerer: f.reg, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16,
+		LimitNames: streamlimit.Names{Max: "MESHAGENT_SDS_MAX_STREAMS", PerCaller: "MESHAGENT_SDS_MAX_STREAMS_PER_POD"}}
 	if o.config != nil {
 		o.config(&cfg)
 	}
@@ -129,7 +133,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ucfg := udsserver.Config{SocketPath: f.socket, Logger: zap.New(core)}
+	ucfg := udsserver.Config{SocketPath: f.socket, Logger: zap.New(core), MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute}
 	if o.socket != nil {
 		o.socket(&ucfg)
 	}
@@ -562,11 +566,11 @@ func TestStalledStreamDoesNotBlockOthers(t *testing.T) {
 	dir := shortDir(t)
 	socket := filepath.Join(dir, "sds.sock")
 	src := newBigSource("stalled", "live")
-	srv, err := New(Config{Secrets: src})
+	srv, err := New(Config{Secrets: src, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
-	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket})
+	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -758,7 +762,7 @@ func FuzzClassify(f *testing.F) {
 		if proto.Unmarshal(data, req) != nil {
 			return
 		}
-		str := &stream{srv: &Server{cfg: Config{Secrets: staticSource{}}}, ctx: context.Background()}
+		str := &stream{srv: &Server{cfg: Config{Secrets: staticSource{}, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16}}, ctx: context.Background()}
 		st := &str.st
 		if subscribed {
 			if err := str.subscribe([]string{"default"}, []string{"default"}); err != nil {
@@ -767,7 +771,7 @@ func FuzzClassify(f *testing.F) {
 			st.nonce = "n1"
 		}
 		checkClassifyProperties(t, st, req)
-		srv := &Server{cfg: Config{MaxNames: DefaultMaxNames, DefaultNames: []string{"default", "ROOTCA"}}}
+		srv := &Server{cfg: Config{MaxNames: DefaultMaxNames, DefaultNames: []string{"default", "ROOTCA"}, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16}}
 		names, err := srv.names(req.GetResourceNames())
 		if err == nil && (len(names) == 0 || len(names) > DefaultMaxNames) {
 			t.Fatalf("names %v", names)

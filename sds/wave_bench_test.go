@@ -14,9 +14,10 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
@@ -31,7 +32,7 @@ import (
 // same moment and so all due together. The CA is the test Istio CA over
 // gRPC/TLS on loopback, reached by the Istio CA client with a bearer token
 // per identity, and the CSRs go through the secret manager's budget
-// (secretmanager.DefaultMaxConcurrentCSRs). Each op steps the clock to the
+// (MESHAGENT_CA_MAX_CONCURRENT_CSRS's default, 8). Each op steps the clock to the
 // renewal time and waits until every stream has its new certificate. It
 // reports:
 //
@@ -50,7 +51,7 @@ import (
 func BenchmarkRenewalWave1000(b *testing.B) {
 	identities := waveIdentities
 	const ttl = time.Hour
-	budget := secretmanager.DefaultMaxConcurrentCSRs
+	budget := 8 // MESHAGENT_CA_MAX_CONCURRENT_CSRS's default
 
 	clk := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
 	tokens := map[string]istioca.ServiceAccount{}
@@ -60,33 +61,34 @@ func BenchmarkRenewalWave1000(b *testing.B) {
 		tokens[waveToken(i)] = istioca.ServiceAccount{Namespace: "wave", Name: fmt.Sprintf("sa-%d", i)}
 	}
 	ca := istioca.Start(b, istioca.Config{Tokens: tokens, Now: clk.Now})
-	client, err := istio.New(istio.Config{Transport: caclient.TransportConfig{
+	client, err := istio.New(istio.Config{Transport: controlplane.Config{
 		Addr: ca.Addr(), ServerName: ca.ServerName(),
-		Roots: caclient.StaticRoots{Pool: ca.Roots()}, Token: waveTokens{},
+		Roots: controlplane.StaticRoots{Pool: ca.Roots()}, Token: waveTokens{},
 	}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = client.Close() })
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "istio-ca")
+	roots, err := secret.NewRoots(ca.RootPEM(), "istio-ca")
 	if err != nil {
 		b.Fatal(err)
 	}
 	mgr, err := secretmanager.New(secretmanager.Config{
 		// No own identity: the manager serves the callers' (node mode).
 		CA: tokenPerIdentity{client}, Roots: roots, TTL: ttl, Logger: waveLogger,
-		GraceJitter: -1, MaxConcurrentCSRs: budget,
-		Clock: clk, Rand: func() float64 { return 0.5 },
+		MaxConcurrentCSRs: budget,
+		Clock:             clk, Rand: func() float64 { return 0.5 },
+		GraceRatio: 0.5, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := New(Config{Secrets: mgr, MaxStreams: 2 * identities, Logger: zap.NewNop()})
+	srv, err := New(Config{Secrets: mgr, MaxStreams: 2 * identities, Logger: zap.NewNop(), MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16})
 	if err != nil {
 		b.Fatal(err)
 	}
 	socket := filepath.Join(shortDir(b), "socket")
-	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket, Resolver: &identityPerConnection{}, Logger: zap.NewNop()})
+	uds, err := socketServer(srv, udsserver.Config{SocketPath: socket, Resolver: &identityPerConnection{}, Logger: zap.NewNop(), MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err != nil {
 		b.Fatal(err)
 	}

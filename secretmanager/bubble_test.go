@@ -5,6 +5,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
 // The scheduler on the bubble's clock (testing/synctest): the certificate
@@ -14,11 +16,11 @@ import (
 func TestRenewalAtRenewAtInBubble(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ca := newTestCA(t, time.Now)
-		roots, err := NewRoots(ca.ca.RootPEM(), "test")
+		roots, err := secret.NewRoots(ca.ca.RootPEM(), "test")
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := New(Config{Identity: testID, CA: ca, Roots: roots, TTL: time.Hour, Rand: func() float64 { return 0.5 }})
+		m, err := New(Config{Identity: testID, CA: ca, Roots: roots, TTL: time.Hour, Rand: func() float64 { return 0.5 }, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,12 +17,13 @@ import (
 	"google.golang.org/grpc/codes"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/istioca"
 )
@@ -155,12 +156,12 @@ func newCache(t *testing.T, mutate func(*Config)) *cache {
 	t.Helper()
 	fc := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
 	signer := newFakeSigner(t, fc.Now)
-	roots, err := NewRoots(signer.ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(signer.ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	cfg := Config{CA: signer, CSRSigner: signer, Roots: roots, TTL: time.Hour, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core)}
+	cfg := Config{CA: signer, CSRSigner: signer, Roots: roots, TTL: time.Hour, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core), GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -468,11 +469,11 @@ func TestCacheSubscriberKeepsIdentity(t *testing.T) {
 func TestCacheRootChangeDoesNotWaitForLeaves(t *testing.T) {
 	fc := clocktesting.NewFakeClock(time.Now())
 	signer := newFakeSigner(t, fc.Now)
-	roots, err := NewRoots(signer.ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(signer.ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(Config{Identity: testID, CA: signer, Roots: roots, Clock: fc, MaxConcurrentCSRs: 1})
+	m, err := New(Config{Identity: testID, CA: signer, Roots: roots, Clock: fc, MaxConcurrentCSRs: 1, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,11 +514,11 @@ func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 	if err := os.WriteFile(tokenPath, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	roots, err := NewRoots(ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := istio.New(istio.Config{Transport: caclient.TransportConfig{
+	client, err := istio.New(istio.Config{Transport: controlplane.Config{
 		Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: roots, Token: credfetcher.File{Path: tokenPath},
 	}})
 	if err != nil {
@@ -525,7 +526,7 @@ func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 	}
 	defer client.Close()
 	core, logs := observer.New(zapcore.InfoLevel)
-	m, err := New(Config{Identity: testID, CA: client, Roots: roots, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core)})
+	m, err := New(Config{Identity: testID, CA: client, Roots: roots, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core), TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -564,11 +565,11 @@ func BenchmarkCache10000Identities(b *testing.B) {
 		for i := range n {
 			signer.modes[ident(i)] = signOK
 		}
-		roots, err := NewRoots(signer.ca.RootPEM(), "bench")
+		roots, err := secret.NewRoots(signer.ca.RootPEM(), "bench")
 		if err != nil {
 			b.Fatal(err)
 		}
-		m, err := New(Config{CA: signer, Roots: roots})
+		m, err := New(Config{CA: signer, Roots: roots, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -588,8 +589,8 @@ func BenchmarkCache10000Identities(b *testing.B) {
 		wg.Wait()
 		b.ReportMetric(float64(time.Since(start).Microseconds())/n, "us/identity")
 		b.StopTimer()
-		if p := signer.peak(); p > DefaultMaxConcurrentCSRs {
-			b.Fatalf("%d CSRs in flight, limit %d", p, DefaultMaxConcurrentCSRs)
+		if p := signer.peak(); p > 8 {
+			b.Fatalf("%d CSRs in flight, limit %d", p, 8)
 		}
 		stop()
 		<-done

@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -17,7 +18,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.CA().RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.CA().RootPEM(), "dev-ca")
 	if err != nil {
 		panic(err)
 	}
@@ -26,6 +27,7 @@ func Example() {
 		CA:       ca,
 		Roots:    roots,
 		Source:   "dev-ca",
+		TTL:      24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		panic(err)
@@ -66,11 +68,11 @@ func ExampleManager_Prefetch() {
 	if err != nil {
 		panic(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.CA().RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.CA().RootPEM(), "dev-ca")
 	if err != nil {
 		panic(err)
 	}
-	m, err := secretmanager.New(secretmanager.Config{CA: ca, Roots: roots, MaxConcurrentCSRs: 4})
+	m, err := secretmanager.New(secretmanager.Config{CA: ca, Roots: roots, MaxConcurrentCSRs: 4, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, IdleGrace: time.Minute})
 	if err != nil {
 		panic(err)
 	}

@@ -17,21 +17,12 @@ import (
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
-// Defaults of Config.
+// Defaults of the Config fields no setting configures.
 const (
-	DefaultTTL         = 24 * time.Hour
-	DefaultGraceRatio  = 0.5
-	DefaultGraceJitter = 0.01
-	DefaultBackoffBase = 500 * time.Millisecond
-	DefaultBackoffCap  = 60 * time.Second
 	DefaultSignTimeout = time.Minute
-	// DefaultMaxConcurrentCSRs bounds the CSRs in flight across identities
-	// (MESHAGENT_CA_MAX_CONCURRENT_CSRS).
-	DefaultMaxConcurrentCSRs = 8
-	// DefaultIdleGrace is how long an identity nobody uses is kept.
-	DefaultIdleGrace = time.Minute
 )
 
 var (
@@ -53,7 +44,10 @@ var (
 	ErrNoIdentity = errors.New("no workload identity for this caller")
 )
 
-// Config describes a Manager. Zero values get the defaults noted.
+// Config describes a Manager. The fields a setting configures (TTL,
+// GraceRatio, GraceJitter, MaxConcurrentCSRs, IdleGrace) have no default
+// here: internal/app passes the setting's value. Other zero values get the
+// defaults noted.
 type Config struct {
 	// Identity is the agent's own workload identity: what "default" means
 	// for a caller asked for with the zero Identity. It is
@@ -71,21 +65,21 @@ type Config struct {
 	// chain to it. Required. A change is pushed to ROOTCA subscribers, and a
 	// held certificate that no longer chains to it is renewed at once.
 	Roots RootSource
-	// TTL is the lifetime asked of the CA (SECRET_TTL). Default 24h.
+	// TTL is the lifetime asked of the CA; at least a second. Required.
 	TTL time.Duration
-	// GraceRatio (SECRET_GRACE_PERIOD_RATIO) is the share of life left at
-	// renewal, in (0, 1]. Default 0.5; Linkerd uses 0.3. RenewalFloor bounds
-	// how soon after arrival a certificate is renewed, whatever the ratio.
+	// GraceRatio is the share of life left at renewal, in (0, 1]. Required.
+	// RenewalFloor bounds how soon after arrival a certificate is renewed,
+	// whatever the ratio.
 	GraceRatio float64
-	// GraceJitter (SECRET_GRACE_PERIOD_RATIO_JITTER), in [0, 1]. Default 0.01;
-	// a negative value means no jitter.
+	// GraceJitter is the random part of GraceRatio, in [0, 1]; zero means
+	// none.
 	GraceJitter float64
 	// MinRenewDelay and MaxRenewDelay clamp the time from arrival to renewal
 	// (Linkerd: 10s and 24h). Zero means no clamp.
 	MinRenewDelay, MaxRenewDelay time.Duration
 	// BackoffBase is the first wait after a failed request of an identity; it
 	// doubles per failure of that identity up to BackoffCap, with jitter.
-	// Defaults 500ms and 60s.
+	// Zero means backoff.Default's.
 	BackoffBase, BackoffCap time.Duration
 	// SignTimeout bounds one CA request. Default 1m; negative means no bound.
 	SignTimeout time.Duration
@@ -93,12 +87,11 @@ type Config struct {
 	// not hold). Nil means SignCSR refuses.
 	CSRSigner Signer
 	// MaxConcurrentCSRs bounds the CA requests in flight across identities
-	// and CSRJobs (MESHAGENT_CA_MAX_CONCURRENT_CSRS). Default
-	// DefaultMaxConcurrentCSRs.
+	// and CSRJobs; at least 1. Required.
 	MaxConcurrentCSRs int
 	// IdleGrace is how long an identity with no subscriber, no waiting
-	// caller and no Prefetch is kept before it is dropped. Default
-	// DefaultIdleGrace.
+	// caller and no Prefetch is kept before it is dropped; at least a
+	// second. Required.
 	IdleGrace time.Duration
 	// Clock times renewals, backoff, idleness and validity. Default the real
 	// clock.
@@ -200,7 +193,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, errors.New("secret manager: root source has no bundle")
 	}
 	m.version++
-	m.roots = RootSecret(RootCertName, b, source)
+	m.roots = secret.RootSecret(RootCertName, b, source)
 	m.roots.CRL = cfg.Roots.CRL()
 	m.roots.Version = m.version
 	if !cfg.Identity.IsZero() || cfg.CA == nil {
@@ -225,35 +218,23 @@ func (cfg Config) withDefaults() (Config, error) {
 			return cfg, fmt.Errorf("secret manager: workload identity: %w", err)
 		}
 	}
-	if cfg.TTL == 0 {
-		cfg.TTL = DefaultTTL
-	}
 	if cfg.TTL < time.Second {
-		return cfg, fmt.Errorf("secret manager: TTL %s is shorter than a second", cfg.TTL)
-	}
-	if cfg.GraceRatio == 0 {
-		cfg.GraceRatio = DefaultGraceRatio
-	}
-	switch {
-	case cfg.GraceJitter == 0:
-		cfg.GraceJitter = DefaultGraceJitter
-	case cfg.GraceJitter < 0:
-		cfg.GraceJitter = 0
+		return cfg, fmt.Errorf("secret manager: Config.TTL %s is shorter than a second", cfg.TTL)
 	}
 	if !(cfg.GraceRatio > 0 && cfg.GraceRatio <= 1) {
-		return cfg, fmt.Errorf("secret manager: grace ratio %v is outside (0, 1]", cfg.GraceRatio)
+		return cfg, fmt.Errorf("secret manager: Config.GraceRatio %v is outside (0, 1]", cfg.GraceRatio)
 	}
-	if !(cfg.GraceJitter <= 1) {
-		return cfg, fmt.Errorf("secret manager: grace jitter %v is outside [0, 1]", cfg.GraceJitter)
+	if !(cfg.GraceJitter >= 0 && cfg.GraceJitter <= 1) {
+		return cfg, fmt.Errorf("secret manager: Config.GraceJitter %v is outside [0, 1]", cfg.GraceJitter)
 	}
 	if cfg.MinRenewDelay < 0 || cfg.MaxRenewDelay < 0 || (cfg.MaxRenewDelay > 0 && cfg.MaxRenewDelay < cfg.MinRenewDelay) {
 		return cfg, fmt.Errorf("secret manager: renewal delay clamp [%s, %s] is not a range", cfg.MinRenewDelay, cfg.MaxRenewDelay)
 	}
 	if cfg.BackoffBase <= 0 {
-		cfg.BackoffBase = DefaultBackoffBase
+		cfg.BackoffBase = backoff.Default.Base
 	}
 	if cfg.BackoffCap <= 0 {
-		cfg.BackoffCap = DefaultBackoffCap
+		cfg.BackoffCap = backoff.Default.Cap
 	}
 	cfg.BackoffCap = max(cfg.BackoffCap, cfg.BackoffBase)
 	switch {
@@ -262,11 +243,11 @@ func (cfg Config) withDefaults() (Config, error) {
 	case cfg.SignTimeout < 0:
 		cfg.SignTimeout = 0
 	}
-	if cfg.MaxConcurrentCSRs <= 0 {
-		cfg.MaxConcurrentCSRs = DefaultMaxConcurrentCSRs
+	if cfg.MaxConcurrentCSRs < 1 {
+		return cfg, fmt.Errorf("secret manager: Config.MaxConcurrentCSRs %d is not positive", cfg.MaxConcurrentCSRs)
 	}
-	if cfg.IdleGrace <= 0 {
-		cfg.IdleGrace = DefaultIdleGrace
+	if cfg.IdleGrace < time.Second {
+		return cfg, fmt.Errorf("secret manager: Config.IdleGrace %s is shorter than a second", cfg.IdleGrace)
 	}
 	for prefix, p := range cfg.Providers {
 		if prefix == "" || p == nil {

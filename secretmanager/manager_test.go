@@ -21,19 +21,18 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/meshagent/meshagent/caclient/devca"
+	"github.com/meshagent/meshagent/internal/backoff"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var testID = pki.SPIFFEIdentity("cluster.local", "ns1", "sa1")
-
-func x509VerifyOptions(pool *x509.CertPool) x509.VerifyOptions {
-	return x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}
-}
 
 // Answer modes of testCA: what a broken or hostile CA might return.
 const (
@@ -157,7 +156,7 @@ func newEnv(t *testing.T, mutate func(*Config)) *env {
 	t.Helper()
 	fc := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
 	ca := newTestCA(t, fc.Now)
-	roots, err := NewRoots(ca.ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca.ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,6 +171,7 @@ func newEnv(t *testing.T, mutate func(*Config)) *env {
 		Rand:       func() float64 { return 0.5 },
 		Logger:     zap.New(core),
 		Registerer: e.reg,
+		GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -392,7 +392,7 @@ func TestCAOutageKeepsCertificate(t *testing.T) {
 		t.Fatalf("%d failure logs for %d failures", len(delays), failures)
 	}
 	for i := 1; i < len(delays); i++ {
-		if delays[i] <= delays[i-1] || delays[i] > DefaultBackoffCap {
+		if delays[i] <= delays[i-1] || delays[i] > backoff.Default.Cap {
 			t.Fatalf("retry delays %v do not grow with a cap", delays)
 		}
 	}
@@ -767,7 +767,7 @@ func TestPublishWithoutCA(t *testing.T) {
 }
 
 type staticProvider struct {
-	h       hub
+	h       notify.Set
 	secrets map[string]*Secret
 }
 
@@ -782,11 +782,14 @@ func (p *staticProvider) Current(name string) (*Secret, error) {
 	return p.Secret(context.Background(), name)
 }
 
-func (p *staticProvider) Watch(string) (<-chan struct{}, func()) { return p.h.watch() }
+func (p *staticProvider) Watch(string) (<-chan struct{}, func()) {
+	ch := p.h.Add()
+	return ch, func() { p.h.Remove(ch) }
+}
 
 func TestNamesAndProviders(t *testing.T) {
 	fileRoot := &Secret{Name: "file-root:/etc/roots.pem", Roots: []byte("x")}
-	p := &staticProvider{secrets: map[string]*Secret{fileRoot.Name: fileRoot}}
+	p := &staticProvider{h: notify.Set{}, secrets: map[string]*Secret{fileRoot.Name: fileRoot}}
 	e := newEnv(t, func(c *Config) { c.Providers = map[string]Provider{FileRootPrefix: p} })
 	ctx := context.Background()
 	if s, err := e.m.Secret(ctx, own, fileRoot.Name); err != nil || s != fileRoot {
@@ -797,7 +800,7 @@ func TestNamesAndProviders(t *testing.T) {
 	}
 	ch, cancel := e.m.Watch(own, fileRoot.Name)
 	defer cancel()
-	p.h.notify()
+	p.h.Signal()
 	waitSignal(t, ch, "provider watch")
 	for _, name := range []string{"", "Default", "rootca", "file-cert:/a~/b", "file-root:/missing", "default ", string([]byte{0xff, 0})} {
 		if _, err := e.m.Secret(ctx, own, name); !errors.Is(err, ErrUnknownResource) {
@@ -816,7 +819,7 @@ func TestNamesAndProviders(t *testing.T) {
 
 func TestConfigChecks(t *testing.T) {
 	ca := newCA(t, localca.Config{})
-	roots, err := NewRoots(ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -826,15 +829,15 @@ func TestConfigChecks(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{"no roots", Config{Identity: testID, CA: dev}, "secret manager: no trust roots"},
-		{"malformed identity", Config{Identity: pki.Identity{SPIFFEID: "http://x"}, CA: dev, Roots: roots}, `secret manager: workload identity: SPIFFE ID "http://x"`},
-		{"ratio above 1 is refused, not clamped", Config{Identity: testID, CA: dev, Roots: roots, GraceRatio: 1.0001}, "grace ratio 1.0001 is outside (0, 1]"},
-		{"ratio above 1", Config{Identity: testID, CA: dev, Roots: roots, GraceRatio: 1.5}, "grace ratio 1.5 is outside (0, 1]"},
-		{"jitter above 1", Config{Identity: testID, CA: dev, Roots: roots, GraceJitter: 2}, "grace jitter 2 is outside [0, 1]"},
-		{"clamp not a range", Config{Identity: testID, CA: dev, Roots: roots, MinRenewDelay: time.Hour, MaxRenewDelay: time.Minute}, "renewal delay clamp [1h0m0s, 1m0s] is not a range"},
-		{"tiny TTL", Config{Identity: testID, CA: dev, Roots: roots, TTL: time.Millisecond}, "TTL 1ms is shorter than a second"},
-		{"empty provider prefix", Config{Identity: testID, CA: dev, Roots: roots, Providers: map[string]Provider{"": &staticProvider{}}}, `provider for prefix "": empty prefix or nil provider`},
-		{"provider shadows default", Config{Identity: testID, CA: dev, Roots: roots, Providers: map[string]Provider{"default": &staticProvider{}}}, `provider prefix "default" shadows a built-in resource`},
+		{"no roots", Config{Identity: testID, CA: dev, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}, "secret manager: no trust roots"},
+		{"malformed identity", Config{Identity: pki.Identity{SPIFFEID: "http://x"}, CA: dev, Roots: roots, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}, `secret manager: workload identity: SPIFFE ID "http://x"`},
+		{"ratio above 1 is refused, not clamped", Config{Identity: testID, CA: dev, Roots: roots, GraceRatio: 1.0001, TTL: 24 * time.Hour, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}, "GraceRatio 1.0001 is outside (0, 1]"},
+		{"ratio above 1", Config{Identity: testID, CA: dev, Roots: roots, GraceRatio: 1.5, TTL: 24 * time.Hour, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}, "GraceRatio 1.5 is outside (0, 1]"},
+		{"jitter above 1", Config{Identity: testID, CA: dev, Roots: roots, GraceJitter: 2, TTL: 24 * time.Hour, GraceRatio: 0.5, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}, "GraceJitter 2 is outside [0, 1]"},
+		{"clamp not a range", Config{Identity: testID, CA: dev, Roots: roots, MinRenewDelay: time.Hour, MaxRenewDelay: time.Minute, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}, "renewal delay clamp [1h0m0s, 1m0s] is not a range"},
+		{"tiny TTL", Config{Identity: testID, CA: dev, Roots: roots, TTL: time.Millisecond, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}, "TTL 1ms is shorter than a second"},
+		{"empty provider prefix", Config{Identity: testID, CA: dev, Roots: roots, Providers: map[string]Provider{"": &staticProvider{}}, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}, `provider for prefix "": empty prefix or nil provider`},
+		{"provider shadows default", Config{Identity: testID, CA: dev, Roots: roots, Providers: map[string]Provider{"default": &staticProvider{}}, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}, `provider prefix "default" shadows a built-in resource`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -847,15 +850,15 @@ func TestConfigChecks(t *testing.T) {
 	// A manager made again on one registry shares the metrics registered
 	// first; a metric of the same name defined otherwise is refused.
 	reg := prometheus.NewRegistry()
-	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg}); err != nil {
+	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg}); err != nil {
+	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: reg, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}); err != nil {
 		t.Fatalf("a second manager on one registry: %v", err)
 	}
 	other := prometheus.NewRegistry()
 	other.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_secretmanager_identities", Help: "another definition"}))
-	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: other}); err == nil {
+	if _, err := New(Config{Identity: testID, CA: dev, Roots: roots, Registerer: other, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}); err == nil {
 		t.Fatal("a conflicting metric definition went unnoticed")
 	}
 }
@@ -879,8 +882,8 @@ func FuzzPublish(f *testing.F) {
 	f.Add(chainPEM[:100], keyPEM)
 	f.Add(keyPEM, chainPEM)
 	f.Add([]byte{}, []byte{})
-	roots, _ := NewRoots(ca.RootPEM(), "fuzz")
-	m, err := New(Config{Roots: roots})
+	roots, _ := secret.NewRoots(ca.RootPEM(), "fuzz")
+	m, err := New(Config{Roots: roots, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshagent_secretmanager_csrs_in_flight",
-			Help: "Certificate requests to the CA in flight (bounded by MESHAGENT_CA_MAX_CONCURRENT_CSRS).",
+			Help: "Certificate requests to the CA in flight (bounded by the agent's one CSR budget).",
 		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meshagent_secretmanager_identities_dropped_total",

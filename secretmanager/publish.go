@@ -11,6 +11,7 @@ import (
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
 // publish is the one way a secret becomes visible. Under pubMu (so every
@@ -77,7 +78,7 @@ func (m *Manager) refreshRoots() bool {
 		if b == nil || (b.Equal(m.roots.Bundle) && bytes.Equal(crl, m.roots.CRL)) {
 			return nil, nil, false
 		}
-		m.roots = RootSecret(RootCertName, b, source)
+		m.roots = secret.RootSecret(RootCertName, b, source)
 		m.roots.CRL = crl
 		return m.roots, m.rootSubs, true
 	})
@@ -206,7 +207,7 @@ func (m *Manager) checkPair(chainPEM, keyPEM []byte, verify bool) (*held, error)
 	if err != nil {
 		return nil, err
 	}
-	s := CertSecret(WorkloadCertName, chain, normKey, m.cfg.Source)
+	s := secret.CertSecret(WorkloadCertName, chain, normKey, m.cfg.Source)
 	s.Identity = id
 	return &held{secret: s, chain: chain}, nil
 }

@@ -9,25 +9,6 @@ import (
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
-// Provider serves the resource names under a prefix that the manager does not
-// hold itself (file-cert:..., file-root:...). Its secrets carry the requested
-// name.
-type Provider interface {
-	// Secret returns the current secret for name, waiting for it if needed
-	// (bounded by ctx). Names it cannot serve give an error wrapping
-	// ErrUnknownResource.
-	Secret(ctx context.Context, name string) (*Secret, error)
-	// Current returns the secret for name as it is now, never waiting: an
-	// error when none is available yet, as Secret's.
-	Current(name string) (*Secret, error)
-	// Watch signals changes of name on a channel with a one-slot buffer; the
-	// function ends the subscription. A nil channel refuses the name (it
-	// cannot be loaded, or over a limit); a later Secret may still load it
-	// once, so a consumer that watches must refuse the name itself (sds
-	// does) rather than serve what it cannot follow.
-	Watch(name string) (<-chan struct{}, func())
-}
-
 // identityFor returns the identity "default" means for a caller the edge
 // (sds, workloadapi) resolved to id: id when set, else the configured
 // identity. The manager never looks at the transport: whoever serves a

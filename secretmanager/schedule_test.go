@@ -50,7 +50,7 @@ func TestRenewAt(t *testing.T) {
 func TestRenewAtDefaultSpread(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
-	p := Policy{GraceRatio: DefaultGraceRatio, GraceJitter: DefaultGraceJitter}
+	p := Policy{GraceRatio: 0.5, GraceJitter: 0.01} // SECRET_GRACE_PERIOD_RATIO and its jitter's defaults
 	lo := RenewAt(t0, t0.Add(24*time.Hour), p, 0.999999).Sub(t0)
 	hi := RenewAt(t0, t0.Add(24*time.Hour), p, 0).Sub(t0)
 	if lo < 12*time.Hour-15*time.Minute || hi > 12*time.Hour+15*time.Minute || hi-lo < 28*time.Minute {

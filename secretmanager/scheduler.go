@@ -14,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
 // priority orders the identities that are due when fewer CSR slots are free
@@ -259,7 +260,7 @@ func (m *Manager) request(ctx context.Context, id pki.Identity) (*Secret, *held,
 		m.metrics.rejected.WithLabelValues(pki.Reason(err)).Inc()
 		return nil, nil, fmt.Errorf("%w: %w", ErrRejected, err)
 	}
-	s := CertSecret(WorkloadCertName, chain, keyPEM, m.cfg.Source)
+	s := secret.CertSecret(WorkloadCertName, chain, keyPEM, m.cfg.Source)
 	s.Identity = id
 	s.RenewAt = RenewAt(now, s.NotAfter, m.policy, m.rand())
 	m.log.Debug("CA answered", zap.String(logkeys.Identity, id.String()), zap.Duration(logkeys.Latency, latency))

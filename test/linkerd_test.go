@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/linkerdca"
@@ -197,7 +197,7 @@ func TestLinkerdTokenNotSentToUnexpectedName(t *testing.T) {
 		t.Fatal(err)
 	}
 	client, err := linkerd.New(linkerd.Config{
-		Transport: caclient.TransportConfig{Addr: ca.Addr(), Roots: caclient.StaticRoots{Pool: ca.Roots()}},
+		Transport: controlplane.Config{Addr: ca.Addr(), Roots: controlplane.StaticRoots{Pool: ca.Roots()}},
 		Token:     credfetcher.File{Path: tokFile},
 	})
 	if err != nil {

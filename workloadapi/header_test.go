@@ -20,7 +20,7 @@ func FuzzSecurityHeader(f *testing.F) {
 	f.Add("TRUE", "", false)
 	f.Add("", "", false)
 	f.Add("true ", "x", true)
-	s, err := New(Config{Secrets: nopSource{}})
+	s, err := New(Config{Secrets: nopSource{}, MaxStreams: 4096, MaxStreamsPerCaller: 64})
 	if err != nil {
 		f.Fatal(err)
 	}

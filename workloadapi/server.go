@@ -3,6 +3,7 @@ package workloadapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,18 +16,10 @@ import (
 
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/secretmanager"
-)
-
-// Defaults of Config.
-const (
-	// DefaultMaxStreams bounds the Workload API streams open at once.
-	DefaultMaxStreams = 4096
-	// DefaultMaxStreamsPerCaller bounds the streams one resolved caller
-	// (one pod in node mode) holds open at once, as SDS's.
-	DefaultMaxStreamsPerCaller = 64
 )
 
 // The security header every Workload API call must carry, as the SPIFFE
@@ -49,25 +42,28 @@ type SecretSource interface {
 	Watch(id pki.Identity, name string) (<-chan struct{}, func())
 }
 
-// Config describes a Workload API server. Zero values get the defaults noted.
+// Config describes a Workload API server. The bounds are required: their
+// values are settings', passed in by internal/app.
 type Config struct {
 	// Secrets provides the caller's certificate and the trust bundle. Required.
 	Secrets SecretSource
 	// MaxStreams bounds the streams (FetchX509SVID and FetchX509Bundles) open
-	// at once; one over the limit is refused with ResourceExhausted. Default
-	// DefaultMaxStreams.
+	// at once; one over the limit is refused with ResourceExhausted.
+	// Required.
 	MaxStreams int
 	// MaxStreamsPerCaller bounds the streams one caller (a pod, or an
 	// identity, as the socket server's resolver named it) holds open at once,
 	// so that no pod on a node can take every stream; one over the limit is
 	// refused with ResourceExhausted. Callers the agent does not tell apart
-	// (a sidecar's: one workload) are bounded by MaxStreams only. Default
-	// DefaultMaxStreamsPerCaller.
+	// (a sidecar's: one workload) are bounded by MaxStreams only. Required.
 	MaxStreamsPerCaller int
 	// Callers, when set, is the per-caller stream count shared with the
 	// other service on the socket, so a pod's SDS and Workload API streams
 	// count together against MaxStreamsPerCaller. Nil: a count of its own.
 	Callers *streamlimit.Callers
+	// LimitNames are what a refused stream is told to raise: the settings
+	// behind MaxStreams and MaxStreamsPerCaller. Empty names are left out.
+	LimitNames streamlimit.Names
 	// Logger receives the server's logs. Nil means no logs.
 	Logger *zap.Logger
 	// Registerer receives the metrics. Nil means they are not registered.
@@ -94,10 +90,10 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("workload API server: no secret source")
 	}
 	if cfg.MaxStreams <= 0 {
-		cfg.MaxStreams = DefaultMaxStreams
+		return nil, fmt.Errorf("workload API server: Config.MaxStreams %d is not positive", cfg.MaxStreams)
 	}
 	if cfg.MaxStreamsPerCaller <= 0 {
-		cfg.MaxStreamsPerCaller = DefaultMaxStreamsPerCaller
+		return nil, fmt.Errorf("workload API server: Config.MaxStreamsPerCaller %d is not positive", cfg.MaxStreamsPerCaller)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -108,7 +104,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{cfg: cfg, log: cfg.Logger.Named("workloadapi"), metrics: m,
 		streams: &streamlimit.Limit{Max: cfg.MaxStreams, PerCaller: cfg.MaxStreamsPerCaller, Callers: cfg.Callers,
-			Service: "Workload API", MaxSetting: "MESHAGENT_WORKLOAD_API_MAX_STREAMS"}}, nil
+			Service: "Workload API", Names: cfg.LimitNames}}, nil
 }
 
 // Register adds the SpiffeWorkloadAPI service to gs.
@@ -292,7 +288,7 @@ func (s *Server) follow(ctx context.Context, ident pki.Identity, method string, 
 				return status.FromContextError(ctx.Err()).Err()
 			}
 			s.log.Warn("workload API update not sent", zap.Uint64(logkeys.Stream, id), zap.String(logkeys.Method, method), zap.Error(err))
-		case !secretmanager.SameVersions(secrets, sent):
+		case !secret.SameVersions(secrets, sent):
 			if err := send(secrets); err != nil {
 				return err
 			}

@@ -26,8 +26,10 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
+	"github.com/meshagent/meshagent/internal/uds/streamlimit"
 	"github.com/meshagent/meshagent/internal/uds/udsserver"
 	"github.com/meshagent/meshagent/sds"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -80,7 +82,7 @@ func startAgent(t testing.TB, ttl time.Duration, adjust func(*workloadapi.Config
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.roots, err = secretmanager.NewRoots(a.ca.RootPEM(), "dev-ca"); err != nil {
+	if a.roots, err = secret.NewRoots(a.ca.RootPEM(), "dev-ca"); err != nil {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
@@ -89,18 +91,20 @@ func startAgent(t testing.TB, ttl time.Duration, adjust func(*workloadapi.Config
 	a.mgr, err = secretmanager.New(secretmanager.Config{
 		Identity: testID, CA: dev, Roots: a.roots, TTL: ttl,
 		Clock: a.clock, Rand: func() float64 { return 0.5 }, Logger: log,
+		GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.wl = newWorkloadAPI(t, a.mgr, a.reg, log, adjust)
-	sdsSrv, err := sds.New(sds.Config{Secrets: a.mgr, Logger: log, Registerer: a.reg})
+	sdsSrv, err := sds.New(sds.Config{Secrets: a.mgr, Logger: log, Registerer: a.reg, MaxStreams: 4096, MaxStreamsPerCaller: 64, MaxFileNamesPerCaller: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
 	uds, err := udsserver.New(udsserver.Config{
 		SocketPath: a.socket, Services: []func(*grpc.Server){sdsSrv.Register, a.wl.Register},
 		Logger: log, Registerer: a.reg,
+		MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +124,8 @@ func startAgent(t testing.TB, ttl time.Duration, adjust func(*workloadapi.Config
 
 func newWorkloadAPI(t testing.TB, src workloadapi.SecretSource, reg prometheus.Registerer, log *zap.Logger, adjust func(*workloadapi.Config)) *workloadapi.Server {
 	t.Helper()
-	cfg := workloadapi.Config{Secrets: src, Logger: log, Registerer: reg}
+	cfg := workloadapi.Config{Secrets: src, Logger: log, Registerer: reg, MaxStreams: 4096, MaxStreamsPerCaller: 64,
+		LimitNames: streamlimit.Names{Max: "MESHAGENT_WORKLOAD_API_MAX_STREAMS", PerCaller: "MESHAGENT_SDS_MAX_STREAMS_PER_POD"}}
 	if adjust != nil {
 		adjust(&cfg)
 	}
@@ -142,7 +147,7 @@ func serveResolved(t testing.TB, src workloadapi.SecretSource, adjust func(*work
 	t.Helper()
 	socket = filepath.Join(shortDir(t), "socket")
 	wl = newWorkloadAPI(t, src, nil, nil, adjust)
-	uds, err := udsserver.New(udsserver.Config{SocketPath: socket, Services: []func(*grpc.Server){wl.Register}, Resolver: r})
+	uds, err := udsserver.New(udsserver.Config{SocketPath: socket, Services: []func(*grpc.Server){wl.Register}, Resolver: r, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/uds/caller"
 	"github.com/meshagent/meshagent/internal/uds/streamlimit"
@@ -592,11 +593,11 @@ func TestNoIdentityIsPermissionDenied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.RootPEM(), "dev-ca")
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := secretmanager.New(secretmanager.Config{CA: dev, Roots: roots}) // node mode: no own identity
+	mgr, err := secretmanager.New(secretmanager.Config{CA: dev, Roots: roots, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}) // node mode: no own identity
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -626,7 +627,7 @@ func rootSecret(t *testing.T, roots []byte, v uint64) secretmanager.Secret {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := secretmanager.RootSecret(secretmanager.RootCertName, b, "test")
+	s := secret.RootSecret(secretmanager.RootCertName, b, "test")
 	s.Version = v
 	return *s
 }

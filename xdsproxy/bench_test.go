@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/controlplane"
 )
 
 // BenchmarkForward fetches one CDS response of the given size, either
@@ -43,10 +43,10 @@ func BenchmarkForward(b *testing.B) {
 			}); err != nil {
 				b.Fatal(err)
 			}
-			direct, err := caclient.Dial(caclient.TransportConfig{
+			direct, err := controlplane.Dial(controlplane.Config{
 				Addr:        r.up.Addr(),
 				ServerName:  testSAN,
-				Roots:       caclient.StaticRoots{Pool: r.ca.Pool()},
+				Roots:       controlplane.StaticRoots{Pool: r.ca.Pool()},
 				Token:       r.tokens,
 				Metadata:    map[string]string{"ClusterID": testClusterID},
 				DialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(testMaxMsg))},

@@ -9,14 +9,11 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
-	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/controlplane"
 )
 
 // Defaults for Config fields left zero.
 const (
-	// DefaultSocketPath is pilot-agent's xDS proxy socket, relative to the
-	// working directory.
-	DefaultSocketPath = "./etc/istio/proxy/XDS"
 	// DefaultMaxMessageSize bounds one ADS message; large meshes push
 	// responses of a hundred megabytes and more.
 	DefaultMaxMessageSize = 256 << 20
@@ -40,7 +37,7 @@ type Config struct {
 	// SocketPath is the Unix socket Envoy (or a proxyless gRPC client)
 	// connects to. Its directory is created (0750); a stale socket left there
 	// is removed, a live one is an error. The socket is removed on shutdown.
-	// Default DefaultSocketPath.
+	// Required.
 	SocketPath string
 
 	// Upstream says how to reach the control plane:
@@ -56,7 +53,7 @@ type Config struct {
 	// An Addr whose port is 15010 is dialed in plaintext, as by pilot-agent,
 	// and then the token is sent only if Addr is a loopback address.
 	// DialOptions are appended after the proxy's own.
-	Upstream caclient.TransportConfig
+	Upstream controlplane.Config
 
 	// ConnectAfter, when set, holds back the connection made at start until
 	// it is closed: the agent closes it once it holds its first workload
@@ -100,9 +97,6 @@ type Config struct {
 }
 
 func (cfg Config) withDefaults() Config {
-	if cfg.SocketPath == "" {
-		cfg.SocketPath = DefaultSocketPath
-	}
 	if cfg.MaxMessageSize <= 0 {
 		cfg.MaxMessageSize = DefaultMaxMessageSize
 	}

@@ -12,7 +12,7 @@
 // (the first upstream answer) and the proxy's metrics.
 //
 // What it does not own: trust roots, the bearer token, the client certificate
-// and extra metadata all come in through caclient.TransportConfig and are
+// and extra metadata all come in through controlplane.Config and are
 // consulted afresh at every connection (TLS handshake; the token and
 // metadata at every stream). It never decodes or re-encodes
 // resources: responses are moved as the raw bytes gRPC received (a pass-

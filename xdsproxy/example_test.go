@@ -10,8 +10,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/xdsproxy"
 )
 
@@ -19,12 +19,12 @@ import (
 // workload certificate are shared with the rest of the agent and read
 // afresh at every upstream connection.
 func ExampleNew() {
-	// The agent passes its watched root bundle; any caclient.RootSource does.
-	xdsRoots := caclient.StaticRoots{Pool: x509.NewCertPool()}
+	// The agent passes its watched root bundle; any controlplane.RootSource does.
+	xdsRoots := controlplane.StaticRoots{Pool: x509.NewCertPool()}
 	workloadCert := func() (*tls.Certificate, error) {
 		return nil, nil // the secret manager's current certificate
 	}
-	// The agent listens on xdsproxy.DefaultSocketPath.
+	// The agent listens on MESHAGENT_XDS_SOCKET (./etc/istio/proxy/XDS by default).
 	dir, err := os.MkdirTemp("", "xdsproxy-example")
 	if err != nil {
 		log.Fatal(err)
@@ -32,7 +32,7 @@ func ExampleNew() {
 	defer os.RemoveAll(dir)
 	p, err := xdsproxy.New(xdsproxy.Config{
 		SocketPath: filepath.Join(dir, "XDS"),
-		Upstream: caclient.TransportConfig{
+		Upstream: controlplane.Config{
 			Addr:              "istiod.istio-system.svc:15012",
 			ServerName:        "istiod.istio-system.svc",
 			Roots:             xdsRoots,

@@ -28,8 +28,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
@@ -114,10 +114,10 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	r := &rig{t: t, ca: ca, up: up, reg: prometheus.NewRegistry(), tokens: tokenFile(t)}
 	cfg := Config{
 		SocketPath: filepath.Join(t.TempDir(), "etc", "istio", "proxy", "XDS"),
-		Upstream: caclient.TransportConfig{
+		Upstream: controlplane.Config{
 			Addr:       up.Addr(),
 			ServerName: testSAN,
-			Roots:      caclient.StaticRoots{Pool: ca.Pool()},
+			Roots:      controlplane.StaticRoots{Pool: ca.Pool()},
 			Token:      r.tokens,
 			Metadata:   map[string]string{"ClusterID": testClusterID, "X-Mesh-Header": "from-env"},
 		},

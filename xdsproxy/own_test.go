@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
-	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/testwait"
 )
 
@@ -171,7 +171,7 @@ func TestSubscriptionsChecked(t *testing.T) {
 		{{Apply: apply}},
 		{{TypeURL: proxyConfigType, Apply: apply}, {TypeURL: proxyConfigType, Apply: apply}},
 	} {
-		if _, err := New(Config{Upstream: caclient.TransportConfig{Addr: "127.0.0.1:1"}, Subscriptions: subs}); err == nil {
+		if _, err := New(Config{Upstream: controlplane.Config{Addr: "127.0.0.1:1"}, Subscriptions: subs}); err == nil {
 			t.Errorf("New accepted subscriptions %v", subs)
 		}
 	}

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/uds/sockprobe"
 	"github.com/meshagent/meshagent/internal/uds/udslisten"
@@ -90,7 +90,7 @@ var (
 // Proxy forwards ADS streams from a Unix socket to the control plane.
 type Proxy struct {
 	cfg      Config
-	upstream caclient.TransportConfig
+	upstream controlplane.Config
 	log      *zap.Logger
 	metrics  *metrics
 
@@ -106,6 +106,9 @@ type Proxy struct {
 // New checks cfg and builds a proxy. It starts nothing; Run does.
 func New(cfg Config) (*Proxy, error) {
 	cfg = cfg.withDefaults()
+	if cfg.SocketPath == "" {
+		return nil, errors.New("xds proxy: no Config.SocketPath")
+	}
 	if cfg.Upstream.Addr == "" {
 		return nil, errors.New("xds proxy: no discovery address")
 	}
@@ -118,7 +121,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	log := cfg.Logger.Named("xdsproxy")
 	up := cfg.Upstream
-	if up.Plaintext && up.Token != nil && !caclient.IsLoopback(up.Addr) {
+	if up.Plaintext && up.Token != nil && !controlplane.IsLoopback(up.Addr) {
 		log.Warn("plaintext discovery address is not loopback: the bearer token will not be sent",
 			zap.String(logkeys.Upstream, up.Addr))
 		up.Token = nil
@@ -190,7 +193,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	watched := make(chan error, 1)
 	go func() { watched <- lis.Watch(watchCtx) }()
 	defer func() { stopWatch(); <-watched }()
-	conn, err := caclient.Dial(p.upstream)
+	conn, err := controlplane.Dial(p.upstream)
 	if err != nil {
 		return fmt.Errorf("xds proxy: upstream %s: %w", p.upstream.Addr, err)
 	}

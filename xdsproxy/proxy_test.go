@@ -22,7 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
@@ -396,7 +396,7 @@ func TestPlaintextLoopbackUpstream(t *testing.T) {
 	setClusters(t, up, "v1", "c1")
 	p, err := New(Config{
 		SocketPath:     filepath.Join(t.TempDir(), "XDS"),
-		Upstream:       caclient.TransportConfig{Addr: up.Addr(), Plaintext: true, Token: staticToken(testToken)},
+		Upstream:       controlplane.Config{Addr: up.Addr(), Plaintext: true, Token: staticToken(testToken)},
 		InitialBackoff: 5 * time.Millisecond,
 	})
 	if err != nil {
@@ -423,7 +423,7 @@ func TestPort15010MeansPlaintext(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := New(Config{Upstream: caclient.TransportConfig{Addr: tt.addr, Token: staticToken("t")}})
+			p, err := New(Config{SocketPath: "XDS", Upstream: controlplane.Config{Addr: tt.addr, Token: staticToken("t")}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -483,7 +483,7 @@ func TestSocketSetup(t *testing.T) {
 	dir := t.TempDir()
 	t.Run("creates the directory and removes the socket on shutdown", func(t *testing.T) {
 		path := filepath.Join(dir, "a", "etc", "istio", "proxy", "XDS")
-		p, err := New(Config{SocketPath: path, Upstream: caclient.TransportConfig{Addr: "127.0.0.1:1"}})
+		p, err := New(Config{SocketPath: path, Upstream: controlplane.Config{Addr: "127.0.0.1:1"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -508,7 +508,7 @@ func TestSocketSetup(t *testing.T) {
 	})
 	t.Run("leaves a socket that replaced its own", func(t *testing.T) {
 		path := filepath.Join(dir, "b", "XDS")
-		p, err := New(Config{SocketPath: path, Upstream: caclient.TransportConfig{Addr: "127.0.0.1:1"}})
+		p, err := New(Config{SocketPath: path, Upstream: controlplane.Config{Addr: "127.0.0.1:1"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -564,7 +564,7 @@ func TestSocketSetup(t *testing.T) {
 		}
 		l.SetUnlinkOnClose(false)
 		_ = l.Close()
-		p, err := New(Config{SocketPath: path, Upstream: caclient.TransportConfig{Addr: "127.0.0.1:1"}})
+		p, err := New(Config{SocketPath: path, Upstream: controlplane.Config{Addr: "127.0.0.1:1"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -577,7 +577,7 @@ func TestSocketSetup(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer l.Close()
-		p, err := New(Config{SocketPath: path, Upstream: caclient.TransportConfig{Addr: "127.0.0.1:1"}})
+		p, err := New(Config{SocketPath: path, Upstream: controlplane.Config{Addr: "127.0.0.1:1"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -590,7 +590,7 @@ func TestSocketSetup(t *testing.T) {
 		if err := os.WriteFile(path, nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		p, err := New(Config{SocketPath: path, Upstream: caclient.TransportConfig{Addr: "127.0.0.1:1"}})
+		p, err := New(Config{SocketPath: path, Upstream: controlplane.Config{Addr: "127.0.0.1:1"}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/testwait"
 )
 
@@ -65,7 +65,7 @@ func TestStuckUpstreamDoesNotStallResponses(t *testing.T) {
 	addr := stuckUpstream(t, responses, size)
 	p, err := New(Config{
 		SocketPath:     filepath.Join(t.TempDir(), "XDS"),
-		Upstream:       caclient.TransportConfig{Addr: addr, Plaintext: true},
+		Upstream:       controlplane.Config{Addr: addr, Plaintext: true},
 		MaxMessageSize: 1 << 20,
 		InitialBackoff: time.Millisecond,
 		MaxBackoff:     10 * time.Millisecond,

@@ -16,6 +16,7 @@ import (
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -49,7 +50,7 @@ type Config struct {
 	// and roots, plaintext (port 15010, see PlaintextPort), the PROV_CERT client
 	// certificate, the bearer token fetcher, and the extra gRPC metadata
 	// (ClusterID and the CA_HEADER_* values). Addr is required.
-	Transport caclient.TransportConfig
+	Transport controlplane.Config
 	// CertSigner (ISTIO_META_CERT_SIGNER), when set, is sent as the
 	// "CertSigner" field of the request metadata.
 	CertSigner string
@@ -90,8 +91,8 @@ func New(cfg Config) (*Client, error) {
 	if tc.Addr == "" {
 		return nil, errors.New("istio CA client: no CA address")
 	}
-	if tc.Plaintext && tc.Token != nil && !caclient.IsLoopback(tc.Addr) {
-		return nil, fmt.Errorf("istio CA client: plaintext connection to %s: %w", tc.Addr, caclient.ErrUnverifiedPeer)
+	if tc.Plaintext && tc.Token != nil && !controlplane.IsLoopback(tc.Addr) {
+		return nil, fmt.Errorf("istio CA client: plaintext connection to %s: %w", tc.Addr, controlplane.ErrUnverifiedPeer)
 	}
 	switch {
 	case cfg.AttemptTimeout == 0:

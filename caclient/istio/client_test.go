@@ -23,8 +23,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -78,10 +78,10 @@ func newEnv(t *testing.T, caCfg istioca.Config, edit func(*Config)) *env {
 	writeToken(t, tokenPath, tokenA)
 	reg := prometheus.NewRegistry()
 	cfg := Config{
-		Transport: caclient.TransportConfig{
+		Transport: controlplane.Config{
 			Addr:       ca.Addr(),
 			ServerName: ca.ServerName(),
-			Roots:      caclient.StaticRoots{Pool: ca.Roots()},
+			Roots:      controlplane.StaticRoots{Pool: ca.Roots()},
 			Token:      credfetcher.File{Path: tokenPath},
 			Metadata:   map[string]string{"ClusterID": "Kubernetes", "X-Tenant": "blue"},
 		},
@@ -445,10 +445,10 @@ func TestClientCertificateAuthWithoutToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := New(Config{
-		Transport: caclient.TransportConfig{
+		Transport: controlplane.Config{
 			Addr:       ca.Addr(),
 			ServerName: ca.ServerName(),
-			Roots:      caclient.StaticRoots{Pool: ca.Roots()},
+			Roots:      controlplane.StaticRoots{Pool: ca.Roots()},
 			ClientCertificate: func() (*tls.Certificate, error) {
 				return &prov, nil
 			},
@@ -498,12 +498,12 @@ func TestPlaintextLoopbackSendsToken(t *testing.T) {
 
 func TestNewRefusesPlaintextTokenToRemoteAddress(t *testing.T) {
 	// New does not dial, so no traffic leaves the machine.
-	_, err := New(Config{Transport: caclient.TransportConfig{
+	_, err := New(Config{Transport: controlplane.Config{
 		Addr:      "istiod.istio-system.svc:15010",
 		Plaintext: true,
 		Token:     credfetcher.File{Path: "/nonexistent"},
 	}})
-	if !errors.Is(err, caclient.ErrUnverifiedPeer) {
+	if !errors.Is(err, controlplane.ErrUnverifiedPeer) {
 		t.Fatalf("New error %v, want ErrUnverifiedPeer", err)
 	}
 	if _, err := New(Config{}); err == nil {
@@ -649,7 +649,7 @@ func TestCloseTwiceAndSignAfterClose(t *testing.T) {
 
 func TestMetricsRegisterTwiceInOneRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	cfg := Config{Transport: caclient.TransportConfig{Addr: "127.0.0.1:1"}, Registerer: reg}
+	cfg := Config{Transport: controlplane.Config{Addr: "127.0.0.1:1"}, Registerer: reg}
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,7 @@
 // on a struggling CA); the secret manager retries with its per-identity
 // backoff. It does not own the transport rules (TLS verification,
 // the bearer token, client certificates and extra metadata come from
-// caclient.Dial), where tokens come from (credfetcher), nor the judgement of
+// controlplane.Dial), where tokens come from (credfetcher), nor the judgement of
 // the returned chain, which the caller makes with pki.VerifyIssued.
 //
 // A Client holds one gRPC connection at a time, made lazily on the first Sign

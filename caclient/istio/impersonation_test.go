@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/istioca"
 )
@@ -59,8 +59,8 @@ func TestImpersonationForNodeAgent(t *testing.T) {
 	writeToken(t, tokenPath, tok)
 	client := func(id pki.Identity) *Client {
 		c, err := New(Config{
-			Transport: caclient.TransportConfig{Addr: ca.Addr(), ServerName: ca.ServerName(),
-				Roots: caclient.StaticRoots{Pool: ca.Roots()}, Token: credfetcher.File{Path: tokenPath}},
+			Transport: controlplane.Config{Addr: ca.Addr(), ServerName: ca.ServerName(),
+				Roots: controlplane.StaticRoots{Pool: ca.Roots()}, Token: credfetcher.File{Path: tokenPath}},
 			CertSigner: "signer-a",
 			Identity:   id,
 		})

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -37,11 +37,11 @@ func TestNewWiredFromFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	client, err := New(Config{
-		Transport: caclient.TransportConfig{
+		Transport: controlplane.Config{
 			Addr:       ca.Addr(),
 			ServerName: ca.ServerName(),
 			Plaintext:  PlaintextPort(ca.Addr()),
-			Roots:      caclient.StaticRoots{Pool: pki.CertPool(roots)},
+			Roots:      controlplane.StaticRoots{Pool: pki.CertPool(roots)},
 			Token:      credfetcher.File{Path: tokenPath},
 			Metadata:   map[string]string{"ClusterID": "Kubernetes"},
 		},

@@ -11,9 +11,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/linkerdca"
@@ -262,8 +262,8 @@ func TestNewChecksConfig(t *testing.T) {
 		cfg  linkerd.Config
 	}{
 		{"no address", linkerd.Config{Token: tok}},
-		{"no token", linkerd.Config{Transport: caclient.TransportConfig{Addr: "127.0.0.1:8080"}}},
-		{"plaintext off loopback", linkerd.Config{Token: tok, Transport: caclient.TransportConfig{Addr: "identity.example:8080", Plaintext: true}}},
+		{"no token", linkerd.Config{Transport: controlplane.Config{Addr: "127.0.0.1:8080"}}},
+		{"plaintext off loopback", linkerd.Config{Token: tok, Transport: controlplane.Config{Addr: "identity.example:8080", Plaintext: true}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -287,7 +287,7 @@ func TestNewDefaultsServerName(t *testing.T) {
 	}{
 		{linkerd.Config{}, "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local"},
 		{linkerd.Config{Scheme: l5d}, "linkerd-identity.l5d.serviceaccount.identity.l5d.example.org"},
-		{linkerd.Config{Transport: caclient.TransportConfig{ServerName: "identity.example"}}, "identity.example"},
+		{linkerd.Config{Transport: controlplane.Config{ServerName: "identity.example"}}, "identity.example"},
 	}
 	for _, tt := range tests {
 		tt.cfg.Token = tok
@@ -305,7 +305,7 @@ func TestNewDefaultsServerName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = linkerd.New(linkerd.Config{Scheme: istio, Token: tok, Transport: caclient.TransportConfig{Addr: "127.0.0.1:8080"}})
+	_, err = linkerd.New(linkerd.Config{Scheme: istio, Token: tok, Transport: controlplane.Config{Addr: "127.0.0.1:8080"}})
 	if err == nil || !strings.Contains(err.Error(), "is not Linkerd's") {
 		t.Errorf("New with Istio's scheme: %v, want a refusal", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
 )
@@ -35,7 +36,7 @@ type Config struct {
 	// is never sent as metadata: the token goes in the request body, so
 	// Transport.Token is used as Token when Token is nil and then cleared.
 	// Plaintext is accepted only for a loopback Addr.
-	Transport caclient.TransportConfig
+	Transport controlplane.Config
 	// Scheme is the Linkerd identity scheme (trust domain and control-plane
 	// namespace), used only for the default server name. The zero Scheme
 	// means pki.LinkerdScheme(pki.DefaultTrustDomain, "").
@@ -60,7 +61,7 @@ type Config struct {
 
 // Client is a caclient.Client for Identity.Certify.
 type Client struct {
-	transport  caclient.TransportConfig
+	transport  controlplane.Config
 	serverName string
 	// plaintextLoopback: a plaintext transport to a loopback address, where
 	// the token may go without a TLS peer.
@@ -91,7 +92,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Token == nil && cfg.TokenFor == nil {
 		return nil, errors.New("linkerd identity client: no token source")
 	}
-	loopback := caclient.IsLoopback(cfg.Transport.Addr)
+	loopback := controlplane.IsLoopback(cfg.Transport.Addr)
 	if cfg.Transport.Plaintext && !loopback {
 		return nil, fmt.Errorf("linkerd identity client: plaintext to %s would never carry the token: only loopback addresses may be plaintext", cfg.Transport.Addr)
 	}
@@ -139,7 +140,7 @@ func (c *Client) ServerName() string { return c.serverName }
 // the caller checks it with pki.VerifyIssued.
 //
 // Errors keep the gRPC status in their chain (status.Code works on them). A refusal to send the token
-// wraps caclient.ErrUnverifiedPeer; a bad answer wraps ErrMalformedAnswer.
+// wraps controlplane.ErrUnverifiedPeer; a bad answer wraps ErrMalformedAnswer.
 func (c *Client) Sign(ctx context.Context, csr []byte, id pki.Identity, _ time.Duration) ([]*x509.Certificate, error) {
 	if id.DNSName == "" {
 		return nil, fmt.Errorf("%w: got %q", ErrNotDNSIdentity, id.String())

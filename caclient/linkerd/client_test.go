@@ -21,9 +21,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/test/linkerdca"
 )
@@ -58,9 +58,9 @@ func setup(t *testing.T, scfg linkerdca.Config, edit func(*linkerd.Config)) *env
 	}
 	reg := prometheus.NewRegistry()
 	cfg := linkerd.Config{
-		Transport: caclient.TransportConfig{
+		Transport: controlplane.Config{
 			Addr:  s.Addr(),
-			Roots: caclient.StaticRoots{Pool: s.Roots()},
+			Roots: controlplane.StaticRoots{Pool: s.Roots()},
 		},
 		Token:      credfetcher.File{Path: tokFile},
 		Registerer: reg,
@@ -197,7 +197,7 @@ func TestTokenNeverSentToUnverifiedService(t *testing.T) {
 		{
 			name: "untrusted chain",
 			edit: func(c *linkerd.Config) {
-				c.Transport.Roots = caclient.StaticRoots{Pool: x509.NewCertPool()}
+				c.Transport.Roots = controlplane.StaticRoots{Pool: x509.NewCertPool()}
 			},
 		},
 	}
@@ -233,7 +233,7 @@ func TestTokenWithheldWhenTransportDoesNotVerify(t *testing.T) {
 	}
 	e.s.SetServingCert(other)
 	_, err = e.sign(t)
-	if !errors.Is(err, caclient.ErrUnverifiedPeer) {
+	if !errors.Is(err, controlplane.ErrUnverifiedPeer) {
 		t.Fatalf("Sign error %v, want ErrUnverifiedPeer", err)
 	}
 	if n := len(e.s.Requests()); n != 0 {

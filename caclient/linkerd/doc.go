@@ -8,7 +8,7 @@
 // has shown a TLS peer with the expected identity-service name (or is a
 // plaintext connection to a loopback address), the parsing of the answer (DER leaf and intermediates, checked
 // against valid_until) and the request
-// metrics. It does not own the TLS verification itself (caclient.Dial checks
+// metrics. It does not own the TLS verification itself (controlplane.Dial checks
 // the peer against the trust anchors at every handshake), where tokens come
 // from (credfetcher), retries and rotation (the secret manager), nor the
 // judgement of the returned chain, which the caller makes with

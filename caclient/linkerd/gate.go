@@ -9,8 +9,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
+	"github.com/meshagent/meshagent/internal/controlplane"
 )
 
 // tokenGate puts the token into a request body only after the connection that
@@ -67,7 +67,7 @@ func (g *tokenGate) refused() error {
 // TLS handshake gave a peer certificate valid for serverName. A TLS transport
 // is held to its name even on loopback: loopback only excuses the absence of
 // TLS, not a peer with the wrong name. The transport built by
-// caclient.Dial has already verified that certificate's chain against the
+// controlplane.Dial has already verified that certificate's chain against the
 // trust anchors during the handshake (a handshake that fails that check makes
 // no connection); the name is checked again here so that transport
 // credentials replaced through DialOptions cannot carry the token to a peer
@@ -78,13 +78,13 @@ func checkPeer(auth credentials.AuthInfo, serverName string, plaintextLoopback b
 		if plaintextLoopback {
 			return nil
 		}
-		return fmt.Errorf("%w: connection has no TLS peer", caclient.ErrUnverifiedPeer)
+		return fmt.Errorf("%w: connection has no TLS peer", controlplane.ErrUnverifiedPeer)
 	}
 	if len(info.State.PeerCertificates) == 0 {
-		return fmt.Errorf("%w: TLS peer presented no certificate", caclient.ErrUnverifiedPeer)
+		return fmt.Errorf("%w: TLS peer presented no certificate", controlplane.ErrUnverifiedPeer)
 	}
 	if err := info.State.PeerCertificates[0].VerifyHostname(serverName); err != nil {
-		return fmt.Errorf("%w: %v", caclient.ErrUnverifiedPeer, err)
+		return fmt.Errorf("%w: %v", controlplane.ErrUnverifiedPeer, err)
 	}
 	return nil
 }

@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/linkerd/identitypb"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/localca"
 )
 
@@ -76,7 +76,7 @@ func TestTokenGate(t *testing.T) {
 			if err == nil {
 				t.Fatal("gate passed")
 			}
-			if !errors.Is(g.refused(), caclient.ErrUnverifiedPeer) {
+			if !errors.Is(g.refused(), controlplane.ErrUnverifiedPeer) {
 				t.Errorf("refusal %v, want ErrUnverifiedPeer", g.refused())
 			}
 			if len(req.GetToken()) != 0 {

@@ -29,7 +29,7 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 	console := logging.IsTerminal(stderr)
 	base, err := logging.New(logging.Config{Level: cfg.LogLevel, Output: held, Console: &console})
 	if err != nil {
-		return configError{err}
+		return configError(err)
 	}
 	defer func() { _ = base.Sync() }()
 	defer logging.RouteKlog(base)() // client-go logs in the agent's format
@@ -51,18 +51,18 @@ func runAgent(ctx context.Context, cfg *settings.Config, stderr io.Writer, h hoo
 		if errors.As(err, new(app.ConfigError)) {
 			// One line, written by execute first: the setting and the
 			// fix; the start-up log lines follow it.
-			return configErrorHeldLogs{configError{err}, held}
+			return &exitError{code: exitConfig, err: err, held: held}
 		}
 		held.release()
 		log.Error("agent cannot start", zap.Error(err))
-		return failureLogged{err}
+		return failureLogged(err)
 	}
 	held.release()
 	ctx, stopDrain := drain.Context(ctx, sigs, drain.Config{Period: a.DrainPeriod(), Started: a.StartDrain, Logger: log})
 	defer stopDrain()
 	if err := a.Run(ctx); err != nil {
 		log.Error("agent stopped on a failure", zap.Error(err))
-		return failureLogged{err}
+		return failureLogged(err)
 	}
 	log.Info("agent stopped")
 	return nil

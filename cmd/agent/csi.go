@@ -24,11 +24,11 @@ func newCSICommand(stderr io.Writer) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if nodeID == "" {
-				return configError{errors.New("--node-id is required: the name of this node (the chart passes spec.nodeName)")}
+				return configError(errors.New("--node-id is required: the name of this node (the chart passes spec.nodeName)"))
 			}
 			log, err := logging.New(logging.Config{Level: logLevel, Output: stderr})
 			if err != nil {
-				return configError{err}
+				return configError(err)
 			}
 			d, err := csi.NewDriver(csi.DriverConfig{
 				NodeID:        nodeID,
@@ -40,7 +40,7 @@ func newCSICommand(stderr io.Writer) *cobra.Command {
 				Logger:        log.Named("csi"),
 			})
 			if err != nil {
-				return configError{err}
+				return configError(err)
 			}
 			srv, err := csi.NewServer(csi.ServerConfig{
 				Driver:             d,
@@ -49,12 +49,12 @@ func newCSICommand(stderr io.Writer) *cobra.Command {
 				Logger:             log.Named("csi"),
 			})
 			if err != nil {
-				return configError{err}
+				return configError(err)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			if err := srv.Run(ctx); err != nil {
-				return runFailure{err}
+				return runFailure(err)
 			}
 			return nil
 		},

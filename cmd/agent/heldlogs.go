@@ -39,15 +39,3 @@ func (w *heldWriter) release() {
 	_, _ = w.dst.Write(w.buf.Bytes())
 	w.buf = bytes.Buffer{}
 }
-
-// configErrorHeldLogs is a configuration error whose log lines were held:
-// execute prints the error's line, then releases them.
-type configErrorHeldLogs struct {
-	configError
-	logs *heldWriter
-}
-
-func (e configErrorHeldLogs) releaseLogs() { e.logs.release() }
-
-// Unwrap is the configuration error, for execute's errors.As.
-func (e configErrorHeldLogs) Unwrap() error { return e.configError }

@@ -59,11 +59,31 @@ type hooks struct {
 	statusListening func(net.Addr)
 }
 
-// configError is a problem with the configuration or the command line: exit 2.
-type configError struct{ err error }
+// exitError is how a command ends with an exit code other than 0: exitConfig
+// for a problem with the configuration or the command line (the error is the
+// first line on stderr, then the log lines held while it was found),
+// exitFailure for a failure at run time (printed, unless the log has it).
+type exitError struct {
+	code int
+	err  error
+	// logged: the failure is in the log already; nothing more is printed.
+	logged bool
+	// held, when set, holds the log lines written while the configuration
+	// was checked; they are released after the error's line.
+	held *heldWriter
+}
 
-func (e configError) Error() string { return e.err.Error() }
-func (e configError) Unwrap() error { return e.err }
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// configError is a problem with the configuration or the command line: exit 2.
+func configError(err error) error { return &exitError{code: exitConfig, err: err} }
+
+// runFailure is a failure at run time, printed on stderr: exit 1.
+func runFailure(err error) error { return &exitError{code: exitFailure, err: err} }
+
+// failureLogged is a failure at run time that the agent's log reported: exit 1.
+func failureLogged(err error) error { return &exitError{code: exitFailure, err: err, logged: true} }
 
 func execute(ctx context.Context, args, env []string, stdout, stderr io.Writer, h hooks) int {
 	root := newRootCommand(env, stdout, stderr, h)
@@ -74,42 +94,23 @@ func execute(ctx context.Context, args, env []string, stdout, stderr io.Writer, 
 	if err == nil {
 		return exitOK
 	}
-	var (
-		ce     configError
-		logged failureLogged
-		rf     runFailure
-	)
-	switch {
-	case errors.As(err, &ce):
-		fmt.Fprintln(stderr, ce.Error())
-		var held interface{ releaseLogs() }
-		if errors.As(err, &held) {
-			held.releaseLogs()
-		}
-		return exitConfig
-	case errors.As(err, &logged):
-		return exitFailure
-	case errors.As(err, &rf):
-		fmt.Fprintln(stderr, "meshagent: "+err.Error())
-		return exitFailure
-	default:
-		// cobra's own errors: unknown command, wrong arguments.
+	var ee *exitError
+	if !errors.As(err, &ee) {
+		// cobra's own errors: an unknown command or flag.
 		fmt.Fprintln(stderr, "meshagent: "+err.Error())
 		return exitConfig
 	}
+	switch {
+	case ee.code == exitConfig:
+		fmt.Fprintln(stderr, ee.Error())
+		if ee.held != nil {
+			ee.held.release()
+		}
+	case !ee.logged:
+		fmt.Fprintln(stderr, "meshagent: "+ee.Error())
+	}
+	return ee.code
 }
-
-// failureLogged is a run-time failure already written to the log.
-type failureLogged struct{ err error }
-
-func (e failureLogged) Error() string { return e.err.Error() }
-func (e failureLogged) Unwrap() error { return e.err }
-
-// runFailure marks an error that happened while running, not while parsing.
-type runFailure struct{ err error }
-
-func (e runFailure) Error() string { return e.err.Error() }
-func (e runFailure) Unwrap() error { return e.err }
 
 func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Command {
 	root := &cobra.Command{
@@ -132,7 +133,7 @@ func newRootCommand(env []string, stdout, stderr io.Writer, h hooks) *cobra.Comm
 		}
 		return cmd.Help()
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return configError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return configError(err) })
 
 	root.AddCommand(newRunCommand(env, stderr, h), newConfigCommand(env, stdout, stderr), newVersionCommand(stdout), newDocsCommand(stdout), newCSICommand(stderr))
 	root.AddCommand(newSocketDirCommand(), newTrustPublisherCommand(env, stderr), newSocketHolderCommand(stderr))
@@ -173,7 +174,7 @@ func newConfigCommand(env []string, stdout, stderr io.Writer) *cobra.Command {
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "text" && output != "json" {
-				return configError{fmt.Errorf("invalid --output=%q: accepted: text, json", output)}
+				return configError(fmt.Errorf("invalid --output=%q: accepted: text, json", output))
 			}
 			if err := nodeFlag(cmd); err != nil {
 				return err
@@ -190,9 +191,9 @@ func newConfigCommand(env []string, stdout, stderr io.Writer) *cobra.Command {
 					fmt.Fprintf(stderr, "warning: %s\n", unknownString(wn))
 				}
 				if errors.As(err, new(app.ConfigError)) {
-					return configError{err}
+					return configError(err)
 				}
-				return runFailure{err}
+				return runFailure(err)
 			}
 			return printConfig(stdout, cfg, a.Source(), output)
 		},
@@ -233,10 +234,10 @@ func newDocsCommand(stdout io.Writer) *cobra.Command {
 			}
 			tmp := docsOut + ".tmp"
 			if err := os.WriteFile(tmp, doc, 0o644); err != nil {
-				return runFailure{err}
+				return runFailure(err)
 			}
 			if err := os.Rename(tmp, docsOut); err != nil {
-				return runFailure{err}
+				return runFailure(err)
 			}
 			return nil
 		},
@@ -250,7 +251,7 @@ func newDocsCommand(stdout io.Writer) *cobra.Command {
 func nodeFlag(cmd *cobra.Command) error {
 	if node, _ := cmd.Flags().GetBool("node"); node {
 		if err := cmd.Flags().Set("mode", settings.ModeNode); err != nil {
-			return configError{err}
+			return configError(err)
 		}
 	}
 	return nil
@@ -301,8 +302,8 @@ func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) == 0 {
 		return nil
 	}
-	return configError{fmt.Errorf("%s takes no arguments, got %q: settings are flags (--name=value) or environment variables; see %s --help",
-		cmd.CommandPath(), args, cmd.CommandPath())}
+	return configError(fmt.Errorf("%s takes no arguments, got %q: settings are flags (--name=value) or environment variables; see %s --help",
+		cmd.CommandPath(), args, cmd.CommandPath()))
 }
 
 // resolve reads the flags that were given and the environment into a Config.
@@ -315,7 +316,7 @@ func resolve(fs *pflag.FlagSet, env []string) (*settings.Config, error) {
 	})
 	cfg, err := settings.Resolve(settings.Input{Env: env, Flags: flags})
 	if err != nil {
-		return nil, configError{err}
+		return nil, configError(err)
 	}
 	return cfg, nil
 }

@@ -29,14 +29,14 @@ func newSocketDirCommand() *cobra.Command {
 		RunE: func(_ *cobra.Command, args []string) error {
 			uid, gid, err := parseOwner(owner)
 			if err != nil {
-				return configError{err}
+				return configError(err)
 			}
 			if err := ownDir(args[0], 0o755, uid, gid); err != nil {
-				return runFailure{err}
+				return runFailure(err)
 			}
 			for _, dir := range private {
 				if err := ownDir(dir, 0o700, uid, gid); err != nil {
-					return runFailure{err}
+					return runFailure(err)
 				}
 			}
 			return nil

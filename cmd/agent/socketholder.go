@@ -24,17 +24,17 @@ func newSocketHolderCommand(stderr io.Writer) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if socket == "" || private == "" {
-				return configError{errors.New("--socket and --private are required")}
+				return configError(errors.New("--socket and --private are required"))
 			}
 			log, err := logging.New(logging.Config{Level: logLevel, Output: stderr})
 			if err != nil {
-				return configError{err}
+				return configError(err)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			h := &handoff.Holder{Path: socket, Private: private, Logger: log.Named("socket-holder")}
 			if err := h.Run(ctx); err != nil {
-				return runFailure{err}
+				return runFailure(err)
 			}
 			return nil
 		},

@@ -14,7 +14,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 
-	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/programtb"
 	"github.com/meshagent/meshagent/test/xdsserver"
@@ -142,10 +142,10 @@ func (t staticToken) Token(context.Context) (string, error) { return string(t), 
 // dialControlPlane connects straight to the control plane, over TLS verified
 // against the CA root and with the bearer token, as the agent's proxy does.
 func (f *fixture) dialControlPlane() (*grpc.ClientConn, error) {
-	conn, err := caclient.Dial(caclient.TransportConfig{
+	conn, err := controlplane.Dial(controlplane.Config{
 		Addr:        f.xds.Addr(),
 		ServerName:  istioca.DefaultServerName,
-		Roots:       caclient.StaticRoots{Pool: f.ca.Roots()},
+		Roots:       controlplane.StaticRoots{Pool: f.ca.Roots()},
 		Token:       staticToken(benchToken),
 		DialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxADSMessage))},
 	})

@@ -14,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/caclient/istio"
 	"github.com/meshagent/meshagent/caclient/linkerd"
 	"github.com/meshagent/meshagent/credfetcher"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/logkeys"
@@ -22,9 +23,9 @@ import (
 
 // caClient builds the CA client for CA_PROVIDER: Linkerd's identity
 // service, or Istio's certificate service.
-func (a *App) caClient(roots caclient.RootSource) (caclient.Client, error) {
+func (a *App) caClient(roots controlplane.RootSource) (caclient.Client, error) {
 	c := a.s
-	t := caclient.TransportConfig{Addr: c.CAAddr, Roots: roots, Metadata: map[string]string{}, Policy: c.CompliancePolicy}
+	t := controlplane.Config{Addr: c.CAAddr, Roots: roots, Metadata: map[string]string{}, Policy: c.CompliancePolicy}
 	for k, v := range c.CAHeaders {
 		t.Metadata[k] = v
 	}
@@ -68,7 +69,7 @@ func (a *App) caClient(roots caclient.RootSource) (caclient.Client, error) {
 // MESHAGENT_LINKERD_IDENTITY_SERVICE_NAME says otherwise. In node mode each
 // identity's CSR carries a token of its own service account
 // (nodeWiring.linkerdTokens); a sidecar sends its own token.
-func (a *App) linkerdClient(t caclient.TransportConfig) (caclient.Client, error) {
+func (a *App) linkerdClient(t controlplane.Config) (caclient.Client, error) {
 	c := a.s
 	t.ServerName = c.LinkerdIdentityServiceName
 	lc := linkerd.Config{Transport: t, Scheme: c.Scheme(), Logger: a.base, Registerer: a.reg}
@@ -126,7 +127,7 @@ func (a *App) tokenFetcher() (credfetcher.Fetcher, error) {
 		Logger:         a.base,
 	})
 	if err != nil {
-		return nil, configError(err)
+		return nil, configError(settingError(err, tokenSettings))
 	}
 	a.log.Info("bearer tokens come from the Kubernetes TokenRequest API",
 		zap.String(logkeys.ServiceAccount, c.PodNamespace+"/"+c.ServiceAccount),

@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/meshagent/meshagent/credfetcher"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -19,11 +21,11 @@ func TestWorkloadCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := secretmanager.New(secretmanager.Config{Roots: roots})
+	m, err := secretmanager.New(secretmanager.Config{Roots: roots, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

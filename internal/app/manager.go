@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
 	"github.com/meshagent/meshagent/internal/trust"
@@ -92,9 +93,6 @@ func (a *App) managerConfig(id pki.Identity, roots secretmanager.RootSource, sou
 		Registerer:        a.reg,
 		OnPublish:         a.noteFirstCert,
 	}
-	if mc.GraceJitter == 0 {
-		mc.GraceJitter = -1 // zero means none; the manager reads 0 as "default"
-	}
 	return mc
 }
 
@@ -127,7 +125,7 @@ func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secr
 	}
 	m, err := secretmanager.New(mc)
 	if err != nil {
-		return nil, nil, configError(err)
+		return nil, nil, configError(settingError(err, managerSettings))
 	}
 	a.status.AddReadiness("workload_certificate", m.Ready)
 	a.status.AddLiveness("workload_certificate", m.Live)
@@ -183,7 +181,7 @@ func (a *App) devSource() (certSource, error) {
 	if err != nil {
 		return certSource{}, err
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "dev-ca")
+	roots, err := secret.NewRoots(ca.RootPEM(), "dev-ca")
 	if err != nil {
 		return certSource{}, err
 	}

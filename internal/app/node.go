@@ -289,7 +289,7 @@ func (n *nodeWiring) brokerAPI(m *secretmanager.Manager, idx *podindex.Index, cg
 		Policy: c.CompliancePolicy, Clock: a.clock, Logger: a.base, Registerer: a.reg,
 	})
 	if err != nil {
-		return nil, err
+		return nil, settingError(err, brokerSettings)
 	}
 	n.broker = srv
 	a.log.Info("node mode: serving the SPIFFE Broker API", zap.String(logkeys.Socket, c.BrokerSocket), zap.Int(logkeys.Brokers, len(brokers)))

@@ -49,9 +49,12 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 	if err != nil {
 		return nil, err
 	}
-	jitter := c.GraceJitter
-	if jitter == 0 {
-		jitter = -1 // zero means none; the signer reads 0 as "default"
+	// A pod certificate is refreshed by the kubelet at beginRefreshAt:
+	// SECRET_GRACE_PERIOD_RATIO=1 (renew at once) would have it refresh in a
+	// loop, so pod certificates keep the default ratio then.
+	ratio := c.GraceRatio
+	if ratio >= 1 {
+		ratio = settings.DefaultGraceRatio
 	}
 	pc := podcert.Config{
 		SignerName:    c.PodCertificateSigner,
@@ -61,8 +64,8 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 		Roots:         src.podRoots,
 		CA:            src.manager,
 		TTL:           c.SecretTTL,
-		RefreshRatio:  c.GraceRatio,
-		RefreshJitter: jitter,
+		RefreshRatio:  ratio,
+		RefreshJitter: c.GraceJitter,
 		Workers:       c.CAMaxConcurrentCSRs, // the budget is the manager's
 		Logger:        a.base,
 		Registerer:    a.reg,

@@ -9,8 +9,8 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/meshagent/meshagent/caclient"
 	"github.com/meshagent/meshagent/caclient/istio"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/files/grpcbootstrap"
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
@@ -59,17 +59,19 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	srv, err := sds.New(sds.Config{
 		Secrets: m, MaxStreams: c.SDSMaxStreams, MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams,
 		MaxFileNamesPerCaller: c.SDSMaxFileResourcesPerCaller,
+		LimitNames:            streamlimit.Names{Max: "MESHAGENT_SDS_MAX_STREAMS", PerCaller: "MESHAGENT_SDS_MAX_STREAMS_PER_POD"},
 		Clock:                 a.clock, Logger: a.base, Registerer: a.reg,
 	})
 	if err != nil {
-		return nil, err
+		return nil, settingError(err, sdsSettings)
 	}
 	services := []func(*grpc.Server){srv.Register}
 	if c.WorkloadAPI {
 		wl, err := workloadapi.New(workloadapi.Config{Secrets: m, MaxStreams: c.WorkloadAPIMaxStreams,
-			MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams, Logger: a.base, Registerer: a.reg})
+			MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams, Logger: a.base, Registerer: a.reg,
+			LimitNames: streamlimit.Names{Max: "MESHAGENT_WORKLOAD_API_MAX_STREAMS", PerCaller: "MESHAGENT_SDS_MAX_STREAMS_PER_POD"}})
 		if err != nil {
-			return nil, err
+			return nil, settingError(err, workloadAPISettings)
 		}
 		services = append(services, wl.Register)
 	}
@@ -94,7 +96,7 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	}
 	socket, err := udsserver.New(uc)
 	if err != nil {
-		return nil, err
+		return nil, settingError(err, socketSettings)
 	}
 	a.socket = socket
 	return append(cs, component{name: "sds", run: socket.Run}), nil
@@ -173,7 +175,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 		md["ClusterID"] = c.ClusterID
 	}
 	var (
-		roots    caclient.RootSource
+		roots    controlplane.RootSource
 		rootFeed *certfile.RootFeed
 	)
 	if c.XDSRoot == c.CARoot && src.caRoots != nil {
@@ -189,7 +191,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 		// Not fatal: the proxy then cannot verify the control plane and
 		// says so at every attempt.
 		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(logkeys.Path, c.XDSRoot), zap.Error(err))
-		roots = caclient.StaticRoots{Pool: pki.CertPool(nil)}
+		roots = controlplane.StaticRoots{Pool: pki.CertPool(nil)}
 	}
 	tokens, err := a.tokenFetcher()
 	if err != nil {
@@ -205,7 +207,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 	}
 	xp, err := xdsproxy.New(xdsproxy.Config{
 		SocketPath: c.XDSSocket,
-		Upstream: caclient.TransportConfig{
+		Upstream: controlplane.Config{
 			Addr:              c.DiscoveryAddress,
 			ServerName:        c.IstiodSAN,
 			Roots:             roots,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/meshagent/meshagent/internal/kubeclient"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/secretmanager"
@@ -54,7 +55,7 @@ func (a *App) clusterTrust(fileRoots *secretmanager.Roots) (trustSet, error) {
 		return trustSet{roots: fileRoots}, nil
 	}
 	first, source := fileRoots.Bundle()
-	merged := secretmanager.RootsOf(first, source)
+	merged := secret.RootsOf(first, source)
 	merger, err := trust.NewMerger(trust.MergerConfig{Publisher: merged, Logger: a.base, Metrics: trust.NewMetrics(a.reg)})
 	if err != nil {
 		return trustSet{}, err

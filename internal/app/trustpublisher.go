@@ -11,6 +11,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/logkeys"
+	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/podcert"
 )
 
@@ -18,14 +19,11 @@ import (
 // component of a cluster that publishes the mesh's roots as the Pod
 // Certificates signer's ClusterTrustBundle (docs/pod-certificates.md).
 type TrustPublisherConfig struct {
-	// Signer is the signer name (MESHAGENT_POD_CERTIFICATE_SIGNER of the
-	// node agents). Required.
-	Signer string
-	// Roots is the PEM file of the mesh's roots, followed as it changes
-	// (the node agents' CA_ROOT_CA). Required.
-	Roots string
-	// Kubeconfig is the API server's configuration; empty means in-cluster.
-	Kubeconfig string
+	// Settings are the resolved settings; the publisher reads
+	// MESHAGENT_POD_CERTIFICATE_SIGNER (the signer, as the node agents'),
+	// CA_ROOT_CA (the PEM file of the mesh's roots, followed as it changes)
+	// and KUBECONFIG. Required.
+	Settings *settings.Config
 	// Version goes into the API client's user agent.
 	Version string
 	// Logger receives the logs. Nil means none.
@@ -36,21 +34,28 @@ type TrustPublisherConfig struct {
 // at once), then follows the file and keeps the signer's ClusterTrustBundle
 // equal to it until ctx ends; it then returns nil.
 func RunTrustPublisher(ctx context.Context, cfg TrustPublisherConfig) error {
-	if cfg.Signer == "" || cfg.Roots == "" {
-		return configError(errors.New("trust-publisher needs --signer and --roots"))
+	if cfg.Settings == nil {
+		return configError(errors.New("trust-publisher: no settings"))
 	}
-	if err := podcert.ValidateSignerName(cfg.Signer); err != nil {
-		return configError(err)
+	s := cfg.Settings
+	if s.PodCertificateSigner == "" {
+		return configError(errors.New("trust-publisher needs the signer: set --signer or MESHAGENT_POD_CERTIFICATE_SIGNER"))
+	}
+	if s.CARoot == "" {
+		return configError(errors.New("trust-publisher needs the mesh roots: set --roots or CA_ROOT_CA"))
+	}
+	if err := podcert.ValidateSignerName(s.PodCertificateSigner); err != nil {
+		return configError(fmt.Errorf("MESHAGENT_POD_CERTIFICATE_SIGNER=%s: %w", s.PodCertificateSigner, err))
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
-	feed, err := certfile.NewRootFeed(certfile.RootFeedConfig{Name: "roots", Path: cfg.Roots, Source: certfile.SourceConfig{Logger: log}})
+	feed, err := certfile.NewRootFeed(certfile.RootFeedConfig{Name: "roots", Path: s.CARoot, Source: certfile.SourceConfig{Logger: log}})
 	if err != nil {
 		return configError(err)
 	}
-	rc, err := kubeclient.RESTConfig(kubeclient.Config{Kubeconfig: cfg.Kubeconfig, UserAgent: "meshagent-trust-publisher/" + cfg.Version})
+	rc, err := kubeclient.RESTConfig(kubeclient.Config{Kubeconfig: s.Kubeconfig, UserAgent: "meshagent-trust-publisher/" + cfg.Version})
 	if err != nil {
 		return configError(fmt.Errorf("trust-publisher: %w", err))
 	}
@@ -58,11 +63,11 @@ func RunTrustPublisher(ctx context.Context, cfg TrustPublisherConfig) error {
 	if err != nil {
 		return err
 	}
-	p, err := podcert.NewPublisher(podcert.PublisherConfig{SignerName: cfg.Signer, API: api, Roots: feed.Roots(), Logger: log})
+	p, err := podcert.NewPublisher(podcert.PublisherConfig{SignerName: s.PodCertificateSigner, API: api, Roots: feed.Roots(), Logger: log})
 	if err != nil {
 		return configError(err)
 	}
-	log.Info("publishing the mesh roots", zap.String(logkeys.Signer, cfg.Signer), zap.String(logkeys.Bundle, podcert.BundleName(cfg.Signer)))
+	log.Info("publishing the mesh roots", zap.String(logkeys.Signer, s.PodCertificateSigner), zap.String(logkeys.Bundle, podcert.BundleName(s.PodCertificateSigner)))
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return feed.Run(ctx) })
 	g.Go(func() error { return p.Run(ctx) })

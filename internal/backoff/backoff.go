@@ -9,6 +9,11 @@ package backoff
 
 import "time"
 
+// Default is the backoff of a request to the CA or the Kubernetes API that
+// failed (the certificate cache, the Pod Certificates signer and its trust
+// publisher): 0.5 s doubling to 60 s.
+var Default = Policy{Base: 500 * time.Millisecond, Cap: 60 * time.Second}
+
 // Policy is a capped exponential backoff: Base after the first failure,
 // doubled per further failure up to Cap.
 type Policy struct {

@@ -7,8 +7,6 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/sds"
-	"github.com/meshagent/meshagent/workloadapi"
 )
 
 // Default paths, relative to the working directory as in pilot-agent, that
@@ -96,7 +94,7 @@ func (r *resolution) deriveServing() {
 	// MESHAGENT_SDS_MAX_STREAMS: one node's pods share the bound in node
 	// mode, each within MESHAGENT_SDS_MAX_STREAMS_PER_POD.
 	if !r.isSet("MESHAGENT_SDS_MAX_STREAMS") {
-		c.SDSMaxStreams = sds.DefaultMaxStreams
+		c.SDSMaxStreams = DefaultMaxStreams
 		if c.Mode == ModeNode {
 			c.SDSMaxStreams = NodeMaxStreams
 			r.notes["MESHAGENT_SDS_MAX_STREAMS"] = "node mode default"
@@ -105,7 +103,7 @@ func (r *resolution) deriveServing() {
 
 	// MESHAGENT_WORKLOAD_API_MAX_STREAMS: in line with SDS.
 	if !r.isSet("MESHAGENT_WORKLOAD_API_MAX_STREAMS") {
-		c.WorkloadAPIMaxStreams = workloadapi.DefaultMaxStreams
+		c.WorkloadAPIMaxStreams = DefaultMaxStreams
 		if c.Mode == ModeNode {
 			c.WorkloadAPIMaxStreams = NodeMaxStreams
 			r.notes["MESHAGENT_WORKLOAD_API_MAX_STREAMS"] = "node mode default"

@@ -8,20 +8,16 @@ import (
 
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/tlspolicy"
-	"github.com/meshagent/meshagent/internal/uds/udsserver"
-	"github.com/meshagent/meshagent/sds"
-	"github.com/meshagent/meshagent/secretmanager"
-	"github.com/meshagent/meshagent/workloadapi"
 )
 
 // NodeMaxStreams is the default of MESHAGENT_SDS_MAX_STREAMS and
 // MESHAGENT_WORKLOAD_API_MAX_STREAMS in node mode: one node's pods share the
 // bound (1,024 pods at MESHAGENT_SDS_MAX_STREAMS_PER_POD, or 16,384 at 4
-// streams each). Sidecar mode keeps the servers' own defaults.
+// streams each). Sidecar mode's is DefaultMaxStreams.
 const NodeMaxStreams = 65536
 
-// The defaults below are the components' own constants, written as the
-// registry shows them, so that each default is defined once.
+// The defaults below are defaults.go's constants, written as the registry
+// shows them, so that each default is defined once.
 func itoa(n int) string { return strconv.Itoa(n) }
 
 func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
@@ -172,18 +168,18 @@ var Registry = []Setting{
 		},
 	},
 	{
-		Name: "SECRET_TTL", Default: dtoa(secretmanager.DefaultTTL), Group: GroupIstio,
+		Name: "SECRET_TTL", Default: dtoa(DefaultSecretTTL), Group: GroupIstio,
 		Doc:   "Certificate lifetime asked of the CA.",
 		Value: Duration(func(c *Config) *time.Duration { return &c.SecretTTL }, time.Second),
 	},
 	{
-		Name: "SECRET_GRACE_PERIOD_RATIO", Default: ftoa(secretmanager.DefaultGraceRatio), Group: GroupIstio,
-		DerivedDefault: ftoa(secretmanager.DefaultGraceRatio) + "; " + ftoa(pki.LinkerdGraceRatio) + " for CA_PROVIDER=Linkerd",
+		Name: "SECRET_GRACE_PERIOD_RATIO", Default: ftoa(DefaultGraceRatio), Group: GroupIstio,
+		DerivedDefault: ftoa(DefaultGraceRatio) + "; " + ftoa(pki.LinkerdGraceRatio) + " for CA_PROVIDER=Linkerd",
 		Doc:            "Share of a certificate's life left when it is renewed (0.5 renews at half-life). 0 is refused (it would renew only after expiry). Whatever the ratio, a certificate is not renewed sooner than 1% of its life after it arrived (at least 5 s, at most half its life).",
 		Value:          GraceRatio(func(c *Config) *float64 { return &c.GraceRatio }),
 	},
 	{
-		Name: "SECRET_GRACE_PERIOD_RATIO_JITTER", Default: ftoa(secretmanager.DefaultGraceJitter), Group: GroupIstio,
+		Name: "SECRET_GRACE_PERIOD_RATIO_JITTER", Default: ftoa(DefaultGraceJitter), Group: GroupIstio,
 		Doc:   "Random ± jitter added to the grace period ratio so renewals do not stampede.",
 		Value: Float(func(c *Config) *float64 { return &c.GraceJitter }, 0, 1),
 	},
@@ -307,32 +303,32 @@ var Registry = []Setting{
 		Value: Bool(func(c *Config) *bool { return &c.XDSProxy }),
 	},
 	{
-		Name: "MESHAGENT_SDS_MAX_STREAMS", Flag: "sds-max-streams", DerivedDefault: itoa(sds.DefaultMaxStreams) + "; in node mode " + itoa(NodeMaxStreams) + " (1,024 pods at MESHAGENT_SDS_MAX_STREAMS_PER_POD, or 16,384 pods at 4 streams each)", Group: GroupMeshagent,
+		Name: "MESHAGENT_SDS_MAX_STREAMS", Flag: "sds-max-streams", DerivedDefault: itoa(DefaultMaxStreams) + "; in node mode " + itoa(NodeMaxStreams) + " (1,024 pods at MESHAGENT_SDS_MAX_STREAMS_PER_POD, or 16,384 pods at 4 streams each)", Group: GroupMeshagent,
 		Doc:   "Most SDS streams served at once, from all callers together; a stream over the limit is refused with gRPC status RESOURCE_EXHAUSTED.",
 		Value: Int(func(c *Config) *int { return &c.SDSMaxStreams }, 1, 1<<20),
 	},
 	{
-		Name: "MESHAGENT_SDS_MAX_STREAMS_PER_POD", Default: itoa(sds.DefaultMaxStreamsPerCaller), Group: GroupMeshagent,
+		Name: "MESHAGENT_SDS_MAX_STREAMS_PER_POD", Default: itoa(DefaultMaxStreamsPerPod), Group: GroupMeshagent,
 		Doc:   "Node mode: most streams one pod holds at once, SDS and Workload API streams counted together (a caller resolved to no pod is counted by its identity); one more is refused with gRPC status RESOURCE_EXHAUSTED, so a pod cannot take the places of the others. Not applied in sidecar mode, where every caller is the one workload.",
 		Value: Int(func(c *Config) *int { return &c.SDSMaxStreamsPerPod }, 1, 1<<20),
 	},
 	{
-		Name: "MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER", Default: itoa(sds.DefaultMaxFileNamesPerCaller), Group: GroupMeshagent,
+		Name: "MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER", Default: itoa(DefaultMaxFileResourcesPerCaller), Group: GroupMeshagent,
 		Doc:   "Most file-cert: and file-root: resources one caller's SDS streams hold at once (a caller is its pod in node mode, else its connecting process), out of the 64 the agent holds in all, so no caller starves the others; one more is refused with gRPC status RESOURCE_EXHAUSTED naming it. Raise it when one proxy needs more (64 or more lets one caller take them all).",
 		Value: Int(func(c *Config) *int { return &c.SDSMaxFileResourcesPerCaller }, 1, 1<<20),
 	},
 	{
-		Name: "MESHAGENT_SDS_MAX_RECV_BYTES", Flag: "sds-max-recv-bytes", Default: itoa(udsserver.DefaultMaxRecvBytes), Group: GroupMeshagent,
+		Name: "MESHAGENT_SDS_MAX_RECV_BYTES", Flag: "sds-max-recv-bytes", Default: itoa(DefaultMaxRecvBytes), Group: GroupMeshagent,
 		Doc:   "Largest SDS request accepted, in bytes; a larger one is refused with gRPC status RESOURCE_EXHAUSTED.",
 		Value: Int(func(c *Config) *int { return &c.SDSMaxRecvBytes }, 1024, 16<<20),
 	},
 	{
-		Name: "MESHAGENT_CA_MAX_CONCURRENT_CSRS", Default: itoa(secretmanager.DefaultMaxConcurrentCSRs), Group: GroupMeshagent,
+		Name: "MESHAGENT_CA_MAX_CONCURRENT_CSRS", Default: itoa(DefaultMaxConcurrentCSRs), Group: GroupMeshagent,
 		Doc:   "Most certificate requests in flight to the CA at once, across all identities; further identities wait their turn (a caller waiting first, then first certificates, then renewals).",
 		Value: Int(func(c *Config) *int { return &c.CAMaxConcurrentCSRs }, 1, 1024),
 	},
 	{
-		Name: "MESHAGENT_IDENTITY_IDLE_GRACE", Default: dtoa(secretmanager.DefaultIdleGrace), Group: GroupMeshagent,
+		Name: "MESHAGENT_IDENTITY_IDLE_GRACE", Default: dtoa(DefaultIdentityIdleGrace), Group: GroupMeshagent,
 		Doc:   "How long a workload identity nobody holds any more (no stream, no waiting caller, no pod on the node) keeps its certificate before it is dropped; a caller back within it is served at once. The agent's own identity is never dropped.",
 		Value: Duration(func(c *Config) *time.Duration { return &c.IdentityIdleGrace }, time.Second),
 	},
@@ -443,38 +439,38 @@ var Registry = []Setting{
 		Value: Bool(func(c *Config) *bool { return &c.WorkloadAPI }),
 	},
 	{
-		Name: "MESHAGENT_WORKLOAD_API_MAX_STREAMS", DerivedDefault: itoa(workloadapi.DefaultMaxStreams) + "; in node mode " + itoa(NodeMaxStreams) + ", as MESHAGENT_SDS_MAX_STREAMS", Group: GroupMeshagent,
+		Name: "MESHAGENT_WORKLOAD_API_MAX_STREAMS", DerivedDefault: itoa(DefaultMaxStreams) + "; in node mode " + itoa(NodeMaxStreams) + ", as MESHAGENT_SDS_MAX_STREAMS", Group: GroupMeshagent,
 		Doc:   "Most Workload API streams (FetchX509SVID, FetchX509Bundles) served at once, from all callers together; one more is refused with gRPC status RESOURCE_EXHAUSTED. Each pod's share is bounded by MESHAGENT_SDS_MAX_STREAMS_PER_POD.",
 		Value: Int(func(c *Config) *int { return &c.WorkloadAPIMaxStreams }, 1, 1<<20),
 	},
 	{
-		Name: "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER", Default: itoa(udsserver.DefaultMaxConnsPerCaller), Group: GroupMeshagent,
+		Name: "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER", Default: itoa(DefaultSocketMaxConnsPerCaller), Group: GroupMeshagent,
 		Doc:   "Most connections to the SDS socket one caller holds open: a pod in node mode, else the connecting process's uid (node processes, and every caller in sidecar mode). The caller is identified when it connects; one more connection is refused when accepted, without a gRPC transport: its first call gets gRPC status RESOURCE_EXHAUSTED naming this setting, then an HTTP/2 GOAWAY.",
 		Value: Int(func(c *Config) *int { return &c.SocketMaxConnsPerCaller }, 1, 1<<20),
 	},
 	{
-		Name: "MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER", Default: itoa(udsserver.DefaultMaxConnRatePerCaller), Group: GroupMeshagent,
+		Name: "MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER", Default: itoa(DefaultSocketMaxConnRatePerCaller), Group: GroupMeshagent,
 		Doc: "Most new connections to the SDS socket one caller opens a second (a pod in node mode, else the connecting process's uid), after a burst of MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER. " +
 			"One more is refused when accepted, without a gRPC transport: its first call gets gRPC status RESOURCE_EXHAUSTED naming this setting, then an HTTP/2 GOAWAY.",
 		Value: Int(func(c *Config) *int { return &c.SocketMaxConnRatePerCaller }, 1, 1<<20),
 	},
 	{
-		Name: "MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION", Default: itoa(udsserver.DefaultMaxStreamsPerConn), Group: GroupMeshagent,
+		Name: "MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION", Default: itoa(DefaultSocketMaxStreamsPerConn), Group: GroupMeshagent,
 		Doc:   "Most RPCs open at once on one connection to the SDS socket (HTTP/2 MAX_CONCURRENT_STREAMS); gRPC clients wait for a place, others have the extra stream refused.",
 		Value: Int(func(c *Config) *int { return &c.SocketMaxStreamsPerConn }, 1, 1<<20),
 	},
 	{
-		Name: "MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER", Default: itoa(udsserver.DefaultMaxUnaryPerCaller), Group: GroupMeshagent,
+		Name: "MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER", Default: itoa(DefaultSocketMaxUnaryPerCaller), Group: GroupMeshagent,
 		Doc:   "Most unary calls (SDS FetchSecrets, Workload API FetchJWTSVID and the like) one caller is served at once; one more is refused with gRPC status RESOURCE_EXHAUSTED naming this setting.",
 		Value: Int(func(c *Config) *int { return &c.SocketMaxUnaryPerCaller }, 1, 1<<20),
 	},
 	{
-		Name: "MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER", Default: itoa(udsserver.DefaultMaxQueuedBytesPerCaller), Group: GroupMeshagent,
+		Name: "MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER", Default: itoa(DefaultSocketMaxQueuedBytesPerCaller), Group: GroupMeshagent,
 		Doc:   "Most response bytes queued for one caller that it has not read (a client that stops reading or closes its HTTP/2 window); while over it, the caller's calls and stream updates are refused with gRPC status RESOURCE_EXHAUSTED naming this setting.",
 		Value: Int(func(c *Config) *int { return &c.SocketMaxQueuedBytesPerCaller }, 64<<10, 1<<30),
 	},
 	{
-		Name: "MESHAGENT_SOCKET_IDLE_TIMEOUT", Default: dtoa(udsserver.DefaultIdleTimeout), Group: GroupMeshagent,
+		Name: "MESHAGENT_SOCKET_IDLE_TIMEOUT", Default: dtoa(DefaultSocketIdleTimeout), Group: GroupMeshagent,
 		Doc:   "A connection to the SDS socket without any RPC for this long is closed (gRPC clients reconnect when they next call).",
 		Value: Duration(func(c *Config) *time.Duration { return &c.SocketIdleTimeout }, time.Second),
 	},

@@ -21,9 +21,6 @@ import (
 	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
-// DefaultAddr listens on every interface at pilot-agent's status port.
-const DefaultAddr = ":15020"
-
 // Check reports a problem, or nil when all is well. It must return quickly.
 type Check func() error
 
@@ -63,7 +60,8 @@ type CertLister interface {
 
 // Config configures a Server. Zero values get the defaults noted.
 type Config struct {
-	// Addr is the listen address. Default DefaultAddr.
+	// Addr is the listen address (host:port). Required: Run fails without
+	// it (internal/app passes STATUS_PORT and MESHAGENT_STATUS_HOST).
 	Addr string
 	// Gatherer is what /metrics serves. Nil serves an empty registry.
 	Gatherer prometheus.Gatherer
@@ -98,9 +96,6 @@ type Server struct {
 
 // New makes a Server; it starts nothing.
 func New(cfg Config) *Server {
-	if cfg.Addr == "" {
-		cfg.Addr = DefaultAddr
-	}
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.NewRegistry()
 	}
@@ -151,6 +146,9 @@ func (s *Server) AddCertLister(l CertLister) {
 // POSTs /quitquitquit; both return nil after a graceful shutdown. It returns
 // an error when it cannot listen or serving fails.
 func (s *Server) Run(ctx context.Context) error {
+	if s.cfg.Addr == "" {
+		return errors.New("status server: no Config.Addr to listen on")
+	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", s.cfg.Addr)
 	if err != nil {

@@ -300,3 +300,11 @@ func TestChecksAddedWhileServing(t *testing.T) {
 		t.Fatalf("/debug/certs lists %d certificates, want %d", n, adds*len(lister))
 	}
 }
+
+// The listen address has no default of its own (STATUS_PORT's is the
+// registry's): a server without one fails at Run, listening nowhere.
+func TestRunNeedsAnAddress(t *testing.T) {
+	if err := New(Config{}).Run(context.Background()); err == nil || !strings.Contains(err.Error(), "Config.Addr") {
+		t.Fatalf("Run without an address = %v, want an error naming Config.Addr", err)
+	}
+}

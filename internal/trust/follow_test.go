@@ -6,14 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
 // A followed root file's bundle enters the merge parsed as it is, and each
 // change of it replaces its part; an empty bundle is refused and its last
 // good roots stay.
 func TestFollowBringsRootFilesIntoTheMerge(t *testing.T) {
-	roots, err := secretmanager.NewRoots(newRoot(t, "a"), "/r.pem")
+	roots, err := secret.NewRoots(newRoot(t, "a"), "/r.pem")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
-	"github.com/meshagent/meshagent/caclient"
+	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
@@ -35,16 +35,16 @@ func (s staticToken) Token(context.Context) (string, error) { return string(s), 
 
 func dial(t *testing.T, s *xdsserver.Server, ca *localca.CA, token string) *grpc.ClientConn {
 	t.Helper()
-	cfg := caclient.TransportConfig{Addr: s.Addr(), ServerName: "xds.test", Metadata: map[string]string{"ClusterID": "c1"}}
+	cfg := controlplane.Config{Addr: s.Addr(), ServerName: "xds.test", Metadata: map[string]string{"ClusterID": "c1"}}
 	if ca != nil {
-		cfg.Roots = caclient.StaticRoots{Pool: ca.Pool()}
+		cfg.Roots = controlplane.StaticRoots{Pool: ca.Pool()}
 	} else {
 		cfg.Plaintext = true
 	}
 	if token != "" {
 		cfg.Token = staticToken(token)
 	}
-	conn, err := caclient.Dial(cfg)
+	conn, err := controlplane.Dial(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

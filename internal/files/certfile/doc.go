@@ -18,7 +18,7 @@
 // RootFeed and PairFeed are the running parts that bring files into the
 // secret manager: a RootFeed follows a root bundle file (CA_ROOT_CA,
 // XDS_ROOT_CA, a credentials directory's root-cert.pem) into a
-// secretmanager.Roots; a PairFeed follows a certificate and key file pair
+// secret.Roots; a PairFeed follows a certificate and key file pair
 // (workload credentials, file-mounted certificates) into Manager.Publish.
 // Each reads through a Source and has Run(ctx) error.
 //
@@ -28,7 +28,7 @@
 //
 // Ownership and locking: a Pair and a pki.Bundle are immutable once
 // returned, and a bundle is handed on parsed (RootFeed sets it into
-// secretmanager.Roots as is). A Source is safe for concurrent use: Current,
+// secret.Roots as is). A Source is safe for concurrent use: Current,
 // Wait and Reload may be called from any goroutine; Run may be called once
 // and owns the watcher. A
 // RootFeed or PairFeed owns its Source; its Run may be called once.

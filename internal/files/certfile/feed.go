@@ -9,7 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
 // RootFeedConfig configures a RootFeed.
@@ -23,13 +23,13 @@ type RootFeedConfig struct {
 	Source SourceConfig
 }
 
-// RootFeed follows a root bundle file into a secretmanager.Roots: the trust
+// RootFeed follows a root bundle file into a secret.Roots: the trust
 // bundle the secret manager serves as ROOTCA and a CA client verifies its
 // server with.
 type RootFeed struct {
 	path  string
 	src   *Source[*pki.Bundle]
-	roots *secretmanager.Roots
+	roots *secret.Roots
 	log   *zap.Logger
 }
 
@@ -41,11 +41,11 @@ func NewRootFeed(cfg RootFeedConfig) (*RootFeed, error) {
 		return nil, fmt.Errorf("%s %s: %w", cfg.Name, cfg.Path, err)
 	}
 	b, _, _ := src.Current()
-	return &RootFeed{path: cfg.Path, src: src, roots: secretmanager.RootsOf(b, cfg.Path), log: logger(cfg.Source).With(zap.String(logkeys.Path, cfg.Path))}, nil
+	return &RootFeed{path: cfg.Path, src: src, roots: secret.RootsOf(b, cfg.Path), log: logger(cfg.Source).With(zap.String(logkeys.Path, cfg.Path))}, nil
 }
 
 // Roots returns the bundle the feed keeps current.
-func (f *RootFeed) Roots() *secretmanager.Roots { return f.roots }
+func (f *RootFeed) Roots() *secret.Roots { return f.roots }
 
 // Run watches the file and sets every new good bundle, as parsed, into
 // Roots until ctx ends, and returns nil. It may be called once.
@@ -56,7 +56,7 @@ func (f *RootFeed) Run(ctx context.Context) error {
 // Publisher takes the own workload certificate from files
 // (secretmanager.Manager.Publish).
 type Publisher interface {
-	Publish(*secretmanager.Secret) error
+	Publish(*secret.Secret) error
 }
 
 // PairFeedConfig configures a PairFeed.
@@ -100,7 +100,7 @@ func NewPairFeed(cfg PairFeedConfig) (*PairFeed, error) {
 // once.
 func (f *PairFeed) Run(ctx context.Context) error {
 	return follow(ctx, f.src, func(p *Pair) {
-		if err := f.into.Publish(p.Secret(secretmanager.WorkloadCertName, f.label)); err != nil {
+		if err := f.into.Publish(p.Secret(secret.WorkloadCertName, f.label)); err != nil {
 			f.log.Warn("certificate files not served", zap.Error(err))
 		}
 	})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -64,7 +65,7 @@ func TestPairFeed(t *testing.T) {
 	ca := newCA(t)
 	dir := t.TempDir()
 	certPath, keyPath := filepath.Join(dir, "cert-chain.pem"), filepath.Join(dir, "key.pem")
-	m, err := secretmanager.New(secretmanager.Config{Roots: mustRoots(t, ca), Source: "file"})
+	m, err := secretmanager.New(secretmanager.Config{Roots: mustRoots(t, ca), Source: "file", TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func TestPairFeed(t *testing.T) {
 }
 
 func TestPairFeedConfigErrors(t *testing.T) {
-	m, err := secretmanager.New(secretmanager.Config{Roots: mustRoots(t, newCA(t))})
+	m, err := secretmanager.New(secretmanager.Config{Roots: mustRoots(t, newCA(t)), TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func TestPairFeedConfigErrors(t *testing.T) {
 
 func mustRoots(t *testing.T, ca *localca.CA) *secretmanager.Roots {
 	t.Helper()
-	r, err := secretmanager.NewRoots(ca.RootPEM(), "test")
+	r, err := secret.NewRoots(ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}

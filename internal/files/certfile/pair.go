@@ -11,7 +11,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files/regularfile"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
 // Pair is a certificate chain and the private key of its leaf.
@@ -39,9 +39,9 @@ func (p *Pair) Equal(o *Pair) bool {
 }
 
 // Secret returns the pair as the secret named name
-// (secretmanager.CertSecret).
-func (p *Pair) Secret(name, source string) *secretmanager.Secret {
-	return secretmanager.CertSecret(name, p.Chain, p.KeyPEM, source)
+// (secret.CertSecret).
+func (p *Pair) Secret(name, source string) *secret.Secret {
+	return secret.CertSecret(name, p.Chain, p.KeyPEM, source)
 }
 
 // TLSCertificate returns the pair for use in a tls.Config.

@@ -1,8 +1,8 @@
 // Package fileprovider serves the SDS resources that name files directly
 // (docs/architecture.md): "file-cert:<cert-path>~<key-path>" (a certificate chain and its
 // key) and "file-root:<path>" or "file-root:system" (a trust bundle). It is a
-// secretmanager.Provider, registered in the manager's Config.Providers under
-// secretmanager.FileCertPrefix and secretmanager.FileRootPrefix.
+// secret.Provider, registered in the manager's Config.Providers under
+// secret.FileCertPrefix and secret.FileRootPrefix.
 //
 // A name is held while at least one Watch of it is open: the first Watch
 // loads its files and creates a watched certfile.Source for them; later
@@ -12,7 +12,7 @@
 // once, not the names ever asked for. Secret for a name nobody holds loads
 // the files for that call only. A name whose files cannot be loaded is not
 // held: the request fails with an error wrapping
-// secretmanager.ErrUnknownResource and the next request tries again. Once a
+// secret.ErrUnknownResource and the next request tries again. Once a
 // name is held, a bad change (a truncated key, a mismatched pair) is
 // rejected by the source and the last good value stays. Files whose
 // directory cannot be watched are re-read periodically (filewatch), so no

@@ -18,7 +18,7 @@ import (
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
 // SystemRoots is the file-root: path that names the system trust bundle.
@@ -230,12 +230,12 @@ func (p *Provider) startLocked(e *entry) {
 	p.wg.Go(func() { e.follow(ctx, changed) })
 }
 
-var _ secretmanager.Provider = (*Provider)(nil)
+var _ secret.Provider = (*Provider)(nil)
 
 // Secret returns the current secret for name, named exactly name. A name no
 // one watches is loaded for this call only and not kept; it is refused, like
 // a Watch of it, while MaxResources names are held.
-func (p *Provider) Secret(ctx context.Context, name string) (*secretmanager.Secret, error) {
+func (p *Provider) Secret(ctx context.Context, name string) (*secret.Secret, error) {
 	e, err := p.lookup(name)
 	if err != nil {
 		return nil, err
@@ -246,7 +246,7 @@ func (p *Provider) Secret(ctx context.Context, name string) (*secretmanager.Secr
 // Current returns the secret for name as it is now, never waiting for a
 // first good value of its files (it loads a name nobody holds, as Secret
 // does).
-func (p *Provider) Current(name string) (*secretmanager.Secret, error) {
+func (p *Provider) Current(name string) (*secret.Secret, error) {
 	e, err := p.lookup(name)
 	if err != nil {
 		return nil, err
@@ -309,7 +309,7 @@ func (p *Provider) Held() int {
 }
 
 func refusal(name string, err error) error {
-	return fmt.Errorf("%w: %.200q: %w", secretmanager.ErrUnknownResource, name, err)
+	return fmt.Errorf("%w: %.200q: %w", secret.ErrUnknownResource, name, err)
 }
 
 // hold returns the entry for name with one more reference, creating and
@@ -379,8 +379,8 @@ func (p *Provider) release(e *entry) {
 func (p *Provider) newEntry(name string) (*entry, error) {
 	e := &entry{name: name, version: &p.version, watchers: notify.Set{}}
 	switch {
-	case strings.HasPrefix(name, secretmanager.FileCertPrefix):
-		certPath, keyPath, err := splitPair(strings.TrimPrefix(name, secretmanager.FileCertPrefix))
+	case strings.HasPrefix(name, secret.FileCertPrefix):
+		certPath, keyPath, err := splitPair(strings.TrimPrefix(name, secret.FileCertPrefix))
 		if err != nil {
 			return nil, err
 		}
@@ -391,11 +391,11 @@ func (p *Provider) newEntry(name string) (*entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		e.bind(src, func(v any) *secretmanager.Secret {
+		e.bind(src, func(v any) *secret.Secret {
 			return v.(*certfile.Pair).Secret(name, sourceName)
 		})
-	case strings.HasPrefix(name, secretmanager.FileRootPrefix):
-		path := strings.TrimPrefix(name, secretmanager.FileRootPrefix)
+	case strings.HasPrefix(name, secret.FileRootPrefix):
+		path := strings.TrimPrefix(name, secret.FileRootPrefix)
 		if path == "" {
 			return nil, errors.New("empty root path")
 		}
@@ -406,8 +406,8 @@ func (p *Provider) newEntry(name string) (*entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		e.bind(src, func(v any) *secretmanager.Secret {
-			return secretmanager.RootSecret(name, v.(*pki.Bundle), sourceName)
+		e.bind(src, func(v any) *secret.Secret {
+			return secret.RootSecret(name, v.(*pki.Bundle), sourceName)
 		})
 	default:
 		return nil, errors.New("not a file resource")
@@ -441,18 +441,18 @@ type entry struct {
 	run     func(context.Context) error
 	reload  func() (bool, error)
 	current func() (v any, ok bool, changed <-chan struct{})
-	convert func(any) *secretmanager.Secret
+	convert func(any) *secret.Secret
 
 	mu       sync.Mutex
 	lastV    any
-	last     *secretmanager.Secret
+	last     *secret.Secret
 	watchers notify.Set
 }
 
 func (e *entry) bind(src interface {
 	Run(context.Context) error
 	Reload() (bool, error)
-}, convert func(any) *secretmanager.Secret) {
+}, convert func(any) *secret.Secret) {
 	e.run, e.reload, e.convert = src.Run, src.Reload, convert
 	switch s := src.(type) {
 	case *certfile.Source[*certfile.Pair]:
@@ -464,7 +464,7 @@ func (e *entry) bind(src interface {
 
 // secret returns the secret for the current value, waiting for a first
 // good value (bounded by ctx).
-func (e *entry) secret(ctx context.Context) (*secretmanager.Secret, error) {
+func (e *entry) secret(ctx context.Context) (*secret.Secret, error) {
 	for {
 		s, changed := e.now()
 		if s != nil {
@@ -480,7 +480,7 @@ func (e *entry) secret(ctx context.Context) (*secretmanager.Secret, error) {
 
 // now returns the secret for the current value, or nil and the channel that
 // signals the next value while the source has no good one.
-func (e *entry) now() (*secretmanager.Secret, <-chan struct{}) {
+func (e *entry) now() (*secret.Secret, <-chan struct{}) {
 	v, ok, changed := e.current()
 	if !ok {
 		return nil, changed

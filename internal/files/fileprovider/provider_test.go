@@ -93,7 +93,7 @@ func waitSignal(t *testing.T, ch <-chan struct{}) {
 	}
 }
 
-func secret(t *testing.T, p *Provider, name string) *secretmanager.Secret {
+func secretOf(t *testing.T, p *Provider, name string) *secretmanager.Secret {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -120,14 +120,14 @@ func TestFileCertFollowsChangesAndKeepsLastGood(t *testing.T) {
 	if ch == nil {
 		t.Fatal("Watch returned a nil channel for a loadable name")
 	}
-	s1 := secret(t, p, name)
+	s1 := secretOf(t, p, name)
 	if s1.Name != name || !bytes.Equal(s1.CertChain, chain1) || !bytes.Equal(s1.PrivateKey, key1) || s1.IsRoot() {
 		t.Fatalf("first secret: name %q, chain equal %v, key equal %v", s1.Name, bytes.Equal(s1.CertChain, chain1), bytes.Equal(s1.PrivateKey, key1))
 	}
 	if s1.Identity.String() != "spiffe://cluster.local/ns/ns/sa/sa" {
 		t.Errorf("identity %v", s1.Identity)
 	}
-	if again := secret(t, p, name); again.Version != s1.Version {
+	if again := secretOf(t, p, name); again.Version != s1.Version {
 		t.Errorf("unchanged files gave a new version %d, was %d", again.Version, s1.Version)
 	}
 
@@ -137,7 +137,7 @@ func TestFileCertFollowsChangesAndKeepsLastGood(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRejected(t, reg, 1)
-	if s := secret(t, p, name); s.Version != s1.Version || !bytes.Equal(s.PrivateKey, key1) {
+	if s := secretOf(t, p, name); s.Version != s1.Version || !bytes.Equal(s.PrivateKey, key1) {
 		t.Fatal("a truncated key replaced the last good pair")
 	}
 
@@ -148,7 +148,7 @@ func TestFileCertFollowsChangesAndKeepsLastGood(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		waitSignal(t, ch)
-		s := secret(t, p, name)
+		s := secretOf(t, p, name)
 		if bytes.Equal(s.CertChain, chain2) && bytes.Equal(s.PrivateKey, key2) {
 			if s.Version <= s1.Version {
 				t.Errorf("version %d not above %d", s.Version, s1.Version)
@@ -194,14 +194,14 @@ func TestFileRootBundleWithSeveralRoots(t *testing.T) {
 	name := secretmanager.FileRootPrefix + path
 	ch, stop := p.Watch(name)
 	defer stop()
-	s := secret(t, p, name)
+	s := secretOf(t, p, name)
 	if !s.IsRoot() || !bytes.Equal(s.Roots, ca1.RootPEM()) || s.Name != name {
 		t.Fatalf("first bundle wrong: %q", s.Roots)
 	}
 	both := append(append([]byte{}, ca1.RootPEM()...), ca2.RootPEM()...)
 	writeAtomic(t, path, both)
 	waitSignal(t, ch)
-	s = secret(t, p, name)
+	s = secretOf(t, p, name)
 	b, err := pki.ParseBundle(s.Roots)
 	if err != nil || len(b.Certs()) != 2 || !s.Bundle.Equal(b) {
 		t.Fatalf("bundle after change: %d roots, %v, parsed bundle carried: %v", len(b.Certs()), err, s.Bundle.Equal(b))
@@ -250,7 +250,7 @@ func TestNamesAfterStopAreRefused(t *testing.T) {
 	name := secretmanager.FileRootPrefix + path
 	ch, stop := p.Watch(name)
 	defer stop()
-	if s := secret(t, p, name); s.Name != name {
+	if s := secretOf(t, p, name); s.Name != name {
 		t.Fatalf("name %q", s.Name)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -259,7 +259,7 @@ func TestNamesAfterStopAreRefused(t *testing.T) {
 	ca2 := newCA(t)
 	writeAtomic(t, path, ca2.RootPEM())
 	waitSignal(t, ch)
-	if s := secret(t, p, name); !bytes.Equal(s.Roots, ca2.RootPEM()) {
+	if s := secretOf(t, p, name); !bytes.Equal(s.Roots, ca2.RootPEM()) {
 		t.Error("the change was signalled but not served")
 	}
 	cancel()
@@ -310,7 +310,7 @@ func TestMaxResourcesHeldAtOnce(t *testing.T) {
 	ca2 := newCA(t)
 	writeAtomic(t, strings.TrimPrefix(names[1], secretmanager.FileRootPrefix), ca2.RootPEM())
 	waitSignal(t, ch1)
-	if s := secret(t, p, names[1]); !bytes.Equal(s.Roots, ca2.RootPEM()) {
+	if s := secretOf(t, p, names[1]); !bytes.Equal(s.Roots, ca2.RootPEM()) {
 		t.Error("held name did not follow its file")
 	}
 }
@@ -329,7 +329,7 @@ func TestReleasedNamesAreForgotten(t *testing.T) {
 		if ch == nil {
 			t.Fatalf("name %d refused", i)
 		}
-		if s := secret(t, p, name); s.Name != name {
+		if s := secretOf(t, p, name); s.Name != name {
 			t.Fatalf("name %q", s.Name)
 		}
 		stop()
@@ -386,7 +386,7 @@ func TestAllowedDirs(t *testing.T) {
 	}
 	p := startWith(t, Config{Files: certfile.SourceConfig{Debounce: debounce}, AllowedDirs: []string{allowed}})
 	good := secretmanager.FileCertPrefix + filepath.Join(allowed, "cert.pem") + "~" + filepath.Join(allowed, "key.pem")
-	if s := secret(t, p, good); s.IsRoot() {
+	if s := secretOf(t, p, good); s.IsRoot() {
 		t.Fatal("a root for a file-cert:")
 	}
 	for _, name := range []string{
@@ -427,7 +427,7 @@ func TestAllowedDirsHoldAfterALinkIsSwappedIn(t *testing.T) {
 	if ch == nil {
 		t.Fatal("Watch refused an allowed file")
 	}
-	first := secret(t, p, name)
+	first := secretOf(t, p, name)
 
 	tmp := filepath.Join(allowed, "swap")
 	if err := os.Symlink(filepath.Join(other, "root.pem"), tmp); err != nil {
@@ -437,7 +437,7 @@ func TestAllowedDirsHoldAfterALinkIsSwappedIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRejected(t, reg, 1)
-	if s := secret(t, p, name); !bytes.Equal(s.Roots, first.Roots) {
+	if s := secretOf(t, p, name); !bytes.Equal(s.Roots, first.Roots) {
 		t.Fatal("a link swapped in later led out of the allowed directory: its target was served")
 	}
 
@@ -451,6 +451,6 @@ func TestAllowedDirsHoldAfterALinkIsSwappedIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.For(t, "the new root served", func() bool {
-		return !bytes.Equal(secret(t, p, name).Roots, first.Roots)
+		return !bytes.Equal(secretOf(t, p, name).Roots, first.Roots)
 	})
 }

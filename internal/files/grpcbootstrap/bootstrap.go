@@ -23,9 +23,6 @@ const (
 	CertProviderInstance = "default"
 	// FileWatcherPlugin is gRPC's file-based certificate provider.
 	FileWatcherPlugin = "file_watcher"
-	// DefaultPath is GRPC_XDS_BOOTSTRAP's default, relative to the working
-	// directory.
-	DefaultPath = "etc/istio/proxy/grpc-bootstrap.json"
 	// DefaultGenerator is the node's GENERATOR metadata unless set: it asks
 	// istiod for configuration in the form gRPC understands.
 	DefaultGenerator = "grpc"

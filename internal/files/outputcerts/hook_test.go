@@ -20,6 +20,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -57,14 +58,14 @@ func TestHookRunsOncePerRotationWithTheFilesInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots, err := secretmanager.NewRoots(ca.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := pki.SPIFFEIdentity("cluster.local", "ns", "sa")
 	m, err := secretmanager.New(secretmanager.Config{
-		Identity: id, CA: client, Roots: roots, TTL: time.Hour, GraceJitter: -1,
-		Clock: fc, Rand: func() float64 { return 0.5 }, Source: "ca",
+		Identity: id, CA: client, Roots: roots, TTL: time.Hour, Clock: fc, Rand: func() float64 { return 0.5 }, Source: "ca",
+		GraceRatio: 0.5, MaxConcurrentCSRs: 8, IdleGrace: time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)

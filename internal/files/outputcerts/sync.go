@@ -10,12 +10,12 @@ import (
 
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/pki"
-	"github.com/meshagent/meshagent/secretmanager"
+	"github.com/meshagent/meshagent/internal/secret"
 )
 
 // Secrets is the agent's secret source as Sync uses it (secretmanager.Manager).
 type Secrets interface {
-	Current(id pki.Identity, name string) (*secretmanager.Secret, error)
+	Current(id pki.Identity, name string) (*secret.Secret, error)
 	Watch(id pki.Identity, name string) (<-chan struct{}, func())
 }
 
@@ -96,9 +96,9 @@ func NewSync(cfg SyncConfig) (*Sync, error) {
 // write that replaced files; the next write waits for it (at most its
 // timeout).
 func (s *Sync) Run(ctx context.Context) error {
-	certs, stopCerts := s.secrets.Watch(own, secretmanager.WorkloadCertName)
+	certs, stopCerts := s.secrets.Watch(own, secret.WorkloadCertName)
 	defer stopCerts()
-	roots, stopRoots := s.secrets.Watch(own, secretmanager.RootCertName)
+	roots, stopRoots := s.secrets.Watch(own, secret.RootCertName)
 	defer stopRoots()
 	for {
 		var retry <-chan time.Time
@@ -119,10 +119,10 @@ func (s *Sync) Run(ctx context.Context) error {
 // reports whether it succeeded (or had nothing to write).
 func (s *Sync) write(ctx context.Context) bool {
 	var f Files
-	if cert, err := s.secrets.Current(own, secretmanager.WorkloadCertName); err == nil {
+	if cert, err := s.secrets.Current(own, secret.WorkloadCertName); err == nil {
 		f.CertChain, f.Key = cert.CertChain, cert.PrivateKey
 	}
-	if root, err := s.secrets.Current(own, secretmanager.RootCertName); err == nil {
+	if root, err := s.secrets.Current(own, secret.RootCertName); err == nil {
 		f.Root = root.Roots
 		if s.td != "" {
 			f.BundleMap = s.bundleMap(root.Roots)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/secret"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -60,11 +61,11 @@ func inode(t *testing.T, p string) uint64 {
 // every change only the files whose content changed.
 func TestSync(t *testing.T) {
 	ca1, ca2 := newCA(t), newCA(t)
-	roots, err := secretmanager.NewRoots(ca1.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca1.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := secretmanager.New(secretmanager.Config{Roots: roots, Source: "file"})
+	m, err := secretmanager.New(secretmanager.Config{Roots: roots, Source: "file", TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,11 +137,11 @@ func TestNewSyncErrors(t *testing.T) {
 // map, again after every root change.
 func TestSyncWritesTheBundleMap(t *testing.T) {
 	ca1, ca2 := newCA(t), newCA(t)
-	roots, err := secretmanager.NewRoots(ca1.RootPEM(), "test")
+	roots, err := secret.NewRoots(ca1.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := secretmanager.New(secretmanager.Config{Roots: roots, Source: "file"})
+	m, err := secretmanager.New(secretmanager.Config{Roots: roots, Source: "file", TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

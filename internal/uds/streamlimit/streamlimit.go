@@ -17,9 +17,18 @@ import (
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
-// PerCallerSetting is the setting that raises Limit.PerCaller, shared by
-// the SDS and Workload API streams of a caller.
-const PerCallerSetting = "MESHAGENT_SDS_MAX_STREAMS_PER_POD"
+// Names are what Admit's refusals name as the bound to raise: the settings
+// behind Max and PerCaller, as internal/app passes them. An empty name is
+// left out.
+type Names struct{ Max, PerCaller string }
+
+// named is " (name)", or "" for no name.
+func named(name string) string {
+	if name == "" {
+		return ""
+	}
+	return " (" + name + ")"
+}
 
 // The limits a stream is refused by: the reason of a Refusal, a metric
 // label and a log field key of the servers.
@@ -72,9 +81,10 @@ type Limit struct {
 	PerCaller int
 	// Callers is the per-caller count; nil means one of the Limit's own.
 	Callers *Callers
-	// Service ("SDS", "Workload API") and MaxSetting (the setting that
-	// raises Max) name the limit in Admit's refusals.
-	Service, MaxSetting string
+	// Service ("SDS", "Workload API") and Names name the limit in Admit's
+	// refusals.
+	Service string
+	Names   Names
 
 	mu   sync.Mutex
 	open int
@@ -132,10 +142,10 @@ func (l *Limit) Admit(ctx context.Context) (release func(), r Refusal, err error
 	switch {
 	case errors.Is(err, ErrTotal):
 		r = Refusal{Reason: ReasonMaxStreams, Limit: l.Max, Cause: err}
-		err = status.Errorf(codes.ResourceExhausted, "too many %s streams: at most %d are served at once (%s)", l.Service, l.Max, l.MaxSetting)
+		err = status.Errorf(codes.ResourceExhausted, "too many %s streams: at most %d are served at once%s", l.Service, l.Max, named(l.Names.Max))
 	case errors.Is(err, ErrPerCaller):
 		r = Refusal{Reason: ReasonMaxStreamsPerCaller, Limit: l.PerCaller, Cause: err}
-		err = status.Error(codes.ResourceExhausted, fmt.Sprintf("too many streams from this caller: at most %d SDS and Workload API streams are served at once (%s)", l.PerCaller, PerCallerSetting))
+		err = status.Error(codes.ResourceExhausted, fmt.Sprintf("too many streams from this caller: at most %d SDS and Workload API streams are served at once%s", l.PerCaller, named(l.Names.PerCaller)))
 	}
 	return release, r, err
 }

@@ -80,7 +80,7 @@ func TestSharedCallers(t *testing.T) {
 // the code a gRPC client backs off on; the caller is the one on ctx.
 func TestAdmitRefusals(t *testing.T) {
 	t.Parallel()
-	l := &Limit{Max: 2, PerCaller: 1, Service: "SDS", MaxSetting: "MESHAGENT_SDS_MAX_STREAMS"}
+	l := &Limit{Max: 2, PerCaller: 1, Service: "SDS", Names: Names{Max: "MESHAGENT_SDS_MAX_STREAMS", PerCaller: "MESHAGENT_SDS_MAX_STREAMS_PER_POD"}}
 	pod := caller.NewContext(context.Background(), caller.Info{PodUID: "uid-1"})
 	release, r, err := l.Admit(pod)
 	if err != nil || r != (Refusal{}) {

@@ -71,7 +71,7 @@ func TestSocketDirModeLetsOtherUIDsIn(t *testing.T) {
 	}
 	serve := func(socket string, mode os.FileMode) {
 		t.Helper()
-		srv, err := New(Config{SocketPath: socket, Services: []func(*grpc.Server){registerWho}, DirMode: mode})
+		srv, err := New(Config{SocketPath: socket, Services: []func(*grpc.Server){registerWho}, DirMode: mode, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -131,7 +131,7 @@ func TestParkedConnectionClosed(t *testing.T) {
 // connections in their handshake).
 func TestStopClosesParkedConnections(t *testing.T) {
 	socket := shortDir(t) + "/socket"
-	srv, err := New(Config{SocketPath: socket, Services: []func(*grpc.Server){registerWho}})
+	srv, err := New(Config{SocketPath: socket, Services: []func(*grpc.Server){registerWho}, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

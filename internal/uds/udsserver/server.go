@@ -21,19 +21,17 @@ import (
 	"github.com/meshagent/meshagent/internal/uds/udslisten"
 )
 
-// Defaults of Config.
-const (
-	// DefaultMaxRecvBytes bounds the size of one received message.
-	DefaultMaxRecvBytes = 64 << 10
-	// MaxSocketPath is the longest path a Unix socket address can hold.
-	MaxSocketPath = udslisten.MaxPath
-)
+// MaxSocketPath is the longest path a Unix socket address can hold.
+const MaxSocketPath = udslisten.MaxPath
 
 // ErrSocketInUse is wrapped by Run's error when something already answers
 // on the socket path; the socket is left alone.
 var ErrSocketInUse = sockprobe.ErrInUse
 
-// Config describes a local socket server. Zero values get the defaults noted.
+// Config describes a local socket server. The bounds a setting configures
+// (MaxRecvBytes and the per-caller limits but MaxHandshakes) are required:
+// internal/app passes the settings' values. Other zero values get the
+// defaults noted.
 type Config struct {
 	// SocketPath is the Unix socket to serve on. Required. Its directory is
 	// created with mode 0750 (or DirMode) and the socket is made 0666, as
@@ -59,7 +57,7 @@ type Config struct {
 	// example sds.Server.Register). At least one is required.
 	Services []func(*grpc.Server)
 	// MaxRecvBytes bounds the size of one received message; gRPC answers a
-	// larger one with ResourceExhausted. Default DefaultMaxRecvBytes.
+	// larger one with ResourceExhausted. Required.
 	MaxRecvBytes int
 	// AllowedUIDs, when not empty, are the only peer uids (SO_PEERCRED) let
 	// in; other peers are refused with PermissionDenied. Empty lets anyone
@@ -80,26 +78,25 @@ type Config struct {
 	// naming the setting (Setting... constants).
 
 	// MaxConnsPerCaller bounds the connections one caller holds open; one
-	// more is refused. Default DefaultMaxConnsPerCaller.
+	// more is refused. Required.
 	MaxConnsPerCaller int
 	// MaxStreamsPerConn bounds the RPCs open at once on one connection
-	// (HTTP/2 MaxConcurrentStreams). Default DefaultMaxStreamsPerConn.
+	// (HTTP/2 MaxConcurrentStreams). Required.
 	MaxStreamsPerConn uint32
 	// MaxUnaryPerCaller bounds the unary calls of one caller served at
-	// once. Default DefaultMaxUnaryPerCaller.
+	// once. Required.
 	MaxUnaryPerCaller int
 	// MaxQueuedBytesPerCaller bounds the response bytes queued for one
 	// caller that its connections have not taken (a client that stops
 	// reading, or sets its HTTP/2 window to 0): beyond it the caller's
-	// calls are refused until it reads. Default
-	// DefaultMaxQueuedBytesPerCaller.
+	// calls are refused until it reads. Required.
 	MaxQueuedBytesPerCaller int
 	// IdleTimeout closes a connection without an RPC for that long.
-	// Default DefaultIdleTimeout.
+	// Required.
 	IdleTimeout time.Duration
 	// MaxConnRatePerCaller bounds the new connections one caller opens a
 	// second, after a burst of max(MaxConnsPerCaller, the rate); one more
-	// is refused at its handshake. Default DefaultMaxConnRatePerCaller.
+	// is refused at its handshake. Required.
 	MaxConnRatePerCaller int
 	// MaxHandshakes bounds the connections being identified at once (read
 	// their credentials, pinned, resolved), one pod's (or uid's) to an
@@ -108,19 +105,35 @@ type Config struct {
 	MaxHandshakes int
 }
 
-// Defaults of the per-caller limits.
+// The default of Config.MaxHandshakes, which no setting configures.
 const (
-	DefaultMaxConnsPerCaller       = 32
-	DefaultMaxStreamsPerConn       = 100
-	DefaultMaxUnaryPerCaller       = 16
-	DefaultMaxQueuedBytesPerCaller = 4 << 20
-	DefaultIdleTimeout             = 5 * time.Minute
-	DefaultMaxConnRatePerCaller    = 20
 	// DefaultMaxHandshakes: an identification takes tens of microseconds
 	// (it never waits for a pod: the first RPC does), so only a flood
 	// keeps more in flight.
 	DefaultMaxHandshakes = 128
 )
+
+// checkBounds refuses a bound a setting configures left at zero or below,
+// naming the Config field.
+func (cfg *Config) checkBounds() error {
+	for _, b := range []struct {
+		field string
+		v     int64
+	}{
+		{"MaxRecvBytes", int64(cfg.MaxRecvBytes)},
+		{"MaxConnsPerCaller", int64(cfg.MaxConnsPerCaller)},
+		{"MaxConnRatePerCaller", int64(cfg.MaxConnRatePerCaller)},
+		{"MaxStreamsPerConn", int64(cfg.MaxStreamsPerConn)},
+		{"MaxUnaryPerCaller", int64(cfg.MaxUnaryPerCaller)},
+		{"MaxQueuedBytesPerCaller", int64(cfg.MaxQueuedBytesPerCaller)},
+		{"IdleTimeout", int64(cfg.IdleTimeout)},
+	} {
+		if b.v <= 0 {
+			return fmt.Errorf("local socket server: Config.%s %d is not positive", b.field, b.v)
+		}
+	}
+	return nil
+}
 
 // Server serves gRPC services on a Unix socket to local callers. Create it
 // with New and start it with Run.
@@ -156,8 +169,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("local socket server: no service to serve")
 	}
 	cfg.Services = slices.Clone(cfg.Services)
-	if cfg.MaxRecvBytes <= 0 {
-		cfg.MaxRecvBytes = DefaultMaxRecvBytes
+	if err := cfg.checkBounds(); err != nil {
+		return nil, err
 	}
 	cfg.AllowedUIDs = slices.Clone(cfg.AllowedUIDs)
 	if cfg.Logger == nil {
@@ -166,24 +179,6 @@ func New(cfg Config) (*Server, error) {
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.MaxConnsPerCaller <= 0 {
-		cfg.MaxConnsPerCaller = DefaultMaxConnsPerCaller
-	}
-	if cfg.MaxStreamsPerConn == 0 {
-		cfg.MaxStreamsPerConn = DefaultMaxStreamsPerConn
-	}
-	if cfg.MaxUnaryPerCaller <= 0 {
-		cfg.MaxUnaryPerCaller = DefaultMaxUnaryPerCaller
-	}
-	if cfg.MaxQueuedBytesPerCaller <= 0 {
-		cfg.MaxQueuedBytesPerCaller = DefaultMaxQueuedBytesPerCaller
-	}
-	if cfg.IdleTimeout <= 0 {
-		cfg.IdleTimeout = DefaultIdleTimeout
-	}
-	if cfg.MaxConnRatePerCaller <= 0 {
-		cfg.MaxConnRatePerCaller = DefaultMaxConnRatePerCaller
 	}
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = DefaultMaxHandshakes

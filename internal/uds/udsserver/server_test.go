@@ -143,7 +143,7 @@ func start(t *testing.T, adjust func(*Config)) *fixture {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
 	f := &fixture{t: t, socket: filepath.Join(shortDir(t), "run", "socket"), reg: prometheus.NewRegistry(), logs: logs}
-	cfg := Config{SocketPath: f.socket, Services: []func(*grpc.Server){registerWho}, Logger: zap.New(core), Registerer: f.reg}
+	cfg := Config{SocketPath: f.socket, Services: []func(*grpc.Server){registerWho}, Logger: zap.New(core), Registerer: f.reg, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute}
 	if adjust != nil {
 		adjust(&cfg)
 	}
@@ -396,7 +396,7 @@ func TestSocketLifecycle(t *testing.T) {
 	socket := filepath.Join(shortDir(t), "uds", "socket")
 	services := []func(*grpc.Server){registerWho}
 	run := func(t *testing.T) (stop func() error) {
-		srv, err := New(Config{SocketPath: socket, Services: services})
+		srv, err := New(Config{SocketPath: socket, Services: services, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -432,7 +432,7 @@ func TestSocketLifecycle(t *testing.T) {
 	}
 
 	// A second server finds the socket alive and leaves it alone.
-	srv2, _ := New(Config{SocketPath: socket, Services: services})
+	srv2, _ := New(Config{SocketPath: socket, Services: services, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err := srv2.Run(context.Background()); !errors.Is(err, ErrSocketInUse) {
 		t.Fatalf("second server on a live socket: %v", err)
 	}
@@ -466,7 +466,7 @@ func TestSocketLifecycle(t *testing.T) {
 	if err := os.WriteFile(socket, []byte("mine"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv3, _ := New(Config{SocketPath: socket, Services: services})
+	srv3, _ := New(Config{SocketPath: socket, Services: services, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err := srv3.Run(context.Background()); err == nil || errors.Is(err, ErrSocketInUse) {
 		t.Fatalf("Run over a regular file: %v", err)
 	}
@@ -487,7 +487,7 @@ func TestSocketLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv4, _ := New(Config{SocketPath: socket, Services: services, Replace: true})
+	srv4, _ := New(Config{SocketPath: socket, Services: services, Replace: true, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	ctx4, cancel4 := context.WithCancel(context.Background())
 	done4 := make(chan error, 1)
 	go func() { done4 <- srv4.Run(ctx4) }()
@@ -503,10 +503,10 @@ func TestSocketLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := New(Config{SocketPath: "/" + strings.Repeat("x", 120), Services: services}); err == nil {
+	if _, err := New(Config{SocketPath: "/" + strings.Repeat("x", 120), Services: services, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute}); err == nil {
 		t.Fatal("New accepted a socket path too long for a Unix address")
 	}
-	if _, err := New(Config{SocketPath: socket}); err == nil {
+	if _, err := New(Config{SocketPath: socket, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute}); err == nil {
 		t.Fatal("New accepted no service")
 	}
 }
@@ -528,7 +528,7 @@ func TestListenBeforeRun(t *testing.T) {
 	stale.SetUnlinkOnClose(false)
 	_ = stale.Close()
 
-	srv, err := New(Config{SocketPath: socket, Services: services})
+	srv, err := New(Config{SocketPath: socket, Services: services, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -550,7 +550,7 @@ func TestListenBeforeRun(t *testing.T) {
 		t.Error("a second Listen was accepted")
 	}
 	// Another server finds it alive.
-	other, _ := New(Config{SocketPath: socket, Services: services})
+	other, _ := New(Config{SocketPath: socket, Services: services, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute})
 	if err := other.Listen(); !errors.Is(err, ErrSocketInUse) {
 		t.Fatalf("Listen on a live socket: %v, want ErrSocketInUse", err)
 	}

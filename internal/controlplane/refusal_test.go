@@ -1,4 +1,4 @@
-package caclient
+package controlplane
 
 import (
 	"context"
@@ -49,7 +49,7 @@ func (f *queueFetcher) refused() []string {
 func TestUnaryRefusalIsReportedToTheFetcher(t *testing.T) {
 	ca := istioca.Start(t, istioca.Config{Tokens: map[string]istioca.ServiceAccount{"fresh": testSA}})
 	f := &queueFetcher{toks: []string{"stale", "fresh"}}
-	conn, err := Dial(TransportConfig{Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: StaticRoots{Pool: ca.Roots()}, Token: f})
+	conn, err := Dial(Config{Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: StaticRoots{Pool: ca.Roots()}, Token: f})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestUnaryFailureOtherThanUnauthenticatedIsNotARefusal(t *testing.T) {
 	ca := istioca.Start(t, istioca.Config{Tokens: map[string]istioca.ServiceAccount{"fresh": testSA}})
 	ca.FailNext(1, codes.PermissionDenied)
 	f := &queueFetcher{toks: []string{"fresh"}}
-	conn, err := Dial(TransportConfig{Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: StaticRoots{Pool: ca.Roots()}, Token: f})
+	conn, err := Dial(Config{Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: StaticRoots{Pool: ca.Roots()}, Token: f})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestStreamRefusalIsReportedToTheFetcher(t *testing.T) {
 	}
 	cp := xdsserver.Start(t, xdsserver.Config{CA: ca, Tokens: []string{"fresh"}})
 	f := &queueFetcher{toks: []string{"stale", "fresh"}}
-	conn, err := Dial(TransportConfig{Addr: cp.Addr(), ServerName: "localhost", Roots: StaticRoots{Pool: ca.Pool()}, Token: f})
+	conn, err := Dial(Config{Addr: cp.Addr(), ServerName: "localhost", Roots: StaticRoots{Pool: ca.Pool()}, Token: f})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,8 @@
-package secretmanager
+package secret
 
 import (
 	"bytes"
+	"crypto/x509"
 	"testing"
 
 	"github.com/meshagent/meshagent/internal/localca"
@@ -53,11 +54,11 @@ func TestRootsSetSignalsOnlyOnChange(t *testing.T) {
 		t.Fatal("bundle not replaced")
 	}
 	leafKey, _ := pki.GenerateKey(pki.ECP256)
-	chain, err := b.Issue(localca.Leaf{PublicKey: leafKey.Public(), Identity: testID})
+	chain, err := b.Issue(localca.Leaf{PublicKey: leafKey.Public(), Identity: pki.SPIFFEIdentity("cluster.local", "ns1", "sa1")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chain[0].Verify(x509VerifyOptions(r.Roots())); err != nil {
+	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: r.Roots(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		t.Fatalf("Roots() pool does not verify a leaf of the new root: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package caclient
+package controlplane
 
 import (
 	"bytes"
@@ -136,7 +136,7 @@ func TestTarget(t *testing.T) {
 }
 
 func TestDialNeedsAnAddress(t *testing.T) {
-	if _, err := Dial(TransportConfig{}); err == nil {
+	if _, err := Dial(Config{}); err == nil {
 		t.Fatal("Dial without an address succeeded")
 	}
 }
@@ -148,11 +148,11 @@ func TestServerNameDefaultsToHost(t *testing.T) {
 		"[::1]:1":                       "::1",
 		"no-port":                       "no-port",
 	} {
-		if got := (TransportConfig{Addr: addr}).serverName(); got != want {
+		if got := (Config{Addr: addr}).serverName(); got != want {
 			t.Errorf("serverName for %q = %q, want %q", addr, got, want)
 		}
 	}
-	if got := (TransportConfig{Addr: "a:1", ServerName: "b"}).serverName(); got != "b" {
+	if got := (Config{Addr: "a:1", ServerName: "b"}).serverName(); got != "b" {
 		t.Errorf("explicit ServerName lost: %q", got)
 	}
 }
@@ -172,7 +172,7 @@ func call(ctx context.Context, t *testing.T, conn *grpc.ClientConn, ca *istioca.
 	return err
 }
 
-func dial(t *testing.T, cfg TransportConfig) *grpc.ClientConn {
+func dial(t *testing.T, cfg Config) *grpc.ClientConn {
 	t.Helper()
 	conn, err := Dial(cfg)
 	if err != nil {
@@ -223,7 +223,7 @@ func TestTLSPeerVerification(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ca := startCA(t, istioca.Config{})
-			conn := dial(t, TransportConfig{
+			conn := dial(t, Config{
 				Addr:       ca.Addr(),
 				ServerName: tt.serverName,
 				Roots:      tt.roots(ca),
@@ -269,7 +269,7 @@ func TestRootRotationAppliesToNewHandshakes(t *testing.T) {
 	ca := startCA(t, istioca.Config{CA: oldCA})
 	roots := &swapRoots{}
 	roots.Set(oldCA.Pool())
-	cfg := TransportConfig{Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: roots, Token: tokenFile(t)}
+	cfg := Config{Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: roots, Token: tokenFile(t)}
 	conn := dial(t, cfg)
 	if err := call(testCtx(t), t, conn, ca); err != nil {
 		t.Fatalf("call before rotation: %v", err)
@@ -313,7 +313,7 @@ func TestClientCertificateIsAskedAtEveryHandshake(t *testing.T) {
 	}
 	var asked atomic.Int32
 	var fail atomic.Bool
-	cfg := TransportConfig{
+	cfg := Config{
 		Addr:       ca.Addr(),
 		ServerName: ca.ServerName(),
 		Roots:      StaticRoots{Pool: ca.Roots()},
@@ -352,7 +352,7 @@ func TestClientCertificateIsAskedAtEveryHandshake(t *testing.T) {
 
 func TestPlaintextLoopbackCarriesTokenAndRemoteWouldNot(t *testing.T) {
 	ca := startCA(t, istioca.Config{Plaintext: true})
-	conn := dial(t, TransportConfig{Addr: ca.Addr(), Plaintext: true, Token: tokenFile(t)})
+	conn := dial(t, Config{Addr: ca.Addr(), Plaintext: true, Token: tokenFile(t)})
 	if err := call(testCtx(t), t, conn, ca); err != nil {
 		t.Fatalf("plaintext call over loopback: %v", err)
 	}
@@ -361,7 +361,7 @@ func TestPlaintextLoopbackCarriesTokenAndRemoteWouldNot(t *testing.T) {
 	}
 	// The same configuration for a remote address builds credentials that
 	// refuse the token (checked without sending anything).
-	cfg := TransportConfig{Addr: net.JoinHostPort("istiod.istio-system.svc", "15010"), Plaintext: true, Token: tokenFile(t)}
+	cfg := Config{Addr: net.JoinHostPort("istiod.istio-system.svc", "15010"), Plaintext: true, Token: tokenFile(t)}
 	creds := &callCreds{token: cfg.Token, loopback: IsLoopback(cfg.Addr)}
 	if _, err := creds.GetRequestMetadata(context.Background()); !errors.Is(err, ErrUnverifiedPeer) {
 		t.Errorf("remote plaintext token: %v, want ErrUnverifiedPeer", err)
@@ -396,7 +396,7 @@ func TestClientCertificateOnlyOfAnIssuerThePeerAccepts(t *testing.T) {
 		t.Fatal(err)
 	}
 	var offer atomic.Pointer[tls.Certificate]
-	cfg := TransportConfig{
+	cfg := Config{
 		Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: StaticRoots{Pool: ca.Roots()},
 		Token:             tokenFile(t),
 		ClientCertificate: func() (*tls.Certificate, error) { return offer.Load(), nil },
@@ -427,6 +427,43 @@ func TestClientCertificateOnlyOfAnIssuerThePeerAccepts(t *testing.T) {
 // the token authenticates the call; the one after offers the certificate
 // again. Without a token the certificate is offered at every handshake: it
 // is all the caller has.
+// refusalTestConn dials as the CA clients' connection does: one
+// configuration shared by its redials (SharingRefusals), a connection
+// dropped after a failed call so the next call dials afresh.
+type refusalTestConn struct {
+	cfg Config
+	cc  *grpc.ClientConn
+}
+
+func newRefusalTestConn(cfg Config) *refusalTestConn {
+	return &refusalTestConn{cfg: cfg.SharingRefusals()}
+}
+
+func (c *refusalTestConn) Get() (*grpc.ClientConn, error) {
+	if c.cc == nil {
+		cc, err := Dial(c.cfg)
+		if err != nil {
+			return nil, err
+		}
+		c.cc = cc
+	}
+	return c.cc, nil
+}
+
+func (c *refusalTestConn) Retire(cc *grpc.ClientConn, err error) {
+	if err != nil && cc == c.cc {
+		_ = c.cc.Close()
+		c.cc = nil
+	}
+}
+
+func (c *refusalTestConn) Close() error {
+	if c.cc == nil {
+		return nil
+	}
+	return c.cc.Close()
+}
+
 func TestRefusedCertificateLeavesTheNextHandshakeToTheToken(t *testing.T) {
 	ca := startCA(t, istioca.Config{})
 	sameName, err := localca.New(localca.Config{Name: ca.CA().Root().Subject.CommonName, Intermediate: true})
@@ -442,7 +479,7 @@ func TestRefusedCertificateLeavesTheNextHandshakeToTheToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	var offered atomic.Int32
-	cfg := TransportConfig{
+	cfg := Config{
 		Addr: ca.Addr(), ServerName: ca.ServerName(), Roots: StaticRoots{Pool: ca.Roots()},
 		Token: tokenFile(t),
 		ClientCertificate: func() (*tls.Certificate, error) {
@@ -452,7 +489,7 @@ func TestRefusedCertificateLeavesTheNextHandshakeToTheToken(t *testing.T) {
 	}
 	// attempt is one call as the CA clients make it: on the connection of
 	// a Conn, retired after a failure so the next attempt dials afresh.
-	attempt := func(conn *Conn) error {
+	attempt := func(conn *refusalTestConn) error {
 		c, err := conn.Get()
 		if err != nil {
 			t.Fatal(err)
@@ -461,7 +498,7 @@ func TestRefusedCertificateLeavesTheNextHandshakeToTheToken(t *testing.T) {
 		conn.Retire(c, err)
 		return err
 	}
-	conn := NewConn(cfg, errors.New("closed"))
+	conn := newRefusalTestConn(cfg)
 	t.Cleanup(func() { _ = conn.Close() })
 	if err := attempt(conn); status.Code(err) != codes.Unavailable {
 		t.Fatalf("first attempt, the certificate offered: %v, want the handshake refused", err)
@@ -475,7 +512,7 @@ func TestRefusedCertificateLeavesTheNextHandshakeToTheToken(t *testing.T) {
 	}
 	// The refusal is forgotten once used: a new connection offers the
 	// certificate again (istiod may have restarted with the new root).
-	again := NewConn(cfg, errors.New("closed"))
+	again := newRefusalTestConn(cfg)
 	t.Cleanup(func() { _ = again.Close() })
 	if err := attempt(again); status.Code(err) != codes.Unavailable {
 		t.Fatalf("a new connection: %v, want the certificate offered and refused", err)
@@ -483,7 +520,7 @@ func TestRefusedCertificateLeavesTheNextHandshakeToTheToken(t *testing.T) {
 
 	// No token: the certificate at every handshake.
 	cfg.Token = nil
-	bare := NewConn(cfg, errors.New("closed"))
+	bare := newRefusalTestConn(cfg)
 	t.Cleanup(func() { _ = bare.Close() })
 	before := offered.Load()
 	for i := range 2 {

@@ -1,4 +1,4 @@
-package caclient
+package controlplane
 
 import (
 	"context"
@@ -38,8 +38,9 @@ type StaticRoots struct{ Pool *x509.CertPool }
 // Roots returns the pool.
 func (s StaticRoots) Roots() *x509.CertPool { return s.Pool }
 
-// TransportConfig describes how to reach a CA (or a control plane).
-type TransportConfig struct {
+// Config describes how to reach a control-plane service: the CA or the
+// discovery server.
+type Config struct {
 	// Addr is host:port.
 	Addr string
 	// ServerName is the name the peer's certificate must carry (ISTIOD_SAN,
@@ -87,8 +88,16 @@ type TransportConfig struct {
 // bearer token can speak instead.
 type certRefusals struct{ skipNext atomic.Bool }
 
-// ServerNameFor returns cfg.ServerName, or the host part of cfg.Addr.
-func (cfg TransportConfig) serverName() string {
+// SharingRefusals returns cfg with the record of refused client
+// certificates that every connection dialled with the result shares, so a
+// redial after a refusal sees it.
+func (cfg Config) SharingRefusals() Config {
+	cfg.refusals = cfg.refusalsOrNew()
+	return cfg
+}
+
+// serverName returns cfg.ServerName, or the host part of cfg.Addr.
+func (cfg Config) serverName() string {
 	if cfg.ServerName != "" {
 		return cfg.ServerName
 	}
@@ -100,12 +109,13 @@ func (cfg TransportConfig) serverName() string {
 }
 
 // TLSConfig returns the client TLS configuration Dial uses: the peer chain is
-// verified against cfg.Roots at handshake time and must name cfg.ServerName.
-func (cfg TransportConfig) TLSConfig() *tls.Config {
+// verified against cfg.Roots at handshake time and must name the server
+// name (cfg.ServerName, else the host of cfg.Addr).
+func (cfg Config) TLSConfig() *tls.Config {
 	return cfg.tlsConfig(cfg.refusalsOrNew())
 }
 
-func (cfg TransportConfig) refusalsOrNew() *certRefusals {
+func (cfg Config) refusalsOrNew() *certRefusals {
 	if cfg.refusals != nil {
 		return cfg.refusals
 	}
@@ -114,7 +124,7 @@ func (cfg TransportConfig) refusalsOrNew() *certRefusals {
 
 // tlsConfig is TLSConfig with the refusals its client certificate choice
 // reads.
-func (cfg TransportConfig) tlsConfig(refusals *certRefusals) *tls.Config {
+func (cfg Config) tlsConfig(refusals *certRefusals) *tls.Config {
 	name := cfg.serverName()
 	roots := cfg.Roots
 	tc := &tls.Config{
@@ -179,7 +189,7 @@ func verifyPeer(cs tls.ConnectionState, roots RootSource, name string) error {
 
 // Dial builds a gRPC client connection for cfg. Like grpc.NewClient it does
 // not connect until the first call.
-func Dial(cfg TransportConfig) (*grpc.ClientConn, error) {
+func Dial(cfg Config) (*grpc.ClientConn, error) {
 	if cfg.Addr == "" {
 		return nil, errors.New("no address to dial")
 	}

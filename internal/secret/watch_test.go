@@ -1,4 +1,4 @@
-package secretmanager
+package secret
 
 import (
 	"testing"

@@ -1,4 +1,4 @@
-package secretmanager
+package secret
 
 import (
 	"bytes"
@@ -23,7 +23,7 @@ type RootSource interface {
 }
 
 // Roots is a RootSource whose bundle is replaced at run time (root files
-// that are watched). It also satisfies caclient.RootSource, so the same
+// that are watched). It also satisfies controlplane.RootSource, so the same
 // value can verify the CA's TLS certificate. Safe for concurrent use.
 type Roots struct {
 	mu     sync.Mutex
@@ -105,7 +105,7 @@ func (r *Roots) Bundle() (*pki.Bundle, string) {
 	return r.b, r.source
 }
 
-// Roots returns the current pool (caclient.RootSource).
+// Roots returns the current pool (controlplane.RootSource).
 func (r *Roots) Roots() *x509.CertPool {
 	b, _ := r.Bundle()
 	return b.Pool()

@@ -1,0 +1,40 @@
+package app
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/meshagent/meshagent/internal/settings"
+)
+
+// A component checks its Config and names the field; New names the setting
+// that gave the field its value. The values here are ones Resolve refuses,
+// set on a resolved configuration to reach the components' own checks.
+func TestComponentErrorsNameTheSetting(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		setting string
+		edit    func(*settings.Config)
+	}{
+		{"SECRET_TTL", func(c *settings.Config) { c.SecretTTL = 0 }},
+		{"SECRET_GRACE_PERIOD_RATIO", func(c *settings.Config) { c.GraceRatio = 0 }},
+		{"MESHAGENT_CA_MAX_CONCURRENT_CSRS", func(c *settings.Config) { c.CAMaxConcurrentCSRs = 0 }},
+		{"MESHAGENT_IDENTITY_IDLE_GRACE", func(c *settings.Config) { c.IdentityIdleGrace = 0 }},
+		{"MESHAGENT_SDS_MAX_STREAMS", func(c *settings.Config) { c.SDSMaxStreams = 0 }},
+		{"MESHAGENT_SDS_MAX_FILE_RESOURCES_PER_CALLER", func(c *settings.Config) { c.SDSMaxFileResourcesPerCaller = 0 }},
+		{"MESHAGENT_WORKLOAD_API_MAX_STREAMS", func(c *settings.Config) { c.WorkloadAPIMaxStreams = 0 }},
+		{"MESHAGENT_SDS_MAX_RECV_BYTES", func(c *settings.Config) { c.SDSMaxRecvBytes = 0 }},
+		{"MESHAGENT_SOCKET_IDLE_TIMEOUT", func(c *settings.Config) { c.SocketIdleTimeout = 0 }},
+	} {
+		t.Run(tt.setting, func(t *testing.T) {
+			t.Parallel()
+			s := sourceConfig(t, t.TempDir(), "MESHAGENT_DEV=true")
+			tt.edit(s)
+			_, err := New(Config{Settings: s})
+			if err == nil || !errors.As(err, new(ConfigError)) || !strings.HasPrefix(err.Error(), tt.setting+": ") {
+				t.Errorf("New = %v, want a ConfigError naming %s first", err, tt.setting)
+			}
+		})
+	}
+}
