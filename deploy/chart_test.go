@@ -562,8 +562,10 @@ func checkSidecarPod(t *testing.T, pod corev1.PodSpec, audience string) {
 
 // checkNativeSidecar checks that the sidecar pod runs the agent as a native
 // sidecar (docs/operations.md, "Termination"): the first init container,
-// restartPolicy Always, with a startup probe on readiness, so that every
-// container of the pod starts after it is ready and stops before it; the
+// restartPolicy Always, with a startup probe on /healthz/started (readiness
+// but for the xDS proxy's check, which only the workload's own stream can
+// pass), so that every container of the pod starts after it holds its
+// certificates and stops before it; the
 // drain is PROXY_CONFIG's terminationDrainDuration ("" where the agent does
 // not drain: proxyless), and the pod's grace period is longer than it.
 func checkNativeSidecar(t *testing.T, pod corev1.PodSpec, drain string) {
@@ -575,8 +577,8 @@ func checkNativeSidecar(t *testing.T, pod corev1.PodSpec, drain string) {
 	if agent.RestartPolicy == nil || *agent.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Errorf("agent restart policy %v, want Always (a native sidecar)", agent.RestartPolicy)
 	}
-	if p := agent.StartupProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz/ready" || p.HTTPGet.Port.StrVal != "status" {
-		t.Errorf("agent startup probe %+v, want GET /healthz/ready on the status port", p)
+	if p := agent.StartupProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz/started" || p.HTTPGet.Port.StrVal != "status" {
+		t.Errorf("agent startup probe %+v, want GET /healthz/started on the status port", p)
 	}
 	for _, c := range pod.Containers {
 		if c.Name == "meshagent" {
@@ -1456,9 +1458,8 @@ func TestChartResources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ds appsv1.DaemonSet
-	objs.find(t, "DaemonSet", &ds)
-	sidecar, node := objs.deployment(t).Spec.Template.Spec, ds.Spec.Template.Spec
+	sidecar, node := objs.deployment(t).Spec.Template.Spec, objs.daemonSet(t, "node").Spec.Template.Spec
+	socketPod := objs.daemonSet(t, "node-socket").Spec.Template.Spec
 	for _, tt := range []struct {
 		what      string
 		pod       corev1.PodSpec
@@ -1467,8 +1468,8 @@ func TestChartResources(t *testing.T) {
 	}{
 		{"sidecar agent", sidecar, "meshagent", []string{"sidecar", "resources"}},
 		{"node agent", node, "meshagent", []string{"node", "resources"}},
-		{"CSI driver", node, "csi", []string{"node", "csi", "resources"}},
-		{"socket holder", node, "socket-holder", []string{"node", "socketHolder", "resources"}},
+		{"CSI driver", socketPod, "csi", []string{"node", "csi", "resources"}},
+		{"socket holder", socketPod, "socket-holder", []string{"node", "socketHolder", "resources"}},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			want := valuesAt(tt.values...)

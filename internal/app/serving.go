@@ -116,7 +116,7 @@ func (a *App) sidecarOutputs(src certSource) ([]component, error) {
 		if err != nil {
 			return nil, err
 		}
-		a.status.AddReadiness("xds_upstream", xp.Ready)
+		a.status.AddWorkloadReadiness("xds_upstream", xp.Ready)
 		cs = append(cs, component{name: "xdsproxy", run: xp.Run})
 		if rootFeed != nil {
 			cs = append(cs, component{name: "xds_root_watcher", run: rootFeed.Run})

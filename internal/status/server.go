@@ -77,6 +77,9 @@ type Config struct {
 type namedCheck struct {
 	name  string
 	check Check
+	// workload marks a check the workload itself makes pass (its first
+	// stream through the xDS proxy): /healthz/started leaves it out.
+	workload bool
 }
 
 // Server is the status HTTP server.
@@ -109,6 +112,7 @@ func New(cfg Config) *Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz/ready", s.serveReady)
 	mux.HandleFunc("GET /healthz/live", s.serveLive)
+	mux.HandleFunc("GET /healthz/started", s.serveStarted)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
 	mux.Handle("GET /debug/certs", s.loopbackOnly(http.HandlerFunc(s.serveCerts)))
 	mux.Handle("/debug/pprof/", s.loopbackOnly(http.HandlerFunc(pprof.Index)))
@@ -125,14 +129,25 @@ func New(cfg Config) *Server {
 func (s *Server) AddReadiness(name string, c Check) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.ready = append(s.ready, namedCheck{name, c})
+	s.ready = append(s.ready, namedCheck{name: name, check: c})
+}
+
+// AddWorkloadReadiness registers a readiness check that only the workload
+// beside the agent can make pass, such as the xDS proxy's first answer from
+// the control plane, which comes once the workload opens its stream.
+// /healthz/ready waits for it; /healthz/started, the startup probe of a
+// native sidecar that the workload starts after, does not.
+func (s *Server) AddWorkloadReadiness(name string, c Check) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ready = append(s.ready, namedCheck{name: name, check: c, workload: true})
 }
 
 // AddLiveness registers a check whose failure makes /healthz/live answer 503.
 func (s *Server) AddLiveness(name string, c Check) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.live = append(s.live, namedCheck{name, c})
+	s.live = append(s.live, namedCheck{name: name, check: c})
 }
 
 // AddCertLister adds certificates to /debug/certs.
@@ -219,6 +234,21 @@ func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	writeText(w, http.StatusOK, "ready\n")
+}
+
+// serveStarted answers 200 once every readiness check but the workload's
+// passes: what a workload started after the agent needs from it.
+func (s *Server) serveStarted(w http.ResponseWriter, _ *http.Request) {
+	checks := slices.DeleteFunc(s.checks(false), func(c namedCheck) bool { return c.workload })
+	if len(checks) == 0 {
+		writeText(w, http.StatusServiceUnavailable, "not started\nno readiness checks registered\n")
+		return
+	}
+	if f := failures(checks); len(f) > 0 {
+		writeText(w, http.StatusServiceUnavailable, "not started\n"+strings.Join(f, "\n")+"\n")
+		return
+	}
+	writeText(w, http.StatusOK, "started\n")
 }
 
 func (s *Server) serveLive(w http.ResponseWriter, _ *http.Request) {

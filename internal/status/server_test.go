@@ -94,6 +94,35 @@ func TestReadiness(t *testing.T) {
 	}
 }
 
+// TestStartedLeavesOutTheWorkloadsChecks: a native sidecar's workload starts
+// once /healthz/started passes, and only it can make the xDS proxy's check
+// pass, so /healthz/started must not wait for that check where
+// /healthz/ready does.
+func TestStartedLeavesOutTheWorkloadsChecks(t *testing.T) {
+	s, base, _, _ := start(t, Config{})
+	if code, body := get(t, base+"/healthz/started"); code != 503 || !strings.Contains(body, "no readiness checks") {
+		t.Errorf("no checks: %d %q", code, body)
+	}
+	var certOK atomic.Bool
+	s.AddReadiness("workload_certificate", func() error {
+		if !certOK.Load() {
+			return errors.New("no workload certificate yet")
+		}
+		return nil
+	})
+	s.AddWorkloadReadiness("xds_upstream", func() error { return errors.New("no stream answered yet") })
+	if code, body := get(t, base+"/healthz/started"); code != 503 || body != "not started\nworkload_certificate: no workload certificate yet\n" {
+		t.Errorf("no certificate: %d %q", code, body)
+	}
+	certOK.Store(true)
+	if code, body := get(t, base+"/healthz/started"); code != 200 || body != "started\n" {
+		t.Errorf("certificate held, no stream: %d %q, want started", code, body)
+	}
+	if code, body := get(t, base+"/healthz/ready"); code != 503 || body != "not ready\nxds_upstream: no stream answered yet\n" {
+		t.Errorf("ready without a stream: %d %q, want the xds_upstream check failing", code, body)
+	}
+}
+
 func TestLiveness(t *testing.T) {
 	s, base, _, _ := start(t, Config{})
 	if code, _ := get(t, base+"/healthz/live"); code != 200 {
