@@ -88,7 +88,7 @@
 //
 // Concurrency: New starts nothing; Run starts gRPC's serving goroutines and
 // the socket's watch, and stops them before it returns. A connection's
-// resolution is guarded by a one-slot semaphore of that connection, so
+// resolution is guarded by a one-slot semaphore (x/sync) of that connection, so
 // concurrent RPCs on a connection still unresolved ask the Resolver once
 // and a waiting RPC gives up with its context; connections never wait on
 // each other.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -45,9 +46,9 @@ type conn struct {
 	fdUsers  int
 	fdClosed bool
 
-	// lock is a one-slot semaphore, so an RPC waiting for another RPC's
+	// lock guards the resolution, so an RPC waiting for another RPC's
 	// resolution on the same connection can give up when its context ends.
-	lock     chan struct{}
+	lock     *semaphore.Weighted
 	resolved bool
 	info     caller.Info
 
@@ -140,7 +141,7 @@ func (c *conn) endStreams(err error) {
 	}
 }
 
-func newConn() *conn { return &conn{lock: make(chan struct{}, 1), pidfd: -1} }
+func newConn() *conn { return &conn{lock: semaphore.NewWeighted(1), pidfd: -1} }
 
 // acquirePIDFD returns the connection's pidfd, held open until
 // releasePIDFD; -1 when there is none or the connection has closed.
@@ -181,14 +182,23 @@ func (c *conn) closeIfUnused() {
 // failure is not kept: the next RPC on the connection asks again (in node
 // mode a pod may not be known yet when its first process connects).
 func (c *conn) resolve(ctx context.Context, r caller.Resolver) (caller.Info, error) {
-	select {
-	case c.lock <- struct{}{}:
-	case <-ctx.Done():
+	if !c.lockResolve(ctx) {
 		return caller.Info{}, ctx.Err()
 	}
-	defer func() { <-c.lock }()
+	defer c.unlockResolve()
 	return c.resolveLocked(ctx, r)
 }
+
+// lockResolve takes the connection's resolution lock, or reports false
+// when ctx ends first.
+func (c *conn) lockResolve(ctx context.Context) bool {
+	return c.lock.Acquire(ctx, 1) == nil
+}
+
+// tryLockResolve takes the resolution lock if no one holds it.
+func (c *conn) tryLockResolve() bool { return c.lock.TryAcquire(1) }
+
+func (c *conn) unlockResolve() { c.lock.Release(1) }
 
 // errResolving: another RPC of the connection is resolving its caller.
 var errResolving = errors.New("the caller is being resolved")
@@ -196,12 +206,10 @@ var errResolving = errors.New("the caller is being resolved")
 // tryResolve is resolve when no one else is resolving the connection's
 // caller; errResolving otherwise.
 func (c *conn) tryResolve(ctx context.Context, r caller.Resolver) (caller.Info, error) {
-	select {
-	case c.lock <- struct{}{}:
-	default:
+	if !c.tryLockResolve() {
 		return caller.Info{}, errResolving
 	}
-	defer func() { <-c.lock }()
+	defer c.unlockResolve()
 	return c.resolveLocked(ctx, r)
 }
 

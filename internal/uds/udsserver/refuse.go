@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 
 	"github.com/meshagent/meshagent/internal/logkeys"
@@ -129,17 +130,18 @@ const handshakeShares = 8
 
 func handshakeShare(total int) int { return max(1, total/handshakeShares) }
 
-// connRate is a token bucket per caller key: a caller may open burst
-// connections at once, then perSec a second.
+// connRate is a token bucket (x/time/rate) per caller key: a caller may
+// open burst connections at once, then perSec a second. Buckets are swept
+// past rateSweepAt callers, so a Limiter (96 bytes) per key stays bounded.
 type connRate struct {
-	perSec, burst float64
-	mu            sync.Mutex
-	m             map[string]*bucket
+	perSec rate.Limit
+	burst  int
+	mu     sync.Mutex
+	m      map[string]*rate.Limiter
 }
 
-type bucket struct {
-	tokens float64
-	at     time.Time
+func newConnRate(perSec, burst int) *connRate {
+	return &connRate{perSec: rate.Limit(perSec), burst: burst, m: map[string]*rate.Limiter{}}
 }
 
 // rateSweepAt is the number of buckets above which full ones are dropped
@@ -150,28 +152,20 @@ const rateSweepAt = 1024
 func (r *connRate) allow(key string, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	b := r.m[key]
-	if b == nil {
+	l := r.m[key]
+	if l == nil {
 		if len(r.m) >= rateSweepAt {
 			r.sweep(now)
 		}
-		b = &bucket{tokens: r.burst, at: now}
-		r.m[key] = b
+		l = rate.NewLimiter(r.perSec, r.burst)
+		r.m[key] = l
 	}
-	if d := now.Sub(b.at); d > 0 {
-		b.tokens = min(r.burst, b.tokens+d.Seconds()*r.perSec)
-		b.at = now
-	}
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
+	return l.AllowN(now, 1)
 }
 
 func (r *connRate) sweep(now time.Time) {
-	for k, b := range r.m {
-		if b.tokens+now.Sub(b.at).Seconds()*r.perSec >= r.burst {
+	for k, l := range r.m {
+		if l.TokensAt(now) >= float64(r.burst) {
 			delete(r.m, k)
 		}
 	}

@@ -332,7 +332,7 @@ func headersStatus(fr *http2.HeadersFrame) string {
 
 // tryResolved reports whether c's caller is resolved.
 func (c *conn) tryResolved() bool {
-	c.lock <- struct{}{}
-	defer func() { <-c.lock }()
+	c.lockResolve(context.Background())
+	defer c.unlockResolve()
 	return c.resolved
 }

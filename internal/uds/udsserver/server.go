@@ -135,7 +135,7 @@ type Server struct {
 	parked        parkedConns
 	handshakes    slots
 	awaiting      slots
-	rate          connRate
+	rate          *connRate
 	refusals      *refusals
 	// refusalWait is how long a refused connection waits for its client's
 	// call, in nanoseconds (refusalWait; tests change it while it serves).
@@ -193,11 +193,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	log := cfg.Logger.Named("uds")
 	s := &Server{cfg: cfg, log: log, metrics: m, callers: callers{m: map[string]*callerState{}}, refusals: newRefusals(log),
-		rate: connRate{
-			perSec: float64(cfg.MaxConnRatePerCaller),
-			burst:  float64(max(cfg.MaxConnsPerCaller, cfg.MaxConnRatePerCaller)),
-			m:      map[string]*bucket{},
-		}}
+		rate: newConnRate(cfg.MaxConnRatePerCaller, max(cfg.MaxConnsPerCaller, cfg.MaxConnRatePerCaller))}
 	s.refusalWait.Store(int64(refusalWait))
 	s.settingsFrame = s.handshakeSettings()
 	return s, nil
