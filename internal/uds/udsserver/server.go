@@ -234,12 +234,6 @@ func (s *Server) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	defer lis.Close() // removes the socket if still ours; gs.Stop closed it already
-	wctx, stopWatch := context.WithCancel(ctx)
-	watched := make(chan error, 1)
-	go func() { watched <- lis.Watch(wctx) }()
-	defer func() { stopWatch(); <-watched }()
-
 	gs := grpc.NewServer(
 		grpc.Creds(peerCreds{s: s}),
 		grpc.MaxConcurrentStreams(s.cfg.MaxStreamsPerConn),
@@ -271,25 +265,28 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	slices.Sort(names)
 
-	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
 	s.log.Info("serving on local socket", zap.String(logkeys.Socket, s.cfg.SocketPath), zap.Strings(logkeys.Services, names),
 		zap.Int(logkeys.MaxRecvBytes, s.cfg.MaxRecvBytes), zap.Uint32s(logkeys.AllowedUIDs, s.cfg.AllowedUIDs),
 		zap.Bool(logkeys.Resolver, s.cfg.Resolver != nil))
-
-	select {
-	case <-ctx.Done():
-		// Streams are long-lived: end them now rather than wait for clients.
-		s.parked.stop()
-		gs.Stop()
-		<-served
-		s.log.Info("local socket server stopped", zap.String(logkeys.Socket, s.cfg.SocketPath))
-		return nil
-	case err := <-served:
-		s.parked.stop()
-		gs.Stop()
+	// Streams are long-lived: Stop ends them rather than wait for clients.
+	if err := lis.Serve(ctx, stopParkedFirst{Server: gs, parked: &s.parked}); err != nil {
 		return fmt.Errorf("serving on %s: %w", s.cfg.SocketPath, err)
 	}
+	s.log.Info("local socket server stopped", zap.String(logkeys.Socket, s.cfg.SocketPath))
+	return nil
+}
+
+// stopParkedFirst is the gRPC server as udslisten serves it: parked
+// connections are closed before gRPC's Stop, which would otherwise wait
+// for them (they are still in their handshake, to gRPC).
+type stopParkedFirst struct {
+	*grpc.Server
+	parked *parkedConns
+}
+
+func (s stopParkedFirst) Stop() {
+	s.parked.stop()
+	s.Server.Stop()
 }
 
 // sidecarSocketCheck is how long a sidecar waits before looking at its
