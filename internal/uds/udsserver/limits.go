@@ -470,7 +470,9 @@ const refusedGrace = 2 * time.Second
 // slots bound what connections hold at one step of their handshake (being
 // identified, Config.MaxHandshakes; refused and waiting for their client's
 // call, maxAwaiting), in all and per group, so that one pod cannot take
-// them all.
+// them all. Not an x/sync semaphore: a Weighted holds one count and never
+// refuses at once by key; the total and a group's share are checked under
+// one lock here (streamlimit counts streams the same way).
 type slots struct {
 	mu    sync.Mutex
 	total int
