@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
@@ -120,21 +121,26 @@ func (f *fakeSigner) Sign(ctx context.Context, csrDER []byte, id pki.Identity, t
 
 func (f *fakeSigner) Close() error { return nil }
 
-// nextCall returns the next Sign waiting for release.
+// nextCall returns the next Sign waiting for release, once everything in
+// the test's bubble waits (synctest.Wait): a request that is not there then
+// is not coming before time moves.
 func (f *fakeSigner) nextCall(t *testing.T) *call {
 	t.Helper()
+	synctest.Wait()
 	select {
 	case c := <-f.calls:
 		return c
-	case <-time.After(10 * time.Second):
+	default:
 		t.Fatal("no CA request")
 		return nil
 	}
 }
 
-// noCall checks that no Sign is waiting for release now.
+// noCall checks that no Sign is waiting for release once everything in the
+// test's bubble waits.
 func (f *fakeSigner) noCall(t *testing.T, what string) {
 	t.Helper()
+	synctest.Wait()
 	select {
 	case c := <-f.calls:
 		t.Fatalf("unexpected CA request for %s: %s", c.id, what)
@@ -143,10 +149,10 @@ func (f *fakeSigner) noCall(t *testing.T, what string) {
 }
 
 // cache is a manager with no own identity (as in node mode) over a
-// fakeSigner on a fake clock.
+// fakeSigner, in the calling test's synctest bubble: the manager's clock is
+// the bubble's.
 type cache struct {
 	t      *testing.T
-	clock  *clocktesting.FakeClock
 	signer *fakeSigner
 	m      *Manager
 	logs   *observer.ObservedLogs
@@ -154,14 +160,13 @@ type cache struct {
 
 func newCache(t *testing.T, mutate func(*Config)) *cache {
 	t.Helper()
-	fc := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
-	signer := newFakeSigner(t, fc.Now)
+	signer := newFakeSigner(t, time.Now)
 	roots, err := secret.NewRoots(signer.ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	cfg := Config{CA: signer, CSRSigner: signer, Roots: roots, TTL: time.Hour, Clock: fc, Rand: func() float64 { return 0.5 }, Logger: zap.New(core), GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}
+	cfg := Config{CA: signer, CSRSigner: signer, Roots: roots, TTL: time.Hour, Rand: func() float64 { return 0.5 }, Logger: zap.New(core), GraceRatio: 0.5, GraceJitter: 0.01, MaxConcurrentCSRs: 8, IdleGrace: time.Minute}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -169,7 +174,7 @@ func newCache(t *testing.T, mutate func(*Config)) *cache {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cache{t: t, clock: fc, signer: signer, m: m, logs: logs}
+	c := &cache{t: t, signer: signer, m: m, logs: logs}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()
@@ -205,16 +210,18 @@ func (c *cache) wait(id pki.Identity) <-chan *Secret {
 	return out
 }
 
+// waitFor checks cond once everything in the bubble waits: what does not
+// hold then does not before time moves.
 func (c *cache) waitFor(what string, cond func() bool) {
 	c.t.Helper()
-	testwait.For(c.t, what, cond)
+	settled(c.t, what, cond)
 }
 
-// step advances the fake clock once the manager waits on a timer.
+// step moves the bubble's clock on by d once everything waits, and lets
+// what fell due run.
 func (c *cache) step(d time.Duration) {
 	c.t.Helper()
-	c.waitFor("a timer", c.clock.HasWaiters)
-	c.clock.Step(d)
+	bubbleStep(d)
 }
 
 func (c *cache) held(id pki.Identity) bool {
@@ -233,12 +240,14 @@ func (c *cache) cert(id pki.Identity) *Secret {
 	return s
 }
 
+// recv is the answer a caller got once everything in the bubble waits.
 func recv(t *testing.T, ch <-chan *Secret) *Secret {
 	t.Helper()
+	synctest.Wait()
 	select {
 	case s := <-ch:
 		return s
-	case <-time.After(10 * time.Second):
+	default:
 		t.Fatal("caller still waiting")
 		return nil
 	}
@@ -247,263 +256,276 @@ func recv(t *testing.T, ch <-chan *Secret) *Secret {
 // However many callers wait, each identity costs one CSR, and each caller
 // gets its own identity's certificate.
 func TestCacheOneCSRPerIdentity(t *testing.T) {
-	c := newCache(t, nil)
-	const identities, callers = 5, 20
-	results := make([][]<-chan *Secret, identities)
-	for i := range identities {
-		for range callers {
-			results[i] = append(results[i], c.wait(ident(i)))
-		}
-	}
-	c.waitFor("every caller waiting", func() bool {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCache(t, nil)
+		const identities, callers = 5, 20
+		results := make([][]<-chan *Secret, identities)
 		for i := range identities {
-			if c.m.waiting(ident(i)) < callers {
-				return false
+			for range callers {
+				results[i] = append(results[i], c.wait(ident(i)))
 			}
 		}
-		return true
+		c.waitFor("every caller waiting", func() bool {
+			for i := range identities {
+				if c.m.waiting(ident(i)) < callers {
+					return false
+				}
+			}
+			return true
+		})
+		calls := map[pki.Identity]*call{}
+		for range identities {
+			k := c.signer.nextCall(t)
+			if calls[k.id] != nil {
+				t.Fatalf("second CSR for %s while one is out", k.id)
+			}
+			calls[k.id] = k
+		}
+		c.signer.noCall(t, "every identity already has its CSR out")
+		for _, k := range calls {
+			k.release <- nil
+		}
+		for i := range identities {
+			first := recv(t, results[i][0])
+			for _, ch := range results[i][1:] {
+				if s := recv(t, ch); s != first {
+					t.Fatalf("callers of %s got different certificates", ident(i))
+				}
+			}
+			if first.Identity != ident(i) || first.Leaf.URIs[0].String() != ident(i).SPIFFEID {
+				t.Fatalf("caller of %s got a certificate for %s", ident(i), first.Identity)
+			}
+			if n := c.signer.requests(ident(i)); n != 1 {
+				t.Fatalf("%d CSRs for %s, want 1", n, ident(i))
+			}
+		}
+		// /debug/certs lists one certificate per identity, then the root.
+		certs := c.m.Certs()
+		if len(certs) != identities+1 || certs[identities].ResourceName != RootCertName {
+			t.Fatalf("Certs() = %+v", certs)
+		}
+		for i := range identities {
+			if certs[i].Identity != ident(i).String() || certs[i].ResourceName != WorkloadCertName {
+				t.Fatalf("Certs()[%d] = %+v, want %s", i, certs[i], ident(i))
+			}
+		}
 	})
-	calls := map[pki.Identity]*call{}
-	for range identities {
-		k := c.signer.nextCall(t)
-		if calls[k.id] != nil {
-			t.Fatalf("second CSR for %s while one is out", k.id)
-		}
-		calls[k.id] = k
-	}
-	c.signer.noCall(t, "every identity already has its CSR out")
-	for _, k := range calls {
-		k.release <- nil
-	}
-	for i := range identities {
-		first := recv(t, results[i][0])
-		for _, ch := range results[i][1:] {
-			if s := recv(t, ch); s != first {
-				t.Fatalf("callers of %s got different certificates", ident(i))
-			}
-		}
-		if first.Identity != ident(i) || first.Leaf.URIs[0].String() != ident(i).SPIFFEID {
-			t.Fatalf("caller of %s got a certificate for %s", ident(i), first.Identity)
-		}
-		if n := c.signer.requests(ident(i)); n != 1 {
-			t.Fatalf("%d CSRs for %s, want 1", n, ident(i))
-		}
-	}
-	// /debug/certs lists one certificate per identity, then the root.
-	certs := c.m.Certs()
-	if len(certs) != identities+1 || certs[identities].ResourceName != RootCertName {
-		t.Fatalf("Certs() = %+v", certs)
-	}
-	for i := range identities {
-		if certs[i].Identity != ident(i).String() || certs[i].ResourceName != WorkloadCertName {
-			t.Fatalf("Certs()[%d] = %+v, want %s", i, certs[i], ident(i))
-		}
-	}
 }
 
 // With every slot taken, the next free slot goes to a waiting caller, then
 // to a first certificate (Prefetch), then to a renewal; never more than the
 // limit run at once.
 func TestCacheLimitAndPriority(t *testing.T) {
-	c := newCache(t, func(cfg *Config) { cfg.MaxConcurrentCSRs = 2 })
-	renewal, a, b, warm, waiting := ident(0), ident(1), ident(2), ident(3), ident(4)
+	synctest.Test(t, func(t *testing.T) {
+		c := newCache(t, func(cfg *Config) { cfg.MaxConcurrentCSRs = 2 })
+		renewal, a, b, warm, waiting := ident(0), ident(1), ident(2), ident(3), ident(4)
 
-	// renewal holds a certificate that will be due.
-	if err := c.m.Prefetch(renewal); err != nil {
-		t.Fatal(err)
-	}
-	c.signer.nextCall(t).release <- nil
-	c.waitFor("the first certificate", func() bool { return c.m.Certs()[0].Identity == renewal.String() })
-
-	// a and b take both slots.
-	for _, id := range []pki.Identity{a, b} {
-		if err := c.m.Prefetch(id); err != nil {
+		// renewal holds a certificate that will be due.
+		if err := c.m.Prefetch(renewal); err != nil {
 			t.Fatal(err)
 		}
-	}
-	callA, callB := c.signer.nextCall(t), c.signer.nextCall(t)
-	if callA.id == b {
-		callA, callB = callB, callA
-	}
-	// renewal falls due (half of the 1h life), warm is prefetched and a
-	// caller starts waiting for its own identity: all three wait for a slot.
-	c.step(30 * time.Minute)
-	if err := c.m.Prefetch(warm); err != nil {
-		t.Fatal(err)
-	}
-	got := c.wait(waiting)
-	c.waitFor("the caller waiting", func() bool { return c.m.waiting(waiting) == 1 })
-	c.signer.noCall(t, "both slots are taken")
+		c.signer.nextCall(t).release <- nil
+		c.waitFor("the first certificate", func() bool { return c.m.Certs()[0].Identity == renewal.String() })
 
-	callA.release <- nil
-	if k := c.signer.nextCall(t); k.id != waiting {
-		t.Fatalf("first free slot went to %s, want the waiting caller's %s", k.id, waiting)
-	} else {
-		callB.release <- nil
-		if k2 := c.signer.nextCall(t); k2.id != warm {
-			t.Fatalf("second free slot went to %s, want the prefetched %s", k2.id, warm)
-		} else {
-			k.release <- nil
-			recv(t, got)
-			if k3 := c.signer.nextCall(t); k3.id != renewal {
-				t.Fatalf("third free slot went to %s, want the renewal of %s", k3.id, renewal)
-			} else {
-				k2.release <- nil
-				k3.release <- nil
+		// a and b take both slots a second before renewal falls due (half of
+		// the 1h life; the bubble's clock also runs the CSRs' SignTimeout).
+		c.step(30*time.Minute - time.Second)
+		for _, id := range []pki.Identity{a, b} {
+			if err := c.m.Prefetch(id); err != nil {
+				t.Fatal(err)
 			}
 		}
-	}
-	if p := c.signer.peak(); p > 2 {
-		t.Fatalf("%d CSRs in flight at once, limit 2", p)
-	}
+		callA, callB := c.signer.nextCall(t), c.signer.nextCall(t)
+		if callA.id == b {
+			callA, callB = callB, callA
+		}
+		// renewal falls due, warm is prefetched and a caller starts waiting
+		// for its own identity: all three wait for a slot.
+		c.step(time.Second)
+		if err := c.m.Prefetch(warm); err != nil {
+			t.Fatal(err)
+		}
+		got := c.wait(waiting)
+		c.waitFor("the caller waiting", func() bool { return c.m.waiting(waiting) == 1 })
+		c.signer.noCall(t, "both slots are taken")
+
+		callA.release <- nil
+		if k := c.signer.nextCall(t); k.id != waiting {
+			t.Fatalf("first free slot went to %s, want the waiting caller's %s", k.id, waiting)
+		} else {
+			callB.release <- nil
+			if k2 := c.signer.nextCall(t); k2.id != warm {
+				t.Fatalf("second free slot went to %s, want the prefetched %s", k2.id, warm)
+			} else {
+				k.release <- nil
+				recv(t, got)
+				if k3 := c.signer.nextCall(t); k3.id != renewal {
+					t.Fatalf("third free slot went to %s, want the renewal of %s", k3.id, renewal)
+				} else {
+					k2.release <- nil
+					k3.release <- nil
+				}
+			}
+		}
+		if p := c.signer.peak(); p > 2 {
+			t.Fatalf("%d CSRs in flight at once, limit 2", p)
+		}
+	})
 }
 
 // An identity whose requests fail backs off on its own: another identity is
 // served at once, and the failing one makes exactly one CSR per scheduled
 // attempt, with growing waits.
 func TestCacheFailingIdentityDoesNotDelayOthers(t *testing.T) {
-	c := newCache(t, func(cfg *Config) { cfg.MaxConcurrentCSRs = 1 })
-	bad, good := ident(0), ident(1)
-	c.signer.setMode(bad, signFail)
-	c.signer.setMode(good, signOK)
-	if err := c.m.Prefetch(bad); err != nil {
-		t.Fatal(err)
-	}
-	c.waitFor("the first failure", func() bool { return c.logs.FilterMessage("certificate request failed").Len() == 1 })
+	synctest.Test(t, func(t *testing.T) {
+		c := newCache(t, func(cfg *Config) { cfg.MaxConcurrentCSRs = 1 })
+		bad, good := ident(0), ident(1)
+		c.signer.setMode(bad, signFail)
+		c.signer.setMode(good, signOK)
+		if err := c.m.Prefetch(bad); err != nil {
+			t.Fatal(err)
+		}
+		c.waitFor("the first failure", func() bool { return c.logs.FilterMessage("certificate request failed").Len() == 1 })
 
-	// good gets its certificate while bad is in backoff, without the clock moving.
-	if s := recv(t, c.wait(good)); s.Identity != good {
-		t.Fatalf("got a certificate for %s", s.Identity)
-	}
+		// good gets its certificate while bad is in backoff, without the clock moving.
+		if s := recv(t, c.wait(good)); s.Identity != good {
+			t.Fatalf("got a certificate for %s", s.Identity)
+		}
 
-	var delays []time.Duration
-	for attempt := 1; attempt <= 6; attempt++ {
-		logs := c.logs.FilterMessage("certificate request failed").All()
-		c.waitFor("the failure log", func() bool {
-			logs = c.logs.FilterMessage("certificate request failed").All()
-			return len(logs) == attempt
-		})
-		entry := logs[attempt-1].ContextMap()
-		if entry[logkeys.Identity] != bad.String() {
-			t.Fatalf("failure logged for %v", entry[logkeys.Identity])
+		var delays []time.Duration
+		for attempt := 1; attempt <= 6; attempt++ {
+			logs := c.logs.FilterMessage("certificate request failed").All()
+			c.waitFor("the failure log", func() bool {
+				logs = c.logs.FilterMessage("certificate request failed").All()
+				return len(logs) == attempt
+			})
+			entry := logs[attempt-1].ContextMap()
+			if entry[logkeys.Identity] != bad.String() {
+				t.Fatalf("failure logged for %v", entry[logkeys.Identity])
+			}
+			if n := c.signer.requests(bad); n != attempt {
+				t.Fatalf("%d CSRs after %d scheduled attempts", n, attempt)
+			}
+			d := entry[logkeys.RetryIn].(time.Duration)
+			delays = append(delays, d)
+			c.step(d - time.Millisecond)
+			if n := c.signer.requests(bad); n != attempt {
+				t.Fatalf("retry before its backoff of %s ended", d)
+			}
+			c.step(time.Millisecond)
 		}
-		if n := c.signer.requests(bad); n != attempt {
-			t.Fatalf("%d CSRs after %d scheduled attempts", n, attempt)
+		for i := 1; i < len(delays); i++ {
+			if delays[i] <= delays[i-1] {
+				t.Fatalf("backoff does not grow: %v", delays)
+			}
 		}
-		d := entry[logkeys.RetryIn].(time.Duration)
-		delays = append(delays, d)
-		c.step(d - time.Millisecond)
-		c.waitFor("the backoff timer", c.clock.HasWaiters)
-		if n := c.signer.requests(bad); n != attempt {
-			t.Fatalf("retry before its backoff of %s ended", d)
+		if n := c.signer.requests(good); n != 1 {
+			t.Fatalf("%d CSRs for the healthy identity, want 1", n)
 		}
-		c.clock.Step(time.Millisecond)
-	}
-	for i := 1; i < len(delays); i++ {
-		if delays[i] <= delays[i-1] {
-			t.Fatalf("backoff does not grow: %v", delays)
-		}
-	}
-	if n := c.signer.requests(good); n != 1 {
-		t.Fatalf("%d CSRs for the healthy identity, want 1", n)
-	}
+	})
 }
 
 // An identity nobody holds is dropped after the idle grace period, and a
 // certificate that arrives for it afterwards is discarded; asking again
 // starts afresh.
 func TestCacheEvictionDiscardsLateResult(t *testing.T) {
-	c := newCache(t, func(cfg *Config) { cfg.IdleGrace = time.Minute })
-	id := ident(0)
-	if err := c.m.Prefetch(id); err != nil {
-		t.Fatal(err)
-	}
-	late := c.signer.nextCall(t)
-	c.m.Release(id)
-	c.step(time.Minute)
-	c.waitFor("the identity dropped", func() bool { return !c.held(id) })
+	synctest.Test(t, func(t *testing.T) {
+		c := newCache(t, func(cfg *Config) { cfg.IdleGrace = time.Minute })
+		id := ident(0)
+		if err := c.m.Prefetch(id); err != nil {
+			t.Fatal(err)
+		}
+		late := c.signer.nextCall(t)
+		c.m.Release(id)
+		c.step(time.Minute)
+		c.waitFor("the identity dropped", func() bool { return !c.held(id) })
 
-	late.release <- nil
-	c.waitFor("the late answer discarded", func() bool {
-		return c.logs.FilterMessage("CA answer discarded: identity dropped meanwhile").Len() == 1
+		late.release <- nil
+		c.waitFor("the late answer discarded", func() bool {
+			return c.logs.FilterMessage("CA answer discarded: identity dropped meanwhile").Len() == 1
+		})
+		if c.held(id) || len(c.m.Certs()) != 1 { // the root only
+			t.Fatalf("the late certificate was kept: %+v", c.m.Certs())
+		}
+		c.signer.setMode(id, signOK)
+		if s := c.cert(id); s.Identity != id || c.signer.requests(id) != 2 {
+			t.Fatalf("asking again made %d CSRs", c.signer.requests(id))
+		}
 	})
-	if c.held(id) || len(c.m.Certs()) != 1 { // the root only
-		t.Fatalf("the late certificate was kept: %+v", c.m.Certs())
-	}
-	c.signer.setMode(id, signOK)
-	if s := c.cert(id); s.Identity != id || c.signer.requests(id) != 2 {
-		t.Fatalf("asking again made %d CSRs", c.signer.requests(id))
-	}
 }
 
 // A subscriber keeps an identity: it is renewed, never dropped, and its
 // certificate stays in service when a renewal fails.
 func TestCacheSubscriberKeepsIdentity(t *testing.T) {
-	c := newCache(t, func(cfg *Config) { cfg.IdleGrace = time.Minute })
-	id := ident(0)
-	c.signer.setMode(id, signOK)
-	ch, cancel := c.m.Watch(id, WorkloadCertName)
-	defer cancel()
-	waitSignal(t, ch, "first certificate")
-	first := c.cert(id)
-	c.signer.setMode(id, signFail)
-	c.step(30 * time.Minute) // renewal due: fails
-	c.waitFor("the failed renewal", func() bool { return c.logs.FilterMessage("certificate request failed").Len() == 1 })
-	c.step(2 * time.Minute)
-	if !c.held(id) || c.cert(id) != first {
-		t.Fatal("the certificate in service was lost while subscribed")
-	}
-	c.signer.setMode(id, signOK)
-	c.step(time.Minute)
-	waitSignal(t, ch, "renewal")
-	if c.cert(id) == first {
-		t.Fatal("not renewed")
-	}
-	cancel()
-	c.step(time.Minute)
-	c.waitFor("the identity dropped once unsubscribed", func() bool { return !c.held(id) })
+	synctest.Test(t, func(t *testing.T) {
+		c := newCache(t, func(cfg *Config) { cfg.IdleGrace = time.Minute })
+		id := ident(0)
+		c.signer.setMode(id, signOK)
+		ch, cancel := c.m.Watch(id, WorkloadCertName)
+		defer cancel()
+		waitSignal(t, ch, "first certificate")
+		first := c.cert(id)
+		c.signer.setMode(id, signFail)
+		c.step(30 * time.Minute) // renewal due: fails
+		c.waitFor("the failed renewal", func() bool { return c.logs.FilterMessage("certificate request failed").Len() == 1 })
+		c.step(2 * time.Minute)
+		if !c.held(id) || c.cert(id) != first {
+			t.Fatal("the certificate in service was lost while subscribed")
+		}
+		c.signer.setMode(id, signOK)
+		c.step(time.Minute)
+		waitSignal(t, ch, "renewal")
+		if c.cert(id) == first {
+			t.Fatal("not renewed")
+		}
+		cancel()
+		c.step(time.Minute)
+		c.waitFor("the identity dropped once unsubscribed", func() bool { return !c.held(id) })
+	})
 }
 
 // A root change is pushed to ROOTCA subscribers at once, even while every
 // CSR slot is taken and no workload certificate exists.
 func TestCacheRootChangeDoesNotWaitForLeaves(t *testing.T) {
-	fc := clocktesting.NewFakeClock(time.Now())
-	signer := newFakeSigner(t, fc.Now)
-	roots, err := secret.NewRoots(signer.ca.RootPEM(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := New(Config{Identity: testID, CA: signer, Roots: roots, Clock: fc, MaxConcurrentCSRs: 1, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, IdleGrace: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rootCh, cancel := m.Watch(own, RootCertName)
-	defer cancel()
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	defer func() { stop(); <-done }()
+	synctest.Test(t, func(t *testing.T) {
+		signer := newFakeSigner(t, time.Now)
+		roots, err := secret.NewRoots(signer.ca.RootPEM(), "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := New(Config{Identity: testID, CA: signer, Roots: roots, MaxConcurrentCSRs: 1, TTL: 24 * time.Hour, GraceRatio: 0.5, GraceJitter: 0.01, IdleGrace: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rootCh, cancel := m.Watch(own, RootCertName)
+		defer cancel()
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- m.Run(ctx) }()
+		defer func() { stop(); <-done }()
 
-	held := signer.nextCall(t) // the own identity's first CSR, never answered
-	next := newCA(t, localca.Config{Name: "next"})
-	both := append(append([]byte{}, signer.ca.RootPEM()...), next.RootPEM()...)
-	if err := roots.Set(both, "test"); err != nil {
-		t.Fatal(err)
-	}
-	waitSignal(t, rootCh, "ROOTCA after a root change")
-	r, err := m.Secret(context.Background(), own, RootCertName)
-	if err != nil || string(r.Roots) != string(both) {
-		t.Fatalf("ROOTCA %v", err)
-	}
-	if m.Ready() == nil {
-		t.Fatal("ready without a certificate")
-	}
-	held.release <- errors.New("gave up")
+		held := signer.nextCall(t) // the own identity's first CSR, never answered
+		next := newCA(t, localca.Config{Name: "next"})
+		both := append(append([]byte{}, signer.ca.RootPEM()...), next.RootPEM()...)
+		if err := roots.Set(both, "test"); err != nil {
+			t.Fatal(err)
+		}
+		waitSignal(t, rootCh, "ROOTCA after a root change")
+		r, err := m.Secret(context.Background(), own, RootCertName)
+		if err != nil || string(r.Roots) != string(both) {
+			t.Fatalf("ROOTCA %v", err)
+		}
+		if m.Ready() == nil {
+			t.Fatal("ready without a certificate")
+		}
+		held.release <- errors.New("gave up")
+	})
 }
 
 // Against a real Istio CA that answers Unavailable: one CSR per scheduled
 // attempt (the client does not retry inside a request), and the identity's
-// backoff grows between attempts.
+// backoff grows between attempts. On a fake clock, not in a bubble: the CA
+// is a real gRPC server on loopback, outside any bubble.
 func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 	fc := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
 	const token = "token-ns1-sa1"
@@ -530,7 +552,6 @@ func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cache{t: t, clock: fc, m: m, logs: logs}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()
@@ -539,7 +560,7 @@ func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 	var last time.Duration
 	for attempt := 1; attempt <= 5; attempt++ {
 		var entries []observer.LoggedEntry
-		c.waitFor("a failed attempt", func() bool {
+		testwait.For(t, "a failed attempt", func() bool {
 			entries = logs.FilterMessage("certificate request failed").All()
 			return len(entries) == attempt
 		})
@@ -551,7 +572,7 @@ func TestCAUnavailableOneCSRPerAttempt(t *testing.T) {
 			t.Fatalf("attempt %d waits %s after %s: the backoff does not grow", attempt, d, last)
 		}
 		last = d
-		c.step(d)
+		testwait.Step(t, fc, d)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,7 +19,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
-	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/clock"
 
 	"github.com/meshagent/meshagent/caclient/devca"
 	"github.com/meshagent/meshagent/internal/backoff"
@@ -27,12 +28,15 @@ import (
 	"github.com/meshagent/meshagent/internal/notify"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/secret"
-	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var testID = pki.SPIFFEIdentity("cluster.local", "ns1", "sa1")
+
+func x509VerifyOptions(pool *x509.CertPool) x509.VerifyOptions {
+	return x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}
+}
 
 // Answer modes of testCA: what a broken or hostile CA might return.
 const (
@@ -139,11 +143,12 @@ func (c *testCA) Sign(ctx context.Context, csr []byte, id pki.Identity, ttl time
 
 func (c *testCA) Close() error { return nil }
 
-// env is a manager wired to a test CA, a fake clock, an observed logger and a
-// private metrics registry.
+// env is a manager wired to a test CA, an observed logger and a private
+// metrics registry, in the calling test's synctest bubble: the manager's
+// clock is the bubble's.
 type env struct {
 	t     *testing.T
-	clock *clocktesting.FakeClock
+	clock bubbleClock
 	ca    *testCA
 	roots *Roots
 	reg   *prometheus.Registry
@@ -154,20 +159,19 @@ type env struct {
 
 func newEnv(t *testing.T, mutate func(*Config)) *env {
 	t.Helper()
-	fc := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
-	ca := newTestCA(t, fc.Now)
+	ca := newTestCA(t, time.Now)
 	roots, err := secret.NewRoots(ca.ca.RootPEM(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	e := &env{t: t, clock: fc, ca: ca, roots: roots, reg: prometheus.NewRegistry(), logs: logs}
+	e := &env{t: t, ca: ca, roots: roots, reg: prometheus.NewRegistry(), logs: logs}
 	cfg := Config{
 		Identity:   testID,
 		CA:         ca,
 		Roots:      roots,
 		TTL:        time.Hour,
-		Clock:      fc,
+		Clock:      clock.RealClock{},
 		Rand:       func() float64 { return 0.5 },
 		Logger:     zap.New(core),
 		Registerer: e.reg,
@@ -208,30 +212,58 @@ func (e *env) secret(name string) *Secret {
 	return s
 }
 
-// waitTimer waits until the manager has set its timer on the fake clock.
-func (e *env) waitTimer() {
-	e.t.Helper()
-	testwait.Timer(e.t, e.clock)
+// waitTimer waits until everything in the bubble waits: the manager, on
+// its timer.
+func (e *env) waitTimer() { synctest.Wait() }
+
+// step moves the bubble's clock on by d once everything waits, and lets
+// what fell due run.
+func (e *env) step(d time.Duration) { e.clock.Step(d) }
+
+// bubbleClock is the clock of a test's synctest bubble as the tests move
+// it.
+type bubbleClock struct{}
+
+func (bubbleClock) Now() time.Time                  { return time.Now() }
+func (bubbleClock) Since(t time.Time) time.Duration { return time.Since(t) }
+
+// Step waits until everything in the bubble waits, moves time on by d and
+// waits again, so that what fell due has run.
+func (bubbleClock) Step(d time.Duration) { bubbleStep(d) }
+
+// settled checks cond once everything in the bubble waits: what does not
+// hold then does not before time moves.
+func settled(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	synctest.Wait()
+	if !cond() {
+		t.Fatalf("not so once everything waits: %s", what)
+	}
 }
 
-// step advances the fake clock once the manager waits on it.
-func (e *env) step(d time.Duration) {
-	e.t.Helper()
-	e.waitTimer()
-	e.clock.Step(d)
+func bubbleStep(d time.Duration) {
+	synctest.Wait()
+	time.Sleep(d)
+	synctest.Wait()
 }
 
+// waitSignal checks that ch was signalled once everything in the bubble
+// waits: a signal not sent then is not coming before time moves.
 func waitSignal(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
+	synctest.Wait()
 	select {
 	case <-ch:
-	case <-time.After(10 * time.Second):
+	default:
 		t.Fatalf("no signal: %s", what)
 	}
 }
 
+// noSignal checks that ch was not signalled once everything in the bubble
+// waits.
 func noSignal(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
+	synctest.Wait()
 	select {
 	case <-ch:
 		t.Fatalf("unexpected signal: %s", what)
@@ -292,130 +324,136 @@ func checkWorkloadSecret(t *testing.T, s *Secret, roots *x509.CertPool, now time
 }
 
 func TestFirstCertificateAndRoots(t *testing.T) {
-	e := newEnv(t, nil)
-	e.start()
-	s := e.secret(WorkloadCertName)
-	checkWorkloadSecret(t, s, e.ca.ca.Pool(), e.clock.Now())
-	if s.Source != "ca" {
-		t.Errorf("source %q, want ca", s.Source)
-	}
-	if want := e.clock.Now().Add(30 * time.Minute); !s.RenewAt.Equal(want) {
-		t.Errorf("renew at %s, want half of the 1h life: %s", s.RenewAt, want)
-	}
-	r := e.secret(RootCertName)
-	if !r.IsRoot() || !bytes.Equal(r.Roots, e.ca.ca.RootPEM()) {
-		t.Fatal("ROOTCA does not hold the CA root")
-	}
-	if cur, err := e.m.Current(own, WorkloadCertName); err != nil || cur != s {
-		t.Fatalf("Current = %v, %v; want the certificate Secret returned", cur, err)
-	}
-	if err := e.m.Ready(); err != nil {
-		t.Fatalf("Ready: %v", err)
-	}
-	if err := e.m.Live(); err != nil {
-		t.Fatalf("Live: %v", err)
-	}
-	// The signing goroutine counts the renewal after it publishes.
-	testwait.For(t, "renewals{success} = 1", func() bool {
-		return metricValue(t, e.reg, "meshagent_secretmanager_renewals_total", map[string]string{"result": "success"}) == 1
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, nil)
+		e.start()
+		s := e.secret(WorkloadCertName)
+		checkWorkloadSecret(t, s, e.ca.ca.Pool(), e.clock.Now())
+		if s.Source != "ca" {
+			t.Errorf("source %q, want ca", s.Source)
+		}
+		if want := e.clock.Now().Add(30 * time.Minute); !s.RenewAt.Equal(want) {
+			t.Errorf("renew at %s, want half of the 1h life: %s", s.RenewAt, want)
+		}
+		r := e.secret(RootCertName)
+		if !r.IsRoot() || !bytes.Equal(r.Roots, e.ca.ca.RootPEM()) {
+			t.Fatal("ROOTCA does not hold the CA root")
+		}
+		if cur, err := e.m.Current(own, WorkloadCertName); err != nil || cur != s {
+			t.Fatalf("Current = %v, %v; want the certificate Secret returned", cur, err)
+		}
+		if err := e.m.Ready(); err != nil {
+			t.Fatalf("Ready: %v", err)
+		}
+		if err := e.m.Live(); err != nil {
+			t.Fatalf("Live: %v", err)
+		}
+		// The signing goroutine counts the renewal after it publishes.
+		settled(t, "renewals{success} = 1", func() bool {
+			return metricValue(t, e.reg, "meshagent_secretmanager_renewals_total", map[string]string{"result": "success"}) == 1
+		})
+		if got := metricValue(t, e.reg, "meshagent_secretmanager_cert_expiry_timestamp_seconds", map[string]string{"name": "default"}); got != float64(s.NotAfter.Unix()) {
+			t.Errorf("expiry gauge = %v, want %d", got, s.NotAfter.Unix())
+		}
+		certs := e.m.Certs()
+		if len(certs) != 2 || certs[0].ResourceName != WorkloadCertName || certs[0].Identity != testID.String() ||
+			certs[0].Serial != s.Leaf.SerialNumber.Text(16) || !certs[0].RenewAt.Equal(s.RenewAt) || certs[1].ResourceName != RootCertName {
+			t.Errorf("Certs() = %+v", certs)
+		}
 	})
-	if got := metricValue(t, e.reg, "meshagent_secretmanager_cert_expiry_timestamp_seconds", map[string]string{"name": "default"}); got != float64(s.NotAfter.Unix()) {
-		t.Errorf("expiry gauge = %v, want %d", got, s.NotAfter.Unix())
-	}
-	certs := e.m.Certs()
-	if len(certs) != 2 || certs[0].ResourceName != WorkloadCertName || certs[0].Identity != testID.String() ||
-		certs[0].Serial != s.Leaf.SerialNumber.Text(16) || !certs[0].RenewAt.Equal(s.RenewAt) || certs[1].ResourceName != RootCertName {
-		t.Errorf("Certs() = %+v", certs)
-	}
 }
 
 func TestRotationBeforeExpiry(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.TTL = 30 * time.Second })
-	ch, cancel := e.m.Watch(own, WorkloadCertName)
-	defer cancel()
-	e.start()
-	first := e.secret(WorkloadCertName)
-	waitSignal(t, ch, "first certificate")
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, func(c *Config) { c.TTL = 30 * time.Second })
+		ch, cancel := e.m.Watch(own, WorkloadCertName)
+		defer cancel()
+		e.start()
+		first := e.secret(WorkloadCertName)
+		waitSignal(t, ch, "first certificate")
 
-	e.step(14 * time.Second)
-	e.waitTimer()
-	noSignal(t, ch, "rotation before renew_at")
-	if e.ca.count() != 1 {
-		t.Fatalf("%d CA requests before renew_at, want 1", e.ca.count())
-	}
+		e.step(14 * time.Second)
+		e.waitTimer()
+		noSignal(t, ch, "rotation before renew_at")
+		if e.ca.count() != 1 {
+			t.Fatalf("%d CA requests before renew_at, want 1", e.ca.count())
+		}
 
-	e.step(time.Second) // 15 s: half of the 30 s life
-	waitSignal(t, ch, "rotation")
-	second := e.secret(WorkloadCertName)
-	if second.Version <= first.Version || !second.NotAfter.After(first.NotAfter) {
-		t.Fatalf("rotation published version %d (expiry %s) after %d (expiry %s)", second.Version, second.NotAfter, first.Version, first.NotAfter)
-	}
-	if !e.clock.Now().Before(first.NotAfter) {
-		t.Fatal("rotated only after the old certificate expired")
-	}
-	if bytes.Equal(first.PrivateKey, second.PrivateKey) {
-		t.Error("rotation reused the private key")
-	}
-	checkWorkloadSecret(t, second, e.ca.ca.Pool(), e.clock.Now())
+		e.step(time.Second) // 15 s: half of the 30 s life
+		waitSignal(t, ch, "rotation")
+		second := e.secret(WorkloadCertName)
+		if second.Version <= first.Version || !second.NotAfter.After(first.NotAfter) {
+			t.Fatalf("rotation published version %d (expiry %s) after %d (expiry %s)", second.Version, second.NotAfter, first.Version, first.NotAfter)
+		}
+		if !e.clock.Now().Before(first.NotAfter) {
+			t.Fatal("rotated only after the old certificate expired")
+		}
+		if bytes.Equal(first.PrivateKey, second.PrivateKey) {
+			t.Error("rotation reused the private key")
+		}
+		checkWorkloadSecret(t, second, e.ca.ca.Pool(), e.clock.Now())
+	})
 }
 
 func TestCAOutageKeepsCertificate(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.TTL = time.Minute })
-	ch, cancel := e.m.Watch(own, WorkloadCertName)
-	defer cancel()
-	e.start()
-	first := e.secret(WorkloadCertName)
-	waitSignal(t, ch, "first certificate")
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, func(c *Config) { c.TTL = time.Minute })
+		ch, cancel := e.m.Watch(own, WorkloadCertName)
+		defer cancel()
+		e.start()
+		first := e.secret(WorkloadCertName)
+		waitSignal(t, ch, "first certificate")
 
-	e.ca.setMode(modeError)
-	e.step(30 * time.Second) // renew_at
-	outageStart := e.clock.Now()
-	for e.clock.Since(outageStart) < 20*time.Second {
-		e.step(time.Second)
-		if s := e.secret(WorkloadCertName); s != first {
-			t.Fatalf("certificate replaced during the outage: version %d", s.Version)
-		}
-		if err := e.m.Ready(); err != nil {
-			t.Fatalf("not ready during the outage: %v", err)
-		}
-	}
-	e.waitTimer()
-	failures := e.ca.count() - 1
-	if failures < 4 {
-		t.Fatalf("%d retries in 20 s of outage, want at least 4", failures)
-	}
-	var delays []time.Duration
-	for _, entry := range e.logs.FilterMessage("certificate request failed").All() {
-		delays = append(delays, entry.ContextMap()[logkeys.RetryIn].(time.Duration))
-	}
-	if len(delays) != failures {
-		t.Fatalf("%d failure logs for %d failures", len(delays), failures)
-	}
-	for i := 1; i < len(delays); i++ {
-		if delays[i] <= delays[i-1] || delays[i] > backoff.Default.Cap {
-			t.Fatalf("retry delays %v do not grow with a cap", delays)
-		}
-	}
-	if got := metricValue(t, e.reg, "meshagent_secretmanager_renewals_total", map[string]string{"result": "ca_error"}); got != float64(failures) {
-		t.Errorf("renewals{ca_error} = %v, want %d", got, failures)
-	}
-
-	e.ca.setMode(modeOK)
-	for range 60 {
-		e.step(time.Second)
-		e.waitTimer() // the manager has acted on the step: renewed, or set its next retry
-		select {
-		case <-ch:
-			second := e.secret(WorkloadCertName)
-			if !e.clock.Now().Before(first.NotAfter) {
-				t.Fatal("renewal resumed only after expiry")
+		e.ca.setMode(modeError)
+		e.step(30 * time.Second) // renew_at
+		outageStart := e.clock.Now()
+		for e.clock.Since(outageStart) < 20*time.Second {
+			e.step(time.Second)
+			if s := e.secret(WorkloadCertName); s != first {
+				t.Fatalf("certificate replaced during the outage: version %d", s.Version)
 			}
-			checkWorkloadSecret(t, second, e.ca.ca.Pool(), e.clock.Now())
-			return
-		default:
+			if err := e.m.Ready(); err != nil {
+				t.Fatalf("not ready during the outage: %v", err)
+			}
 		}
-	}
-	t.Fatal("renewal did not resume after the CA came back")
+		e.waitTimer()
+		failures := e.ca.count() - 1
+		if failures < 4 {
+			t.Fatalf("%d retries in 20 s of outage, want at least 4", failures)
+		}
+		var delays []time.Duration
+		for _, entry := range e.logs.FilterMessage("certificate request failed").All() {
+			delays = append(delays, entry.ContextMap()[logkeys.RetryIn].(time.Duration))
+		}
+		if len(delays) != failures {
+			t.Fatalf("%d failure logs for %d failures", len(delays), failures)
+		}
+		for i := 1; i < len(delays); i++ {
+			if delays[i] <= delays[i-1] || delays[i] > backoff.Default.Cap {
+				t.Fatalf("retry delays %v do not grow with a cap", delays)
+			}
+		}
+		if got := metricValue(t, e.reg, "meshagent_secretmanager_renewals_total", map[string]string{"result": "ca_error"}); got != float64(failures) {
+			t.Errorf("renewals{ca_error} = %v, want %d", got, failures)
+		}
+
+		e.ca.setMode(modeOK)
+		for range 60 {
+			e.step(time.Second)
+			e.waitTimer() // the manager has acted on the step: renewed, or set its next retry
+			select {
+			case <-ch:
+				second := e.secret(WorkloadCertName)
+				if !e.clock.Now().Before(first.NotAfter) {
+					t.Fatal("renewal resumed only after expiry")
+				}
+				checkWorkloadSecret(t, second, e.ca.ca.Pool(), e.clock.Now())
+				return
+			default:
+			}
+		}
+		t.Fatal("renewal did not resume after the CA came back")
+	})
 }
 
 func TestBadAnswersRejected(t *testing.T) {
@@ -431,171 +469,182 @@ func TestBadAnswersRejected(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.mode, func(t *testing.T) {
-			e := newEnv(t, nil)
-			ch, cancel := e.m.Watch(own, WorkloadCertName)
-			defer cancel()
-			e.start()
-			first := e.secret(WorkloadCertName)
-			waitSignal(t, ch, "first certificate")
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t, nil)
+				ch, cancel := e.m.Watch(own, WorkloadCertName)
+				defer cancel()
+				e.start()
+				first := e.secret(WorkloadCertName)
+				waitSignal(t, ch, "first certificate")
 
-			e.ca.setMode(tt.mode)
-			e.step(30 * time.Minute)
-			e.waitTimer() // backoff after the rejection
-			noSignal(t, ch, "a bad answer was published")
-			if s := e.secret(WorkloadCertName); s != first {
-				t.Fatal("a bad answer replaced the certificate")
-			}
-			logs := e.logs.FilterMessage("CA answer rejected").All()
-			if len(logs) != 1 || logs[0].ContextMap()[logkeys.Reason] != tt.reason {
-				t.Fatalf("rejection logs %v, want one with reason %s", logs, tt.reason)
-			}
-			if got := metricValue(t, e.reg, "meshagent_ca_answers_rejected_total", map[string]string{"reason": tt.reason}); got != 1 {
-				t.Errorf("meshagent_ca_answers_rejected_total{reason=%q} = %v, want 1", tt.reason, got)
-			}
+				e.ca.setMode(tt.mode)
+				e.step(30 * time.Minute)
+				e.waitTimer() // backoff after the rejection
+				noSignal(t, ch, "a bad answer was published")
+				if s := e.secret(WorkloadCertName); s != first {
+					t.Fatal("a bad answer replaced the certificate")
+				}
+				logs := e.logs.FilterMessage("CA answer rejected").All()
+				if len(logs) != 1 || logs[0].ContextMap()[logkeys.Reason] != tt.reason {
+					t.Fatalf("rejection logs %v, want one with reason %s", logs, tt.reason)
+				}
+				if got := metricValue(t, e.reg, "meshagent_ca_answers_rejected_total", map[string]string{"reason": tt.reason}); got != 1 {
+					t.Errorf("meshagent_ca_answers_rejected_total{reason=%q} = %v, want 1", tt.reason, got)
+				}
 
-			e.ca.setMode(modeOK)
-			e.step(time.Second)
-			waitSignal(t, ch, "renewal after the CA answers well again")
-			checkWorkloadSecret(t, e.secret(WorkloadCertName), e.ca.ca.Pool(), e.clock.Now())
+				e.ca.setMode(modeOK)
+				e.step(time.Second)
+				waitSignal(t, ch, "renewal after the CA answers well again")
+				checkWorkloadSecret(t, e.secret(WorkloadCertName), e.ca.ca.Pool(), e.clock.Now())
+			})
 		})
 	}
 }
 
 func TestBadFirstAnswerKeepsNotReady(t *testing.T) {
-	e := newEnv(t, nil)
-	e.ca.setMode(modeWrongSAN)
-	e.start()
-	e.waitTimer()
-	err := e.m.Ready()
-	if !errors.Is(err, ErrNoCertificate) {
-		t.Fatalf("Ready = %v, want ErrNoCertificate", err)
-	}
-	if e.m.Live() != nil {
-		t.Fatal("not live while waiting for the first certificate")
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), time.Now()) // already over: Secret must not wait
-	defer cancel()
-	_, err = e.m.Secret(ctx, own, WorkloadCertName)
-	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrRejected) || !errors.Is(err, pki.ErrIdentityMismatch) {
-		t.Fatalf("Secret = %v, want a deadline error wrapping the last rejection", err)
-	}
-	// Current never waits, whatever its context: it says why there is none.
-	_, err = e.m.Current(own, WorkloadCertName)
-	if !errors.Is(err, ErrNoCertificate) || !errors.Is(err, ErrRejected) {
-		t.Fatalf("Current = %v, want ErrNoCertificate wrapping the last rejection", err)
-	}
-	if r, err := e.m.Current(own, RootCertName); err != nil || !r.IsRoot() {
-		t.Fatalf("Current(ROOTCA) = %v, %v", r, err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, nil)
+		e.ca.setMode(modeWrongSAN)
+		e.start()
+		e.waitTimer()
+		err := e.m.Ready()
+		if !errors.Is(err, ErrNoCertificate) {
+			t.Fatalf("Ready = %v, want ErrNoCertificate", err)
+		}
+		if e.m.Live() != nil {
+			t.Fatal("not live while waiting for the first certificate")
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), time.Now()) // already over: Secret must not wait
+		defer cancel()
+		_, err = e.m.Secret(ctx, own, WorkloadCertName)
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrRejected) || !errors.Is(err, pki.ErrIdentityMismatch) {
+			t.Fatalf("Secret = %v, want a deadline error wrapping the last rejection", err)
+		}
+		// Current never waits, whatever its context: it says why there is none.
+		_, err = e.m.Current(own, WorkloadCertName)
+		if !errors.Is(err, ErrNoCertificate) || !errors.Is(err, ErrRejected) {
+			t.Fatalf("Current = %v, want ErrNoCertificate wrapping the last rejection", err)
+		}
+		if r, err := e.m.Current(own, RootCertName); err != nil || !r.IsRoot() {
+			t.Fatalf("Current(ROOTCA) = %v, %v", r, err)
+		}
+	})
 }
 
 func TestConcurrentCallersShareOneRequest(t *testing.T) {
-	e := newEnv(t, nil)
-	release := e.ca.holdRequests()
-	e.start()
-	select {
-	case <-e.ca.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no CA request")
-	}
-	const callers = 100
-	results := make(chan *Secret, callers)
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			s, err := e.m.Secret(ctx, own, WorkloadCertName)
-			if err != nil {
-				t.Error(err)
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, nil)
+		release := e.ca.holdRequests()
+		e.start()
+		synctest.Wait()
+		select {
+		case <-e.ca.entered:
+		default:
+			t.Fatal("no CA request")
+		}
+		const callers = 100
+		results := make(chan *Secret, callers)
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				s, err := e.m.Secret(ctx, own, WorkloadCertName)
+				if err != nil {
+					t.Error(err)
+				}
+				results <- s
+			})
+		}
+		settled(t, "every caller waiting", func() bool { return e.m.waiting(testID) == callers })
+		release()
+		wg.Wait()
+		close(results)
+		var first *Secret
+		for s := range results {
+			if first == nil {
+				first = s
 			}
-			results <- s
-		})
-	}
-	testwait.For(t, "every caller waiting", func() bool { return e.m.waiting(testID) == callers })
-	release()
-	wg.Wait()
-	close(results)
-	var first *Secret
-	for s := range results {
-		if first == nil {
-			first = s
+			if s == nil || s != first {
+				t.Fatal("callers got different secrets")
+			}
 		}
-		if s == nil || s != first {
-			t.Fatal("callers got different secrets")
+		if got := e.ca.count(); got != 1 {
+			t.Fatalf("%d CA requests for %d callers, want 1", got, callers)
 		}
-	}
-	if got := e.ca.count(); got != 1 {
-		t.Fatalf("%d CA requests for %d callers, want 1", got, callers)
-	}
+	})
 }
 
 func TestRootChange(t *testing.T) {
-	e := newEnv(t, nil)
-	rootCh, cancelRoot := e.m.Watch(own, RootCertName)
-	defer cancelRoot()
-	certCh, cancelCert := e.m.Watch(own, WorkloadCertName)
-	defer cancelCert()
-	e.start()
-	first := e.secret(WorkloadCertName)
-	waitSignal(t, certCh, "first certificate")
-	oldRoot := e.secret(RootCertName)
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, nil)
+		rootCh, cancelRoot := e.m.Watch(own, RootCertName)
+		defer cancelRoot()
+		certCh, cancelCert := e.m.Watch(own, WorkloadCertName)
+		defer cancelCert()
+		e.start()
+		first := e.secret(WorkloadCertName)
+		waitSignal(t, certCh, "first certificate")
+		oldRoot := e.secret(RootCertName)
 
-	// A second root is added: ROOTCA is pushed, the certificate still chains.
-	next := newCA(t, localca.Config{Name: "next", Intermediate: true, Now: e.clock.Now})
-	both := append(append([]byte{}, e.ca.ca.RootPEM()...), next.RootPEM()...)
-	if err := e.roots.Set(both, "test"); err != nil {
-		t.Fatal(err)
-	}
-	waitSignal(t, rootCh, "ROOTCA after a root was added")
-	r := e.secret(RootCertName)
-	if r.Version <= oldRoot.Version || !bytes.Equal(r.Roots, both) {
-		t.Fatal("ROOTCA does not hold both roots")
-	}
-	e.waitTimer()
-	noSignal(t, certCh, "renewal while the certificate still chains")
+		// A second root is added: ROOTCA is pushed, the certificate still chains.
+		next := newCA(t, localca.Config{Name: "next", Intermediate: true, Now: e.clock.Now})
+		both := append(append([]byte{}, e.ca.ca.RootPEM()...), next.RootPEM()...)
+		if err := e.roots.Set(both, "test"); err != nil {
+			t.Fatal(err)
+		}
+		waitSignal(t, rootCh, "ROOTCA after a root was added")
+		r := e.secret(RootCertName)
+		if r.Version <= oldRoot.Version || !bytes.Equal(r.Roots, both) {
+			t.Fatal("ROOTCA does not hold both roots")
+		}
+		e.waitTimer()
+		noSignal(t, certCh, "renewal while the certificate still chains")
 
-	// The old root is removed and the CA now signs from the new one: the
-	// certificate no longer chains, so it is renewed at once.
-	e.ca.setCA(next)
-	if err := e.roots.Set(next.RootPEM(), "test"); err != nil {
-		t.Fatal(err)
-	}
-	waitSignal(t, rootCh, "ROOTCA after the old root was removed")
-	waitSignal(t, certCh, "renewal under the new root")
-	second := e.secret(WorkloadCertName)
-	if second == first {
-		t.Fatal("certificate not renewed")
-	}
-	checkWorkloadSecret(t, second, next.Pool(), e.clock.Now())
+		// The old root is removed and the CA now signs from the new one: the
+		// certificate no longer chains, so it is renewed at once.
+		e.ca.setCA(next)
+		if err := e.roots.Set(next.RootPEM(), "test"); err != nil {
+			t.Fatal(err)
+		}
+		waitSignal(t, rootCh, "ROOTCA after the old root was removed")
+		waitSignal(t, certCh, "renewal under the new root")
+		second := e.secret(WorkloadCertName)
+		if second == first {
+			t.Fatal("certificate not renewed")
+		}
+		checkWorkloadSecret(t, second, next.Pool(), e.clock.Now())
+	})
 }
 
 // A CRL set on the roots is pushed in ROOTCA with the same bundle, and a
 // later root change keeps it.
 func TestRootCRLChange(t *testing.T) {
-	e := newEnv(t, nil)
-	rootCh, cancelRoot := e.m.Watch(own, RootCertName)
-	defer cancelRoot()
-	e.start()
-	old := e.secret(RootCertName)
-	if old.CRL != nil {
-		t.Fatalf("ROOTCA has a CRL before one was set: %q", old.CRL)
-	}
-	e.roots.SetCRL([]byte("crl PEM"))
-	waitSignal(t, rootCh, "ROOTCA after the CRL was set")
-	r := e.secret(RootCertName)
-	if r.Version <= old.Version || string(r.CRL) != "crl PEM" || !r.Bundle.Equal(old.Bundle) {
-		t.Fatalf("ROOTCA after SetCRL: version %d (was %d), CRL %q", r.Version, old.Version, r.CRL)
-	}
-	next := newCA(t, localca.Config{Name: "next", Now: e.clock.Now})
-	both := append(append([]byte{}, e.ca.ca.RootPEM()...), next.RootPEM()...)
-	if err := e.roots.Set(both, "test"); err != nil {
-		t.Fatal(err)
-	}
-	waitSignal(t, rootCh, "ROOTCA after a root was added")
-	if r := e.secret(RootCertName); string(r.CRL) != "crl PEM" || len(r.Bundle.Certs()) != 2 {
-		t.Fatalf("ROOTCA after a root change: %d roots, CRL %q", len(r.Bundle.Certs()), r.CRL)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, nil)
+		rootCh, cancelRoot := e.m.Watch(own, RootCertName)
+		defer cancelRoot()
+		e.start()
+		old := e.secret(RootCertName)
+		if old.CRL != nil {
+			t.Fatalf("ROOTCA has a CRL before one was set: %q", old.CRL)
+		}
+		e.roots.SetCRL([]byte("crl PEM"))
+		waitSignal(t, rootCh, "ROOTCA after the CRL was set")
+		r := e.secret(RootCertName)
+		if r.Version <= old.Version || string(r.CRL) != "crl PEM" || !r.Bundle.Equal(old.Bundle) {
+			t.Fatalf("ROOTCA after SetCRL: version %d (was %d), CRL %q", r.Version, old.Version, r.CRL)
+		}
+		next := newCA(t, localca.Config{Name: "next", Now: e.clock.Now})
+		both := append(append([]byte{}, e.ca.ca.RootPEM()...), next.RootPEM()...)
+		if err := e.roots.Set(both, "test"); err != nil {
+			t.Fatal(err)
+		}
+		waitSignal(t, rootCh, "ROOTCA after a root was added")
+		if r := e.secret(RootCertName); string(r.CRL) != "crl PEM" || len(r.Bundle.Certs()) != 2 {
+			t.Fatalf("ROOTCA after a root change: %d roots, CRL %q", len(r.Bundle.Certs()), r.CRL)
+		}
+	})
 }
 
 func issuePair(t *testing.T, ca *localca.CA, id pki.Identity, nb, na time.Time) (chainPEM, keyPEM []byte) {
@@ -617,28 +666,30 @@ func issuePair(t *testing.T, ca *localca.CA, id pki.Identity, nb, na time.Time) 
 
 func TestInitialCertificate(t *testing.T) {
 	t.Run("valid is served at once and renewed on schedule", func(t *testing.T) {
-		var e *env
-		e = newEnv(t, func(c *Config) {
-			ca := c.CA.(*testCA)
-			now := c.Clock.Now()
-			chain, key := issuePair(t, ca.ca, testID, now.Add(-10*time.Minute), now.Add(50*time.Minute))
-			c.Initial = &Secret{CertChain: chain, PrivateKey: key, Source: "output-certs"}
+		synctest.Test(t, func(t *testing.T) {
+			var e *env
+			e = newEnv(t, func(c *Config) {
+				ca := c.CA.(*testCA)
+				now := c.Clock.Now()
+				chain, key := issuePair(t, ca.ca, testID, now.Add(-10*time.Minute), now.Add(50*time.Minute))
+				c.Initial = &Secret{CertChain: chain, PrivateKey: key, Source: "output-certs"}
+			})
+			ch, cancel := e.m.Watch(own, WorkloadCertName)
+			defer cancel()
+			e.start()
+			s := e.secret(WorkloadCertName)
+			if s.Source != "output-certs" || e.ca.count() != 0 {
+				t.Fatalf("initial certificate not served (source %q, %d CA requests)", s.Source, e.ca.count())
+			}
+			if want := e.clock.Now().Add(20 * time.Minute); !s.RenewAt.Equal(want) {
+				t.Fatalf("renew at %s, want %s (half of the 1h life from NotBefore)", s.RenewAt, want)
+			}
+			e.step(20 * time.Minute)
+			waitSignal(t, ch, "renewal of the initial certificate")
+			if e.ca.count() != 1 || e.secret(WorkloadCertName).Source != "ca" {
+				t.Fatal("initial certificate not renewed from the CA")
+			}
 		})
-		ch, cancel := e.m.Watch(own, WorkloadCertName)
-		defer cancel()
-		e.start()
-		s := e.secret(WorkloadCertName)
-		if s.Source != "output-certs" || e.ca.count() != 0 {
-			t.Fatalf("initial certificate not served (source %q, %d CA requests)", s.Source, e.ca.count())
-		}
-		if want := e.clock.Now().Add(20 * time.Minute); !s.RenewAt.Equal(want) {
-			t.Fatalf("renew at %s, want %s (half of the 1h life from NotBefore)", s.RenewAt, want)
-		}
-		e.step(20 * time.Minute)
-		waitSignal(t, ch, "renewal of the initial certificate")
-		if e.ca.count() != 1 || e.secret(WorkloadCertName).Source != "ca" {
-			t.Fatal("initial certificate not renewed from the CA")
-		}
 	})
 	bad := []struct {
 		name string
@@ -668,102 +719,106 @@ func TestInitialCertificate(t *testing.T) {
 	}
 	for _, tt := range bad {
 		t.Run(tt.name+" is ignored", func(t *testing.T) {
-			e := newEnv(t, func(c *Config) { c.Initial = tt.make(c) })
-			if n := e.logs.FilterMessage("initial certificate ignored").Len(); n != 1 {
-				t.Fatalf("%d logs about the ignored certificate, want 1", n)
-			}
-			e.start()
-			if s := e.secret(WorkloadCertName); s.Source != "ca" || e.ca.count() != 1 {
-				t.Fatalf("bad initial certificate served (source %q)", s.Source)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t, func(c *Config) { c.Initial = tt.make(c) })
+				if n := e.logs.FilterMessage("initial certificate ignored").Len(); n != 1 {
+					t.Fatalf("%d logs about the ignored certificate, want 1", n)
+				}
+				e.start()
+				if s := e.secret(WorkloadCertName); s.Source != "ca" || e.ca.count() != 1 {
+					t.Fatalf("bad initial certificate served (source %q)", s.Source)
+				}
+			})
 		})
 	}
 }
 
 func TestPublishWithoutCA(t *testing.T) {
-	var published []*Secret
-	var pmu sync.Mutex
-	e := newEnv(t, func(c *Config) {
-		c.CA = nil
-		c.Identity = pki.Identity{}
-		c.OnPublish = func(s *Secret) { pmu.Lock(); published = append(published, s); pmu.Unlock() }
-	})
-	ch, cancel := e.m.Watch(own, WorkloadCertName)
-	defer cancel()
-	e.start()
-	now := e.clock.Now()
-	chain, key := issuePair(t, e.ca.ca, testID, now.Add(-time.Minute), now.Add(10*time.Minute))
+	synctest.Test(t, func(t *testing.T) {
+		var published []*Secret
+		var pmu sync.Mutex
+		e := newEnv(t, func(c *Config) {
+			c.CA = nil
+			c.Identity = pki.Identity{}
+			c.OnPublish = func(s *Secret) { pmu.Lock(); published = append(published, s); pmu.Unlock() }
+		})
+		ch, cancel := e.m.Watch(own, WorkloadCertName)
+		defer cancel()
+		e.start()
+		now := e.clock.Now()
+		chain, key := issuePair(t, e.ca.ca, testID, now.Add(-time.Minute), now.Add(10*time.Minute))
 
-	if err := e.m.Publish(&Secret{Name: WorkloadCertName, CertChain: chain, PrivateKey: []byte("half a key")}); err == nil {
-		t.Fatal("Publish accepted a broken key")
-	}
-	if err := e.m.Publish(&Secret{Name: WorkloadCertName, CertChain: chain, PrivateKey: key, Source: "file"}); err != nil {
-		t.Fatal(err)
-	}
-	waitSignal(t, ch, "published certificate")
-	s := e.secret(WorkloadCertName)
-	if s.Identity != testID || s.Source != "file" || !s.RenewAt.IsZero() {
-		t.Fatalf("published secret: identity %s source %q renew %s", s.Identity, s.Source, s.RenewAt)
-	}
-	if err := e.m.Publish(&Secret{Name: WorkloadCertName, CertChain: chain, PrivateKey: key}); err != nil {
-		t.Fatal(err)
-	}
-	noSignal(t, ch, "publishing the same pair again")
-	_, otherKey := issuePair(t, e.ca.ca, testID, now.Add(-time.Minute), now.Add(time.Hour))
-	if err := e.m.Publish(&Secret{Name: WorkloadCertName, CertChain: chain, PrivateKey: otherKey}); !errors.Is(err, pki.ErrKeyMismatch) {
-		t.Fatalf("Publish of a mismatched pair: %v", err)
-	}
-	if e.secret(WorkloadCertName) != s {
-		t.Fatal("a rejected pair replaced the certificate")
-	}
-	if err := e.m.Publish(&Secret{Name: RootCertName}); err == nil {
-		t.Fatal("Publish accepted ROOTCA")
-	}
-	if err := e.m.Publish(&Secret{Name: "nope"}); !errors.Is(err, ErrUnknownResource) {
-		t.Fatalf("Publish of an unknown name: %v", err)
-	}
+		if err := e.m.Publish(&Secret{Name: WorkloadCertName, CertChain: chain, PrivateKey: []byte("half a key")}); err == nil {
+			t.Fatal("Publish accepted a broken key")
+		}
+		if err := e.m.Publish(&Secret{Name: WorkloadCertName, CertChain: chain, PrivateKey: key, Source: "file"}); err != nil {
+			t.Fatal(err)
+		}
+		waitSignal(t, ch, "published certificate")
+		s := e.secret(WorkloadCertName)
+		if s.Identity != testID || s.Source != "file" || !s.RenewAt.IsZero() {
+			t.Fatalf("published secret: identity %s source %q renew %s", s.Identity, s.Source, s.RenewAt)
+		}
+		if err := e.m.Publish(&Secret{Name: WorkloadCertName, CertChain: chain, PrivateKey: key}); err != nil {
+			t.Fatal(err)
+		}
+		noSignal(t, ch, "publishing the same pair again")
+		_, otherKey := issuePair(t, e.ca.ca, testID, now.Add(-time.Minute), now.Add(time.Hour))
+		if err := e.m.Publish(&Secret{Name: WorkloadCertName, CertChain: chain, PrivateKey: otherKey}); !errors.Is(err, pki.ErrKeyMismatch) {
+			t.Fatalf("Publish of a mismatched pair: %v", err)
+		}
+		if e.secret(WorkloadCertName) != s {
+			t.Fatal("a rejected pair replaced the certificate")
+		}
+		if err := e.m.Publish(&Secret{Name: RootCertName}); err == nil {
+			t.Fatal("Publish accepted ROOTCA")
+		}
+		if err := e.m.Publish(&Secret{Name: "nope"}); !errors.Is(err, ErrUnknownResource) {
+			t.Fatalf("Publish of an unknown name: %v", err)
+		}
 
-	// Expiry: not live, not ready, and the expired certificate is not served.
-	e.clock.Step(11 * time.Minute)
-	if err := e.m.Live(); !errors.Is(err, ErrExpired) {
-		t.Fatalf("Live after expiry = %v", err)
-	}
-	if err := e.m.Ready(); !errors.Is(err, ErrExpired) {
-		t.Fatalf("Ready after expiry = %v", err)
-	}
-	ctx, cancelCtx := context.WithDeadline(context.Background(), time.Now())
-	defer cancelCtx()
-	if _, err := e.m.Secret(ctx, own, WorkloadCertName); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Secret of an expired certificate = %v", err)
-	}
-	// Run announces what it holds when it starts, which may come before or
-	// after the Publish above; nothing else may be handed over.
-	testwait.For(t, "Run announcing the roots", func() bool {
+		// Expiry: not live, not ready, and the expired certificate is not served.
+		e.clock.Step(11 * time.Minute)
+		if err := e.m.Live(); !errors.Is(err, ErrExpired) {
+			t.Fatalf("Live after expiry = %v", err)
+		}
+		if err := e.m.Ready(); !errors.Is(err, ErrExpired) {
+			t.Fatalf("Ready after expiry = %v", err)
+		}
+		ctx, cancelCtx := context.WithDeadline(context.Background(), time.Now())
+		defer cancelCtx()
+		if _, err := e.m.Secret(ctx, own, WorkloadCertName); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Secret of an expired certificate = %v", err)
+		}
+		// Run announces what it holds when it starts, which may come before or
+		// after the Publish above; nothing else may be handed over.
+		settled(t, "Run announcing the roots", func() bool {
+			pmu.Lock()
+			defer pmu.Unlock()
+			return slices.ContainsFunc(published, func(p *Secret) bool { return p.Name == RootCertName })
+		})
 		pmu.Lock()
 		defer pmu.Unlock()
-		return slices.ContainsFunc(published, func(p *Secret) bool { return p.Name == RootCertName })
-	})
-	pmu.Lock()
-	defer pmu.Unlock()
-	var sawCert, sawRoots bool
-	for _, p := range published {
-		switch {
-		case p == s:
-			sawCert = true
-		case p.Name == RootCertName:
-			sawRoots = true
-		default:
-			t.Fatalf("OnPublish saw %s version %d", p.Name, p.Version)
+		var sawCert, sawRoots bool
+		for _, p := range published {
+			switch {
+			case p == s:
+				sawCert = true
+			case p.Name == RootCertName:
+				sawRoots = true
+			default:
+				t.Fatalf("OnPublish saw %s version %d", p.Name, p.Version)
+			}
 		}
-	}
-	if !sawCert || !sawRoots {
-		t.Fatalf("OnPublish missed the certificate (%v) or the roots (%v)", sawCert, sawRoots)
-	}
+		if !sawCert || !sawRoots {
+			t.Fatalf("OnPublish missed the certificate (%v) or the roots (%v)", sawCert, sawRoots)
+		}
 
-	withCA := newEnv(t, nil)
-	if err := withCA.m.Publish(&Secret{Name: WorkloadCertName, CertChain: chain, PrivateKey: key}); !errors.Is(err, ErrManagedByCA) {
-		t.Fatalf("Publish with a CA = %v", err)
-	}
+		withCA := newEnv(t, nil)
+		if err := withCA.m.Publish(&Secret{Name: WorkloadCertName, CertChain: chain, PrivateKey: key}); !errors.Is(err, ErrManagedByCA) {
+			t.Fatalf("Publish with a CA = %v", err)
+		}
+	})
 }
 
 type staticProvider struct {
@@ -788,33 +843,35 @@ func (p *staticProvider) Watch(string) (<-chan struct{}, func()) {
 }
 
 func TestNamesAndProviders(t *testing.T) {
-	fileRoot := &Secret{Name: "file-root:/etc/roots.pem", Roots: []byte("x")}
-	p := &staticProvider{h: notify.Set{}, secrets: map[string]*Secret{fileRoot.Name: fileRoot}}
-	e := newEnv(t, func(c *Config) { c.Providers = map[string]Provider{FileRootPrefix: p} })
-	ctx := context.Background()
-	if s, err := e.m.Secret(ctx, own, fileRoot.Name); err != nil || s != fileRoot {
-		t.Fatalf("provider secret: %v", err)
-	}
-	if s, err := e.m.Current(own, fileRoot.Name); err != nil || s != fileRoot {
-		t.Fatalf("provider's current secret: %v", err)
-	}
-	ch, cancel := e.m.Watch(own, fileRoot.Name)
-	defer cancel()
-	p.h.Signal()
-	waitSignal(t, ch, "provider watch")
-	for _, name := range []string{"", "Default", "rootca", "file-cert:/a~/b", "file-root:/missing", "default ", string([]byte{0xff, 0})} {
-		if _, err := e.m.Secret(ctx, own, name); !errors.Is(err, ErrUnknownResource) {
-			t.Errorf("Secret(%q) = %v, want ErrUnknownResource", name, err)
+	synctest.Test(t, func(t *testing.T) {
+		fileRoot := &Secret{Name: "file-root:/etc/roots.pem", Roots: []byte("x")}
+		p := &staticProvider{h: notify.Set{}, secrets: map[string]*Secret{fileRoot.Name: fileRoot}}
+		e := newEnv(t, func(c *Config) { c.Providers = map[string]Provider{FileRootPrefix: p} })
+		ctx := context.Background()
+		if s, err := e.m.Secret(ctx, own, fileRoot.Name); err != nil || s != fileRoot {
+			t.Fatalf("provider secret: %v", err)
 		}
-		if _, err := e.m.Current(own, name); !errors.Is(err, ErrUnknownResource) {
-			t.Errorf("Current(%q) = %v, want ErrUnknownResource", name, err)
+		if s, err := e.m.Current(own, fileRoot.Name); err != nil || s != fileRoot {
+			t.Fatalf("provider's current secret: %v", err)
 		}
-	}
-	if ch, cancel := e.m.Watch(own, "nope"); ch != nil {
-		t.Error("Watch of an unknown name returned a channel")
-	} else {
-		cancel()
-	}
+		ch, cancel := e.m.Watch(own, fileRoot.Name)
+		defer cancel()
+		p.h.Signal()
+		waitSignal(t, ch, "provider watch")
+		for _, name := range []string{"", "Default", "rootca", "file-cert:/a~/b", "file-root:/missing", "default ", string([]byte{0xff, 0})} {
+			if _, err := e.m.Secret(ctx, own, name); !errors.Is(err, ErrUnknownResource) {
+				t.Errorf("Secret(%q) = %v, want ErrUnknownResource", name, err)
+			}
+			if _, err := e.m.Current(own, name); !errors.Is(err, ErrUnknownResource) {
+				t.Errorf("Current(%q) = %v, want ErrUnknownResource", name, err)
+			}
+		}
+		if ch, cancel := e.m.Watch(own, "nope"); ch != nil {
+			t.Error("Watch of an unknown name returned a channel")
+		} else {
+			cancel()
+		}
+	})
 }
 
 func TestConfigChecks(t *testing.T) {
@@ -864,12 +921,14 @@ func TestConfigChecks(t *testing.T) {
 }
 
 func TestRunTwiceAndStop(t *testing.T) {
-	e := newEnv(t, nil)
-	e.start()
-	e.secret(WorkloadCertName)
-	if err := e.m.Run(context.Background()); !errors.Is(err, ErrRunning) {
-		t.Fatalf("second Run = %v", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, nil)
+		e.start()
+		e.secret(WorkloadCertName)
+		if err := e.m.Run(context.Background()); !errors.Is(err, ErrRunning) {
+			t.Fatalf("second Run = %v", err)
+		}
+	})
 }
 
 func FuzzPublish(f *testing.F) {

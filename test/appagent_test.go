@@ -20,6 +20,7 @@ import (
 	"github.com/meshagent/meshagent/internal/app"
 	"github.com/meshagent/meshagent/internal/settings"
 	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/sdsclient"
 )
 
@@ -231,11 +232,5 @@ func (a *appAgent) stepFiringNothing(d time.Duration, what string) {
 // waitFor polls cond until it holds or 10 s pass.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testwait.Within(t, 10*time.Second, what, cond)
 }

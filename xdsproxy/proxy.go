@@ -188,13 +188,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer lis.Close() // removes the socket if it is still the proxy's
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	watched := make(chan error, 1)
-	go func() { watched <- lis.Watch(watchCtx) }()
-	defer func() { stopWatch(); <-watched }()
 	conn, err := controlplane.Dial(p.upstream)
 	if err != nil {
+		_ = lis.Close()
 		return fmt.Errorf("xds proxy: upstream %s: %w", p.upstream.Addr, err)
 	}
 	// Connect now (or once ConnectAfter is closed), so the first client's
@@ -216,25 +212,15 @@ func (p *Proxy) Run(ctx context.Context) error {
 		}()
 	}
 	p.conn = conn
-	srv := p.newServer()
 
 	p.log.Info("xds proxy listening", zap.String(logkeys.Socket, path), zap.String(logkeys.Upstream, p.upstream.Addr))
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-served:
-	}
-	srv.Stop() // closes the listener and every stream; waits for the handlers
+	// Serve stops the server (every stream, then waits for the handlers)
+	// and closes the socket before the upstream connection is closed.
+	serveErr := lis.Serve(ctx, p.newServer())
 	stopWaiting()
 	<-waited
 	_ = conn.Close()
-	if serveErr == nil {
-		serveErr = <-served
-	}
-	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
+	if serveErr != nil {
 		return fmt.Errorf("serving xds proxy socket %s: %w", path, serveErr)
 	}
 	p.log.Info("xds proxy stopped", zap.String(logkeys.Socket, path))

@@ -3,14 +3,14 @@
 // over SDS and the SPIFFE Workload API, and proxies Envoy's ADS stream to
 // the control plane.
 //
-// Subcommands: run (the agent), config (the resolved configuration and the
-// certificate source that would be chosen), version (the build),
-// socket-dir (the node chart's init container: gives the socket's host
-// directory to the agent's non-root uid), csi (the node chart's CSI
-// driver, which mounts the socket directory into pods),
-// socket-holder (the node chart's native sidecar that keeps the socket
-// answering while the agent restarts) and trust-publisher (keeps the Pod Certificates signer's
-// ClusterTrustBundle, once per cluster).
+// Subcommands:
+//   - run (the agent)
+//   - config (the resolved configuration and the certificate source run would choose)
+//   - version (the build)
+//   - socket-dir (the node chart's init container: gives the socket's host directory to the agent's uid)
+//   - csi (the node chart's CSI driver: mounts the socket directory into pods)
+//   - socket-holder (the node chart's sidecar: keeps the socket answering while the agent restarts)
+//   - trust-publisher (keeps the Pod Certificates signer's ClusterTrustBundle, once per cluster)
 //
 // Exit codes: 0 after a clean stop (SIGTERM, SIGINT, /quitquitquit), 1 when
 // the agent fails while running, 2 for bad configuration or usage.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 // newRoot makes a fresh root and returns its PEM.
@@ -88,11 +89,5 @@ func name(c *x509.Certificate) string { return c.Subject.CommonName }
 // deliver the API server's changes when they arrive.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Within(t, 30*time.Second, what, cond)
 }

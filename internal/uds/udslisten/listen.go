@@ -497,3 +497,38 @@ func describe(m fs.FileMode) string {
 	}
 	return "special file"
 }
+
+// Server is what Serve serves on a listener: a *grpc.Server, or one whose
+// Stop ends more than its connections first.
+type Server interface {
+	// Serve accepts connections on l until it fails or Stop is called.
+	Serve(l net.Listener) error
+	// Stop closes the listener and every connection and returns once the
+	// server's handlers have returned (as the server waits for them).
+	Stop()
+}
+
+// Serve serves srv on l and keeps the socket while it does (Watch), until
+// ctx ends (then it returns nil) or srv.Serve fails (its error). Either
+// way srv is stopped, the watch has ended and l is closed (its socket
+// removed, if still its own) when Serve returns. The SDS socket and the
+// xDS proxy's socket are served this way.
+func (l *Listener) Serve(ctx context.Context, srv Server) error {
+	defer l.Close()
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- l.Watch(wctx) }()
+	defer func() { stopWatch(); <-watched }()
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	select {
+	case <-ctx.Done():
+		srv.Stop()
+		<-served // nil, or an error of a Serve that began after Stop
+		return nil
+	case err := <-served:
+		srv.Stop()
+		return err
+	}
+}

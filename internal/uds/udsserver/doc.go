@@ -86,9 +86,16 @@
 // into a WireDecoder, which reads its own wire form (SDS reads requests and
 // ACKs this way, skipping the node it never uses).
 //
+// Files by concern: identify.go (who the caller is), limits.go and
+// refusals.go (the limits, and refusing and logging), h2.go and
+// park_linux.go (the HTTP/2 written by hand: a refusal's answer, parking;
+// pinned against grpc-go by TestHandWrittenHTTP2Conformance), conn.go (the
+// socket as gRPC sees it), server.go (Config and Run, served by
+// udslisten's Listener.Serve as the xDS proxy's socket is).
+//
 // Concurrency: New starts nothing; Run starts gRPC's serving goroutines and
 // the socket's watch, and stops them before it returns. A connection's
-// resolution is guarded by a one-slot semaphore of that connection, so
+// resolution is guarded by a one-slot semaphore (x/sync) of that connection, so
 // concurrent RPCs on a connection still unresolved ask the Resolver once
 // and a waiting RPC gives up with its context; connections never wait on
 // each other.

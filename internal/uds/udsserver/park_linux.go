@@ -36,11 +36,6 @@ const maxClientSettings = 64 * 6
 // errNotHTTP2 ends a connection that does not start as an HTTP/2 client.
 var errNotHTTP2 = errors.New("not an HTTP/2 client preface")
 
-// settingsAck is an HTTP/2 SETTINGS frame with the ACK flag.
-var settingsAck = [frameHeaderLen]byte{0, 0, 0, byte(http2.FrameSettings), byte(http2.FlagSettingsAck), 0, 0, 0, 0}
-
-const frameHeaderLen = 9
-
 // park takes lc through the HTTP/2 handshake and waits until the client
 // sends a frame other than the acknowledgement of the server's SETTINGS,
 // or until the idle timeout, the connection's end or the server's stop. On

@@ -9,8 +9,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
@@ -83,8 +87,11 @@ func rawRefusalConn(t *testing.T, nc net.Conn) string {
 func TestRefusedAtHandshake(t *testing.T) {
 	const flood = 300
 	f := start(t, func(c *Config) { c.Resolver = twoPods{}; c.MaxConnsPerCaller = 2; c.MaxConnRatePerCaller = 1000 })
+	// One interval spans the whole test, whatever the machine's speed; the
+	// interval's end is played by flushAll (TestRefusalLogInterval checks
+	// the timer).
 	f.srv.refusals.mu.Lock()
-	f.srv.refusals.interval = 500 * time.Millisecond
+	f.srv.refusals.interval = time.Hour
 	f.srv.refusals.mu.Unlock()
 	held := []*grpc.ClientConn{f.conn, f.dial()}
 	for _, c := range held {
@@ -149,9 +156,9 @@ func TestRefusedAtHandshake(t *testing.T) {
 		}
 		return lines, refusals
 	}
-	testwait.Within(t, 20*time.Second, "every refusal logged", func() bool { _, n := logged(); return n == refused() })
-	if lines, n := logged(); lines > 12 {
-		t.Errorf("%d log lines for %d refusals, want a few", lines, n)
+	keys := f.srv.refusals.flushAll()
+	if lines, n := logged(); n != refused() || lines > 2*keys {
+		t.Errorf("%d log lines for %d refusals of %d callers, want every refusal (%d) in at most two lines per caller", lines, n, keys, refused())
 	}
 	otherPod(t, f.socket)
 }
@@ -332,7 +339,63 @@ func headersStatus(fr *http2.HeadersFrame) string {
 
 // tryResolved reports whether c's caller is resolved.
 func (c *conn) tryResolved() bool {
-	c.lock <- struct{}{}
-	defer func() { <-c.lock }()
+	c.lockResolve(context.Background())
+	defer c.unlockResolve()
 	return c.resolved
+}
+
+// flushAll logs every caller's pending refusals now, as the end of their
+// interval does, and returns how many callers had some.
+func (r *refusals) flushAll() int {
+	r.mu.Lock()
+	keys := make([]string, 0, len(r.pending))
+	for k := range r.pending {
+		keys = append(keys, k)
+	}
+	interval := r.interval
+	r.mu.Unlock()
+	for _, k := range keys {
+		r.flush(k, interval)
+	}
+	return len(keys)
+}
+
+// The refusal log, on the bubble's clock: a caller's first refusal of an
+// interval is logged at once, the others in one line at the interval's
+// end with how many there were; after it, the next is logged at once
+// again. Callers are counted apart.
+func TestRefusalLogInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		core, logs := observer.New(zapcore.DebugLevel)
+		r := newRefusals(zap.New(core))
+		cred := caller.Cred{UID: 1000, PID: 1}
+		for range 5 {
+			r.log("pod:a", refusedConnections, cred, "too many")
+		}
+		r.log("pod:b", refusedRate, cred, "too fast")
+		synctest.Wait()
+		if n := logs.FilterMessage("local client refused").Len(); n != 2 {
+			t.Fatalf("%d first lines, want one per caller", n)
+		}
+		time.Sleep(refusalLogInterval - time.Nanosecond)
+		synctest.Wait()
+		if n := logs.FilterMessage("local client refused again").Len(); n != 0 {
+			t.Fatalf("%d lines before the interval ended, want none", n)
+		}
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		again := logs.FilterMessage("local client refused again").All()
+		if len(again) != 1 || again[0].ContextMap()[logkeys.Caller] != "pod:a" || again[0].ContextMap()[logkeys.Refused] != int64(4) {
+			t.Fatalf("at the interval's end: %v, want one line saying pod:a was refused 4 more times", again)
+		}
+		r.log("pod:a", refusedConnections, cred, "too many")
+		if n := logs.FilterMessage("local client refused").Len(); n != 3 {
+			t.Fatalf("%d first lines after the interval, want the next refusal logged at once", n)
+		}
+		time.Sleep(refusalLogInterval)
+		synctest.Wait()
+		if n := logs.FilterMessage("local client refused again").Len(); n != 1 {
+			t.Fatalf("%d lines for an interval with one refusal, want none more", n)
+		}
+	})
 }

@@ -148,7 +148,7 @@ type Server struct {
 	parked        parkedConns
 	handshakes    slots
 	awaiting      slots
-	rate          connRate
+	rate          *connRate
 	refusals      *refusals
 	// refusalWait is how long a refused connection waits for its client's
 	// call, in nanoseconds (refusalWait; tests change it while it serves).
@@ -188,11 +188,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	log := cfg.Logger.Named("uds")
 	s := &Server{cfg: cfg, log: log, metrics: m, callers: callers{m: map[string]*callerState{}}, refusals: newRefusals(log),
-		rate: connRate{
-			perSec: float64(cfg.MaxConnRatePerCaller),
-			burst:  float64(max(cfg.MaxConnsPerCaller, cfg.MaxConnRatePerCaller)),
-			m:      map[string]*bucket{},
-		}}
+		rate: newConnRate(cfg.MaxConnRatePerCaller, max(cfg.MaxConnsPerCaller, cfg.MaxConnRatePerCaller))}
 	s.refusalWait.Store(int64(refusalWait))
 	s.settingsFrame = s.handshakeSettings()
 	return s, nil
@@ -233,12 +229,6 @@ func (s *Server) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	defer lis.Close() // removes the socket if still ours; gs.Stop closed it already
-	wctx, stopWatch := context.WithCancel(ctx)
-	watched := make(chan error, 1)
-	go func() { watched <- lis.Watch(wctx) }()
-	defer func() { stopWatch(); <-watched }()
-
 	gs := grpc.NewServer(
 		grpc.Creds(peerCreds{s: s}),
 		grpc.MaxConcurrentStreams(s.cfg.MaxStreamsPerConn),
@@ -270,25 +260,28 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	slices.Sort(names)
 
-	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
 	s.log.Info("serving on local socket", zap.String(logkeys.Socket, s.cfg.SocketPath), zap.Strings(logkeys.Services, names),
 		zap.Int(logkeys.MaxRecvBytes, s.cfg.MaxRecvBytes), zap.Uint32s(logkeys.AllowedUIDs, s.cfg.AllowedUIDs),
 		zap.Bool(logkeys.Resolver, s.cfg.Resolver != nil))
-
-	select {
-	case <-ctx.Done():
-		// Streams are long-lived: end them now rather than wait for clients.
-		s.parked.stop()
-		gs.Stop()
-		<-served
-		s.log.Info("local socket server stopped", zap.String(logkeys.Socket, s.cfg.SocketPath))
-		return nil
-	case err := <-served:
-		s.parked.stop()
-		gs.Stop()
+	// Streams are long-lived: Stop ends them rather than wait for clients.
+	if err := lis.Serve(ctx, stopParkedFirst{Server: gs, parked: &s.parked}); err != nil {
 		return fmt.Errorf("serving on %s: %w", s.cfg.SocketPath, err)
 	}
+	s.log.Info("local socket server stopped", zap.String(logkeys.Socket, s.cfg.SocketPath))
+	return nil
+}
+
+// stopParkedFirst is the gRPC server as udslisten serves it: parked
+// connections are closed before gRPC's Stop, which would otherwise wait
+// for them (they are still in their handshake, to gRPC).
+type stopParkedFirst struct {
+	*grpc.Server
+	parked *parkedConns
+}
+
+func (s stopParkedFirst) Stop() {
+	s.parked.stop()
+	s.Server.Stop()
 }
 
 // sidecarSocketCheck is how long a sidecar waits before looking at its

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -45,9 +45,9 @@ type conn struct {
 	fdUsers  int
 	fdClosed bool
 
-	// lock is a one-slot semaphore, so an RPC waiting for another RPC's
+	// lock guards the resolution, so an RPC waiting for another RPC's
 	// resolution on the same connection can give up when its context ends.
-	lock     chan struct{}
+	lock     *semaphore.Weighted
 	resolved bool
 	info     caller.Info
 
@@ -65,82 +65,7 @@ type conn struct {
 	closeConn func()      // closes the connection; set at accept
 }
 
-// streamEnd ends a stream being served before its handler returns: the
-// stream's context, as gRPC made it, holds gRPC's transport stream.
-type streamEnd struct{ ctx context.Context }
-
-// statusWriter is what gRPC's transport stream (in a stream's context)
-// offers to end it with a status: its context is canceled, the handler's
-// blocked RecvMsg returns, and the status the handler returns later is not
-// sent.
-type statusWriter interface {
-	WriteStatus(st *status.Status) error
-}
-
-// end ends the stream with err's status now, when gRPC's stream allows it;
-// otherwise the stream ends when the connection is closed.
-func (e streamEnd) end(err error) {
-	if w, ok := grpc.ServerTransportStreamFromContext(e.ctx).(statusWriter); ok {
-		_ = w.WriteStatus(status.Convert(err))
-	}
-}
-
-// written takes n bytes written to the socket off what is queued.
-func (c *conn) written(n int64) {
-	for {
-		q := c.queued.Load()
-		d := min(q, n)
-		if d <= 0 {
-			return
-		}
-		if c.queued.CompareAndSwap(q, q-d) {
-			if st := c.state.Load(); st != nil {
-				st.queued.Add(-d)
-			}
-			return
-		}
-	}
-}
-
-// queue counts n bytes handed to gRPC for sending.
-func (c *conn) queue(n int64) {
-	c.queued.Add(n)
-	if st := c.state.Load(); st != nil {
-		st.queued.Add(n)
-	}
-}
-
-// addStream records a stream being served.
-func (c *conn) addStream(ctx context.Context) {
-	c.streamsMu.Lock()
-	defer c.streamsMu.Unlock()
-	c.streams = append(c.streams, streamEnd{ctx: ctx})
-}
-
-func (c *conn) removeStream(ctx context.Context) {
-	c.streamsMu.Lock()
-	defer c.streamsMu.Unlock()
-	for i, e := range c.streams {
-		if e.ctx == ctx {
-			last := len(c.streams) - 1
-			c.streams[i] = c.streams[last]
-			c.streams[last] = streamEnd{}
-			c.streams = c.streams[:last]
-			return
-		}
-	}
-}
-
-// endStreams ends every stream being served with err.
-func (c *conn) endStreams(err error) {
-	c.streamsMu.Lock()
-	defer c.streamsMu.Unlock()
-	for _, e := range c.streams {
-		e.end(err)
-	}
-}
-
-func newConn() *conn { return &conn{lock: make(chan struct{}, 1), pidfd: -1} }
+func newConn() *conn { return &conn{lock: semaphore.NewWeighted(1), pidfd: -1} }
 
 // acquirePIDFD returns the connection's pidfd, held open until
 // releasePIDFD; -1 when there is none or the connection has closed.
@@ -181,14 +106,23 @@ func (c *conn) closeIfUnused() {
 // failure is not kept: the next RPC on the connection asks again (in node
 // mode a pod may not be known yet when its first process connects).
 func (c *conn) resolve(ctx context.Context, r caller.Resolver) (caller.Info, error) {
-	select {
-	case c.lock <- struct{}{}:
-	case <-ctx.Done():
+	if !c.lockResolve(ctx) {
 		return caller.Info{}, ctx.Err()
 	}
-	defer func() { <-c.lock }()
+	defer c.unlockResolve()
 	return c.resolveLocked(ctx, r)
 }
+
+// lockResolve takes the connection's resolution lock, or reports false
+// when ctx ends first.
+func (c *conn) lockResolve(ctx context.Context) bool {
+	return c.lock.Acquire(ctx, 1) == nil
+}
+
+// tryLockResolve takes the resolution lock if no one holds it.
+func (c *conn) tryLockResolve() bool { return c.lock.TryAcquire(1) }
+
+func (c *conn) unlockResolve() { c.lock.Release(1) }
 
 // errResolving: another RPC of the connection is resolving its caller.
 var errResolving = errors.New("the caller is being resolved")
@@ -196,12 +130,10 @@ var errResolving = errors.New("the caller is being resolved")
 // tryResolve is resolve when no one else is resolving the connection's
 // caller; errResolving otherwise.
 func (c *conn) tryResolve(ctx context.Context, r caller.Resolver) (caller.Info, error) {
-	select {
-	case c.lock <- struct{}{}:
-	default:
+	if !c.tryLockResolve() {
 		return caller.Info{}, errResolving
 	}
-	defer func() { <-c.lock }()
+	defer c.unlockResolve()
 	return c.resolveLocked(ctx, r)
 }
 
@@ -249,10 +181,6 @@ type peerCreds struct {
 // resolveTimeout bounds a caller's resolution at accept (the resolver's own
 // wait for a pod is shorter).
 const resolveTimeout = 10 * time.Second
-
-// refusedGrace is how long a connection of a pod that left stays open, for
-// its RPCs to be told why.
-const refusedGrace = 2 * time.Second
 
 // ServerHandshake identifies the caller of a new connection and, when it
 // is let in, parks the connection until its first request (see park). A
@@ -416,62 +344,6 @@ func (s *Server) admitConn(uc *net.UnixConn, c *conn) (*localConn, *connRefusal)
 	}
 	s.metrics.conns.Inc()
 	return lc, nil
-}
-
-// localConn is a connection to the socket: it gives back its caller's
-// counts and its pidfd when closed, and counts what is written.
-//
-// Wrapping the socket hides it from gRPC, which reads a bare *net.UnixConn
-// only when data is there, into a buffer taken from a pool for that read,
-// instead of keeping a read buffer per connection while it waits. On Linux
-// localConn reads the same way (ReadOnReady), so an idle connection holds
-// no read buffer: with one connection per pod in node mode, that is 4 KiB
-// per pod.
-type localConn struct {
-	net.Conn
-	c    *conn
-	s    *Server
-	once sync.Once
-	rd   readyRead // used by gRPC's reading goroutine only
-	// replay is what park read of the handshake, read again by gRPC
-	// before the connection.
-	replay []byte
-	// frames follows what gRPC writes, for Write to count the responses
-	// written (used by gRPC's one writing goroutine at a time).
-	frames frameCounter
-}
-
-func newLocalConn(uc *net.UnixConn, c *conn, s *Server) *localConn {
-	p := &localConn{Conn: uc, c: c, s: s}
-	p.rd.init(uc)
-	return p
-}
-
-// Write writes b and takes the DATA payload it carried off the caller's
-// queued bytes: control frames (SETTINGS and PING acknowledgements,
-// WINDOW_UPDATE, a response's HEADERS) are not responses drained, so a
-// client that never reads but sends SETTINGS frames does not make room
-// for more responses.
-func (p *localConn) Write(b []byte) (int, error) {
-	n, err := p.Conn.Write(b)
-	if n > 0 {
-		if d := p.frames.data(b[:n]); d > 0 {
-			p.c.written(d)
-		}
-	}
-	return n, err
-}
-
-// Close gives back what the connection counted against its caller, then
-// closes it: a client that sees its connection end finds its count given
-// back.
-func (p *localConn) Close() error {
-	p.once.Do(func() {
-		p.c.closePIDFD()
-		p.s.callers.leave(p.c)
-		p.s.metrics.conns.Dec()
-	})
-	return p.Conn.Close()
 }
 
 func (peerCreds) ClientHandshake(_ context.Context, _ string, nc net.Conn) (net.Conn, credentials.AuthInfo, error) {
