@@ -85,6 +85,37 @@ func (n *nodeWiring) fileResources() bool {
 	return n.a.s.NodeFileResources
 }
 
+// prefetcher holds the identities fetched ahead. Certificates are fetched
+// ahead only for identities whose pods ask for it (a pod that mounts the
+// agent's CSI volume, or is annotated; all with MESHAGENT_NODE_PREFETCH_ALL);
+// the others on their first request. An identity is fetched ahead when its
+// first pod that asks arrives, and released when its last pod leaves. The
+// pod index's handlers call it on the index's one event goroutine, so held
+// needs no lock.
+type prefetcher struct {
+	m    *secretmanager.Manager
+	log  *zap.Logger
+	held map[pki.Identity]bool
+}
+
+func (p *prefetcher) fetch(id pki.Identity) {
+	if p.held[id] {
+		return
+	}
+	if err := p.m.Prefetch(id); err != nil {
+		p.log.Warn("certificate not fetched ahead", zap.Stringer(logkeys.Identity, id), zap.Error(err))
+		return
+	}
+	p.held[id] = true
+}
+
+func (p *prefetcher) release(id pki.Identity) {
+	if p.held[id] {
+		delete(p.held, id)
+		p.m.Release(id)
+	}
+}
+
 // callers builds the pod index, whose arrivals and departures of identities
 // hold and release their certificates in m, and the resolver that gives
 // each socket caller its pod's identity.
@@ -98,25 +129,8 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 	if err != nil {
 		return nil, nil, configError(fmt.Errorf("MESHAGENT_NODE_CGROUP_ROOT: %w", err))
 	}
-	log := a.base.Named("node")
-	// Certificates are fetched ahead only for identities whose pods ask for
-	// it (a pod that mounts the agent's CSI volume, or is annotated; all
-	// with MESHAGENT_NODE_PREFETCH_ALL); the others on their first request.
-	// An identity is fetched ahead when its first pod that asks arrives,
-	// and released when its last pod leaves. The handlers run on the
-	// index's one event goroutine, so prefetched needs no lock.
+	ahead := &prefetcher{m: m, log: a.base.Named("node"), held: map[pki.Identity]bool{}}
 	var idx *podindex.Index
-	prefetched := map[pki.Identity]bool{}
-	prefetch := func(id pki.Identity) {
-		if prefetched[id] {
-			return
-		}
-		if err := m.Prefetch(id); err != nil {
-			log.Warn("certificate not fetched ahead", zap.Stringer(logkeys.Identity, id), zap.Error(err))
-			return
-		}
-		prefetched[id] = true
-	}
 	idx, err = podindex.New(podindex.Config{
 		Pods:      kube,
 		NodeName:  c.NodeName,
@@ -125,15 +139,10 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 		Handler: podindex.HandlerFuncs{
 			Added: func(id pki.Identity) {
 				if c.NodePrefetchAll || idx.Prefetch(id) {
-					prefetch(id)
+					ahead.fetch(id)
 				}
 			},
-			Removed: func(id pki.Identity) {
-				if prefetched[id] {
-					delete(prefetched, id)
-					m.Release(id)
-				}
-			},
+			Removed: ahead.release,
 		},
 		PodLeft: func(p podindex.Pod, why string) {
 			a.podLeft(p, why)
@@ -144,7 +153,7 @@ func (n *nodeWiring) callers(m *secretmanager.Manager) (caller.Resolver, []compo
 		PodArrived: func(p podindex.Pod) {
 			// A pod that asks, of an identity whose earlier pods did not.
 			if p.Prefetch && !p.Terminated() {
-				prefetch(p.Identity)
+				ahead.fetch(p.Identity)
 			}
 			a.podArrived(p)
 		},

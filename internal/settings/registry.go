@@ -226,7 +226,7 @@ var Registry = []Setting{
 	{
 		Name: "STATUS_PORT", Flag: "status-port", Group: GroupIstio,
 		DerivedDefault: "PROXY_CONFIG statusPort, else 15020",
-		Doc:            "Port of the status server (/healthz/ready, /healthz/live, /metrics, /debug/certs); 0 picks a free port.",
+		Doc:            "Port of the status server (/healthz/ready, /healthz/started, /healthz/live, /metrics, /debug/certs); 0 picks a free port.",
 		Value:          Int(func(c *Config) *int { return &c.StatusPort }, 0, 65535),
 	},
 	{
