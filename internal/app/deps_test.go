@@ -99,14 +99,10 @@ func against(from, to string) bool {
 	return under(to, components) || to == "internal/app"
 }
 
-// quotingAllowed are the components still naming settings in their texts,
-// each to go: udsserver's refusals name the socket limits' settings (to
-// be passed in as sds' and workloadapi's stream-limit names are).
-var quotingAllowed = []string{"internal/uds/udsserver"}
-
 // No component quotes a setting's name in its code: its errors name its
 // Config fields, and internal/app maps them to the settings (settingError)
-// or passes the names a component shows (streamlimit.Names).
+// or passes the names a component shows (streamlimit.Names,
+// udsserver.LimitNames).
 func TestComponentsQuoteNoSetting(t *testing.T) {
 	t.Parallel()
 	names := map[string]bool{}
@@ -124,10 +120,6 @@ func TestComponentsQuoteNoSetting(t *testing.T) {
 		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
 				return err
-			}
-			rel, _ := filepath.Rel(filepath.Join("..", ".."), filepath.Dir(path))
-			if slices.Contains(quotingAllowed, filepath.ToSlash(rel)) {
-				return nil
 			}
 			f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
 			if err != nil {

@@ -15,6 +15,12 @@ func (a *App) withSocketLimits(cfg udsserver.Config) udsserver.Config {
 	cfg.MaxUnaryPerCaller = c.SocketMaxUnaryPerCaller
 	cfg.MaxQueuedBytesPerCaller = c.SocketMaxQueuedBytesPerCaller
 	cfg.IdleTimeout = c.SocketIdleTimeout
+	cfg.LimitNames = udsserver.LimitNames{
+		ConnsPerCaller:    "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER",
+		ConnRatePerCaller: "MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER",
+		UnaryPerCaller:    "MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER",
+		QueuedPerCaller:   "MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER",
+	}
 	return cfg
 }
 

@@ -250,7 +250,7 @@ func (s *Server) identify(nc net.Conn) (net.Conn, authInfo, *localConn, error) {
 	if !s.rate.allow(c.group, s.cfg.Clock.Now()) {
 		// Before any identification: a pod that floods pays for its
 		// refusals, not for its identifications.
-		s.refuseConn(uc, refusedRate, c.group, c.group, cred, codes.ResourceExhausted, rateMessage(s.cfg.MaxConnRatePerCaller))
+		s.refuseConn(uc, refusedRate, c.group, c.group, cred, codes.ResourceExhausted, rateMessage(s.cfg.MaxConnRatePerCaller, s.cfg.LimitNames.ConnRatePerCaller))
 		return nil, info, nil, errRefusedAtHandshake
 	}
 	if !s.handshakes.acquire(c.group, s.cfg.MaxHandshakes, handshakeShare(s.cfg.MaxHandshakes)) {

@@ -21,16 +21,21 @@ import (
 	"github.com/meshagent/meshagent/internal/uds/caller"
 )
 
-// Settings named by the limits' refusals, so a refused caller (and whoever
-// reads its logs) knows which one to raise.
-const (
-	SettingMaxConnsPerCaller    = "MESHAGENT_SOCKET_MAX_CONNECTIONS_PER_CALLER"
-	SettingMaxStreamsPerConn    = "MESHAGENT_SOCKET_MAX_STREAMS_PER_CONNECTION"
-	SettingMaxUnaryPerCaller    = "MESHAGENT_SOCKET_MAX_UNARY_PER_CALLER"
-	SettingMaxQueuedPerCaller   = "MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER"
-	SettingIdleTimeout          = "MESHAGENT_SOCKET_IDLE_TIMEOUT"
-	SettingMaxConnRatePerCaller = "MESHAGENT_SOCKET_MAX_CONNECTION_RATE_PER_CALLER"
-)
+// LimitNames are what the limits' refusals name as the bound to raise (the
+// settings that configure them, given by the composition root), so a
+// refused caller, and whoever reads its logs, knows which one. Empty names
+// none.
+type LimitNames struct {
+	ConnsPerCaller, ConnRatePerCaller, UnaryPerCaller, QueuedPerCaller string
+}
+
+// named is " (name)", or nothing without a name.
+func named(name string) string {
+	if name == "" {
+		return ""
+	}
+	return " (" + name + ")"
+}
 
 // callerKey names who a connection counts against: its pod, or the uid of
 // a process outside any pod (node processes, a sidecar's callers). A
@@ -75,6 +80,8 @@ type gonePod struct{ err error }
 type callers struct {
 	mu sync.Mutex
 	m  map[string]*callerState
+	// limitName names the bound in join's refusals (LimitNames.ConnsPerCaller).
+	limitName string
 }
 
 // join counts c against key, or returns a ResourceExhausted status when key
@@ -89,7 +96,7 @@ func (cs *callers) join(c *conn, key string, max int) error {
 	}
 	if len(st.conns) >= max {
 		return status.Errorf(codes.ResourceExhausted,
-			"too many connections from this caller: at most %d are open at once (%s)", max, SettingMaxConnsPerCaller)
+			"too many connections from this caller: at most %d are open at once%s", max, named(cs.limitName))
 	}
 	st.conns[c] = struct{}{}
 	c.key = key
@@ -258,8 +265,8 @@ func (s *Server) reserve(c *conn, m any) error {
 		s.metrics.refused.WithLabelValues(refusedQueued).Inc()
 		s.log.Debug("local client refused: responses queued", zap.Stringer(logkeys.Cred, c.cred), zap.Int64(logkeys.MaxQueuedBytes, q))
 		return status.Errorf(codes.ResourceExhausted,
-			"too many response bytes queued for this caller: at most %d until it reads them (%s)",
-			s.cfg.MaxQueuedBytesPerCaller, SettingMaxQueuedPerCaller)
+			"too many response bytes queued for this caller: at most %d until it reads them%s",
+			s.cfg.MaxQueuedBytesPerCaller, named(s.cfg.LimitNames.QueuedPerCaller))
 	}
 	c.queue(wireSize(m))
 	return nil
@@ -281,7 +288,7 @@ func (s *Server) unaryAdmit(ctx context.Context, req any, info *grpc.UnaryServer
 			s.metrics.refused.WithLabelValues(refusedUnary).Inc()
 			s.log.Debug("local client refused: too many unary calls", zap.Stringer(logkeys.Cred, c.cred), zap.Int(logkeys.MaxUnary, s.cfg.MaxUnaryPerCaller))
 			return nil, status.Errorf(codes.ResourceExhausted,
-				"too many calls from this caller: at most %d are served at once (%s)", s.cfg.MaxUnaryPerCaller, SettingMaxUnaryPerCaller)
+				"too many calls from this caller: at most %d are served at once%s", s.cfg.MaxUnaryPerCaller, named(s.cfg.LimitNames.UnaryPerCaller))
 		}
 		defer st.unary.Add(-1)
 	}

@@ -120,6 +120,6 @@ func (r *refusals) flush(key string, interval time.Duration) {
 }
 
 // rateMessage is the refusal of a connection over its caller's rate.
-func rateMessage(perSec int) string {
-	return fmt.Sprintf("too many new connections from this caller: at most %d a second (%s)", perSec, SettingMaxConnRatePerCaller)
+func rateMessage(perSec int, name string) string {
+	return fmt.Sprintf("too many new connections from this caller: at most %d a second%s", perSec, named(name))
 }

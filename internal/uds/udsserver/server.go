@@ -94,6 +94,8 @@ type Config struct {
 	// IdleTimeout closes a connection without an RPC for that long.
 	// Required.
 	IdleTimeout time.Duration
+	// LimitNames name the bounds above in their refusals. Empty names none.
+	LimitNames LimitNames
 	// MaxConnRatePerCaller bounds the new connections one caller opens a
 	// second, after a burst of max(MaxConnsPerCaller, the rate); one more
 	// is refused at its handshake. Required.
@@ -187,7 +189,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Clock = clock.RealClock{}
 	}
 	log := cfg.Logger.Named("uds")
-	s := &Server{cfg: cfg, log: log, metrics: m, callers: callers{m: map[string]*callerState{}}, refusals: newRefusals(log),
+	s := &Server{cfg: cfg, log: log, metrics: m, callers: callers{m: map[string]*callerState{}, limitName: cfg.LimitNames.ConnsPerCaller}, refusals: newRefusals(log),
 		rate: newConnRate(cfg.MaxConnRatePerCaller, max(cfg.MaxConnsPerCaller, cfg.MaxConnRatePerCaller))}
 	s.refusalWait.Store(int64(refusalWait))
 	s.settingsFrame = s.handshakeSettings()

@@ -143,7 +143,7 @@ func start(t *testing.T, adjust func(*Config)) *fixture {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
 	f := &fixture{t: t, socket: filepath.Join(shortDir(t), "run", "socket"), reg: prometheus.NewRegistry(), logs: logs}
-	cfg := Config{SocketPath: f.socket, Services: []func(*grpc.Server){registerWho}, Logger: zap.New(core), Registerer: f.reg, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute}
+	cfg := Config{SocketPath: f.socket, Services: []func(*grpc.Server){registerWho}, Logger: zap.New(core), Registerer: f.reg, MaxRecvBytes: 64 << 10, MaxConnsPerCaller: 32, MaxConnRatePerCaller: 20, MaxStreamsPerConn: 100, MaxUnaryPerCaller: 16, MaxQueuedBytesPerCaller: 4 << 20, IdleTimeout: 5 * time.Minute, LimitNames: testLimitNames}
 	if adjust != nil {
 		adjust(&cfg)
 	}
