@@ -39,29 +39,9 @@ func checkSocketPath(setting, path string, replace bool) error {
 	}
 	// The nearest directory that exists must let the agent make what is
 	// missing below it (or, when it is the socket's own, bind in it).
-	dir := filepath.Dir(abs)
-	for {
-		st, err := os.Stat(dir)
-		if err == nil {
-			if !st.IsDir() {
-				return fail(dir + " is not a directory")
-			}
-			break
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return fail(err.Error())
-		}
-		dir = filepath.Dir(dir)
+	if why := probeNearestDir(abs, true); why != "" {
+		return fail(why)
 	}
-	probe, err := os.MkdirTemp(dir, ".meshagent-probe-")
-	if err != nil {
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err // the probe's own name says nothing to the user
-		}
-		return fail(fmt.Sprintf("cannot create in %s: %v", dir, err))
-	}
-	_ = os.Remove(probe)
 	return nil
 }
 
@@ -81,29 +61,49 @@ func checkFilePath(setting, path string) error {
 	if st, err := os.Stat(abs); err == nil && st.IsDir() {
 		return fail("it is a directory")
 	}
+	if why := probeNearestDir(abs, false); why != "" {
+		return fail(why)
+	}
+	return nil
+}
+
+// probeNearestDir says why nothing could be made at abs (empty when
+// something can): the nearest existing directory above abs is not a
+// directory, or a probe (a directory with mkdir, else a file) cannot be
+// created in it. The probe is removed.
+func probeNearestDir(abs string, mkdir bool) string {
 	dir := filepath.Dir(abs)
 	for {
 		st, err := os.Stat(dir)
 		if err == nil {
 			if !st.IsDir() {
-				return fail(dir + " is not a directory")
+				return dir + " is not a directory"
 			}
 			break
 		}
 		if !errors.Is(err, fs.ErrNotExist) {
-			return fail(err.Error())
+			return err.Error()
 		}
 		dir = filepath.Dir(dir)
 	}
-	probe, err := os.CreateTemp(dir, ".meshagent-probe-")
+	var probe string
+	var err error
+	if mkdir {
+		probe, err = os.MkdirTemp(dir, ".meshagent-probe-")
+	} else {
+		var f *os.File
+		if f, err = os.CreateTemp(dir, ".meshagent-probe-"); err == nil {
+			probe = f.Name()
+			_ = f.Close()
+		}
+	}
 	if err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err // the probe's own name says nothing to the user
 		}
-		return fail(fmt.Sprintf("cannot create in %s: %v", dir, err))
+		return fmt.Sprintf("cannot create in %s: %v", dir, err)
 	}
-	_ = probe.Close()
-	_ = os.Remove(probe.Name())
-	return nil
+	_ = os.Remove(probe)
+	return ""
 }
