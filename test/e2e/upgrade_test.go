@@ -4,15 +4,10 @@ package e2e
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,8 +25,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/meshagent/meshagent/test/istiod"
 )
@@ -149,28 +141,7 @@ func impersonateIn(t *testing.T, token, id string) ([]string, error) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := url.Parse(id)
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{u}}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	md, _ := structpb.NewStruct(map[string]any{"ImpersonatedIdentity": id})
-	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx,
-		"authorization", "Bearer "+token, "ClusterID", istiod.ClusterID), 20*time.Second)
-	defer cancel()
-	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(cc).CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{
-		Csr:              string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})),
-		ValidityDuration: 3600,
-		Metadata:         md,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return resp.GetCertChain(), nil
+	return istiod.Impersonate(ctx, cc, token, id)
 }
 
 // nodeTemplatePod is a pod of day2Namespace injected with the node agent's

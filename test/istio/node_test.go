@@ -3,13 +3,8 @@ package istio
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,11 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/structpb"
-	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/meshagent/meshagent/test/agentproc"
@@ -161,28 +153,7 @@ func impersonate(t *testing.T, ca *istiod.Istiod, token, id string) ([]string, e
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := url.Parse(id)
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{u}}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	md, _ := structpb.NewStruct(map[string]any{"ImpersonatedIdentity": id})
-	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx,
-		"authorization", "Bearer "+token, "ClusterID", istiod.ClusterID), 20*time.Second)
-	defer cancel()
-	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(cc).CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{
-		Csr:              string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})),
-		ValidityDuration: 3600,
-		Metadata:         md,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return resp.GetCertChain(), nil
+	return istiod.Impersonate(ctx, cc, token, id)
 }
 
 // TestProxyConfigTrustFromIstiod: with PROXY_CONFIG_XDS_AGENT, the agent's
