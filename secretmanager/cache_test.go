@@ -430,7 +430,9 @@ func TestCacheFailingIdentityDoesNotDelayOthers(t *testing.T) {
 // starts afresh.
 func TestCacheEvictionDiscardsLateResult(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newCache(t, func(cfg *Config) { cfg.IdleGrace = time.Minute })
+		// The request outlasts the idle grace period; its own bound (one
+		// minute by default, the same instant) must not end it first.
+		c := newCache(t, func(cfg *Config) { cfg.IdleGrace, cfg.SignTimeout = time.Minute, time.Hour })
 		id := ident(0)
 		if err := c.m.Prefetch(id); err != nil {
 			t.Fatal(err)
