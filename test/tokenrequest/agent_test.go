@@ -205,7 +205,10 @@ func TestTokenRefreshedBeforeExpiry(t *testing.T) {
 	s := newSetup(t)
 	// Refresh after 0.5 % of 10 minutes (3 s); certificates of 4 s renewed
 	// at half life.
-	p := s.start(t, "MESHAGENT_TOKEN_REFRESH_RATIO=0.005", "SECRET_TTL=4s")
+	// The test CA reviews tokens with the API server, so no renewal
+	// succeeds while it is down: the certificate (60 s, renewed every 6 s)
+	// must outlive the restart however long the machine takes for it.
+	p := s.start(t, "MESHAGENT_TOKEN_REFRESH_RATIO=0.005", "SECRET_TTL=60s", "SECRET_GRACE_PERIOD_RATIO=0.9")
 	st := stream(t, p)
 	seen := map[string]bool{}
 	nextLeaf(t, st, 30*time.Second, seen)
@@ -253,7 +256,10 @@ func TestUnauthenticatedTriggersAFreshToken(t *testing.T) {
 // tokens from the restarted server, succeed.
 func TestAPIServerRestart(t *testing.T) {
 	s := newSetup(t)
-	p := s.start(t, "MESHAGENT_TOKEN_REFRESH_RATIO=0.005", "SECRET_TTL=4s")
+	// The test CA reviews tokens with the API server, so no renewal
+	// succeeds while it is down: the certificate (60 s, renewed every 6 s)
+	// must outlive the restart however long the machine takes for it.
+	p := s.start(t, "MESHAGENT_TOKEN_REFRESH_RATIO=0.005", "SECRET_TTL=60s", "SECRET_GRACE_PERIOD_RATIO=0.9")
 	st := stream(t, p)
 	seen := map[string]bool{}
 	nextLeaf(t, st, 30*time.Second, seen)
@@ -298,7 +304,7 @@ func TestAPIServerRestart(t *testing.T) {
 	before := len(reviewedTokens(s.ca))
 	testwait.Within(t, 60*time.Second, "a new token after the restart", func() bool { return len(reviewedTokens(s.ca)) > before })
 	n := len(s.ca.Reviews())
-	nextLeaf(t, st, 30*time.Second, seen)
+	nextLeaf(t, st, 60*time.Second, seen)
 	testwait.Within(t, 30*time.Second, "a renewal after the restart", func() bool { return len(s.ca.Reviews()) > n })
 }
 
