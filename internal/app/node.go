@@ -41,7 +41,7 @@ type nodePods struct {
 // Broker API), which need what needs the index: each field is set once by
 // the builder of its part (nodeCallers, localSocket, brokerAPI) before New
 // returns, and read only once Run runs the index, on its one event
-// goroutine.
+// goroutine. A field not set (a part not built) is skipped.
 type podHooks struct {
 	// ahead holds and releases the certificates of identities whose pods
 	// ask for them ahead.
@@ -58,7 +58,9 @@ type podHooks struct {
 // podLeft is the pod index's PodLeft: the pod's connections to the local
 // socket and its Broker API streams end, saying why.
 func (h *podHooks) podLeft(p podindex.Pod, why string) {
-	h.socket.CallerLeft(p.UID, "pod "+p.String()+" "+why)
+	if h.socket != nil {
+		h.socket.CallerLeft(p.UID, "pod "+p.String()+" "+why)
+	}
 	if h.broker != nil {
 		h.broker.PodLeft(p.UID, "pod "+p.String()+" "+why)
 	}
@@ -69,9 +71,26 @@ func (h *podHooks) podLeft(p podindex.Pod, why string) {
 // accepted before the pod was known are resolved again.
 func (h *podHooks) podArrived(p podindex.Pod) {
 	if p.Prefetch && !p.Terminated() {
-		h.ahead.fetch(p.Identity)
+		h.fetch(p.Identity)
 	}
-	h.socket.CallerArrived(p.UID)
+	if h.socket != nil {
+		h.socket.CallerArrived(p.UID)
+	}
+}
+
+// fetch and release are the pod index's Handler: the certificate of an
+// identity that arrives is fetched ahead when its pods ask (podIndex), and
+// released when its last pod leaves.
+func (h *podHooks) fetch(id pki.Identity) {
+	if h.ahead != nil {
+		h.ahead.fetch(id)
+	}
+}
+
+func (h *podHooks) release(id pki.Identity) {
+	if h.ahead != nil {
+		h.ahead.release(id)
+	}
 }
 
 // podIndex builds node mode's pod index, with the Kubernetes client kube
@@ -96,10 +115,10 @@ func (a *App) podIndex(kube func() (*kubeclient.Client, error)) (*nodePods, erro
 		Handler: podindex.HandlerFuncs{
 			Added: func(id pki.Identity) {
 				if c.NodePrefetchAll || idx.Prefetch(id) {
-					hooks.ahead.fetch(id)
+					hooks.fetch(id)
 				}
 			},
-			Removed: func(id pki.Identity) { hooks.ahead.release(id) },
+			Removed: hooks.release,
 		},
 		PodLeft:    hooks.podLeft,
 		PodArrived: hooks.podArrived,
