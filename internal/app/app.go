@@ -79,27 +79,21 @@ type App struct {
 	status *status.Server
 	source SourceDecision
 
+	// What Run needs, set by New from what the builders return.
 	components []component
 	// preconnect, when set, starts the CA connection: the first thing Run
 	// does (certSource.preconnect).
 	preconnect func()
+	// socket is the local socket's server, which Run listens on before
+	// any component runs; nil when the agent serves no socket.
+	socket *udsserver.Server
+
 	// undo releases what New made, if New fails.
 	undo []func()
-
-	kube    *kubeclient.Client
-	kubeErr error
-	// tokens is the bearer token source, built by tokenFetcher.
-	tokens credfetcher.Fetcher
 	// firstCert is closed when the manager first publishes a workload
 	// certificate (noteFirstCert).
 	firstCert     chan struct{}
 	firstCertOnce sync.Once
-	// node is node mode's wiring; nil in a sidecar.
-	node *nodeWiring
-	// socket is the local socket's server (podLeft, podArrived). Set while
-	// New builds it, after the pod index whose PodLeft and PodArrived read
-	// it: the index calls them only once Run runs it, after New returned.
-	socket *udsserver.Server
 
 	ran atomic.Bool
 }
@@ -151,15 +145,54 @@ func New(cfg Config) (_ *App, err error) {
 			}
 		}
 	}()
-	// The settings that need no other part come first.
-	if err := a.checkNode(); err != nil {
-		return nil, configError(err)
-	}
+	// internal/settings refused what the settings alone rule out; what
+	// follows needs the certificate source.
 	a.source = SelectSource(context.Background(), a.s)
 	a.logStart(cfg.Version)
 	if err := a.checkNodeSource(); err != nil {
 		return nil, configError(err)
 	}
+	if err := a.registerInfo(cfg.Version); err != nil {
+		return nil, err
+	}
+	a.status = status.New(status.Config{Addr: a.s.StatusAddr(), Gatherer: a.reg, Logger: a.base, OnListen: cfg.OnStatusListen})
+
+	// Each part is built from what the parts before it returned. The
+	// Kubernetes client and the bearer token source are made by the first
+	// part that asks: a configuration that needs neither never makes them.
+	kube := sync.OnceValues(a.newKubeClient)
+	tokens := tokenSource(sync.OnceValues(func() (credfetcher.Fetcher, error) { return a.tokenFetcher(kube) }))
+	var pods *nodePods
+	if a.nodeMode() {
+		if pods, err = a.podIndex(kube); err != nil {
+			return nil, err
+		}
+		a.components = append(a.components, component{name: "pod_index", run: pods.idx.Run})
+	}
+	src, err := a.certificateSource(tokens, pods)
+	if err != nil {
+		return nil, err
+	}
+	a.components = append(a.components, src.components...)
+	a.preconnect = src.preconnect
+	socket, serving, err := a.servingComponents(src, tokens, pods)
+	if err != nil {
+		return nil, err
+	}
+	a.socket = socket
+	a.components = append(a.components, serving...)
+	podCerts, err := a.podCertificates(src, pods)
+	if err != nil {
+		return nil, err
+	}
+	a.components = append(a.components, podCerts...)
+	a.components = append(a.components, component{name: "status", run: a.status.Run})
+	return a, nil
+}
+
+// registerInfo registers meshagent_agent_info, in a new registry with the
+// Go and process collectors when Config has none.
+func (a *App) registerInfo(version string) error {
 	if a.reg == nil {
 		a.reg = prometheus.NewRegistry()
 		a.reg.MustRegister(
@@ -171,31 +204,8 @@ func New(cfg Config) (_ *App, err error) {
 		Name: "meshagent_agent_info",
 		Help: "Always 1; labels carry the version, where certificates come from (source) and the mode (sidecar or node).",
 	}, []string{"version", "source", "mode"})
-	info.WithLabelValues(cfg.Version, string(a.source.Source), a.s.Mode).Set(1)
-	if err := a.reg.Register(info); err != nil {
-		return nil, err
-	}
-	a.status = status.New(status.Config{Addr: a.s.StatusAddr(), Gatherer: a.reg, Logger: a.base, OnListen: cfg.OnStatusListen})
-
-	src, err := a.certificateSource()
-	if err != nil {
-		return nil, err
-	}
-	a.components = append(a.components, src.components...)
-	a.preconnect = src.preconnect
-	serving, err := a.servingComponents(src)
-	if err != nil {
-		return nil, err
-	}
-	a.components = append(a.components, serving...)
-	// Node mode: the Pod Certificates signer, after the pod index it reads.
-	podCerts, err := a.podCertificates(src)
-	if err != nil {
-		return nil, err
-	}
-	a.components = append(a.components, podCerts...)
-	a.components = append(a.components, component{name: "status", run: a.status.Run})
-	return a, nil
+	info.WithLabelValues(version, string(a.source.Source), a.s.Mode).Set(1)
+	return a.reg.Register(info)
 }
 
 // logStart logs the start: the version, the mode, the certificate source
@@ -282,19 +292,17 @@ func (a *App) noteFirstCert(s *secretmanager.Secret) {
 	}
 }
 
-// kubeClient returns the one Kubernetes API client, made at the first call.
-func (a *App) kubeClient() (*kubeclient.Client, error) {
-	if a.kube == nil && a.kubeErr == nil {
-		if a.cfg.KubeClient != nil {
-			a.kube, a.kubeErr = a.cfg.KubeClient()
-		} else {
-			a.kube, a.kubeErr = kubeclient.New(kubeclient.Config{Kubeconfig: a.s.Kubeconfig, UserAgent: "meshagent/" + a.cfg.Version})
-			if a.kubeErr != nil && a.s.Kubeconfig != "" {
-				a.kubeErr = kubeconfigError(a.s.Kubeconfig, a.kubeErr)
-			}
-		}
+// newKubeClient makes the Kubernetes API client (Config.KubeClient). New
+// makes it once, for every part that needs it.
+func (a *App) newKubeClient() (*kubeclient.Client, error) {
+	if a.cfg.KubeClient != nil {
+		return a.cfg.KubeClient()
 	}
-	return a.kube, a.kubeErr
+	kube, err := kubeclient.New(kubeclient.Config{Kubeconfig: a.s.Kubeconfig, UserAgent: "meshagent/" + a.cfg.Version})
+	if err != nil && a.s.Kubeconfig != "" {
+		err = kubeconfigError(a.s.Kubeconfig, err)
+	}
+	return kube, err
 }
 
 // nodeMode reports whether the agent serves every pod of its node.

@@ -190,7 +190,8 @@ func TestNewStartsNothing(t *testing.T) {
 
 // TestNewRefusesBadConfiguration: each configuration that cannot work is a
 // ConfigError naming the setting, returned before anything is built or
-// started (the CA is never dialled, no goroutine is left).
+// started (the CA is never dialled, no goroutine is left). What the settings
+// alone rule out, settings.Resolve refuses (its TestInvalidCombinations).
 func TestNewRefusesBadConfiguration(t *testing.T) {
 	ca, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -202,12 +203,6 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 		env  []string
 		want string
 	}{
-		{"node mode without a node name", []string{"MESHAGENT_MODE=node"}, "MESHAGENT_MODE=node needs NODE_NAME"},
-		{"node mode without the socket", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "DISABLE_ENVOY=true"}, "MESHAGENT_MODE=node needs the SDS socket"},
-		{"node uid identities", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "MESHAGENT_NODE_UID_IDENTITIES=0=https://x"}, "MESHAGENT_NODE_UID_IDENTITIES: "},
-		{"broker socket outside node mode", []string{"MESHAGENT_BROKER_SOCKET=/tmp/b/socket", "MESHAGENT_BROKERS=spiffe://cluster.local/ns/a/sa/b=pod"}, "MESHAGENT_BROKER_SOCKET is served in node mode only"},
-		{"broker socket beside the SDS socket", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "MESHAGENT_SDS_SOCKET=/tmp/s/socket", "MESHAGENT_BROKER_SOCKET=/tmp/s/broker", "MESHAGENT_BROKERS=spiffe://cluster.local/ns/a/sa/b=pod"}, "in the SDS socket's directory"},
-		{"broker socket without brokers", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "MESHAGENT_BROKER_SOCKET=/tmp/b/socket"}, "MESHAGENT_BROKERS lists no broker"},
 		{"token request without a pod", []string{"CREDENTIAL_FETCHER_TYPE=TokenRequest"}, "CREDENTIAL_FETCHER_TYPE=TokenRequest needs POD_NAME"},
 		{"no service account", []string{"SERVICE_ACCOUNT="}, "SERVICE_ACCOUNT is not set"},
 	}

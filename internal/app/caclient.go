@@ -17,26 +17,28 @@ import (
 	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/certfile"
+	"github.com/meshagent/meshagent/internal/kubeclient"
 	"github.com/meshagent/meshagent/internal/logkeys"
 	"github.com/meshagent/meshagent/internal/settings"
 )
 
 // caClient builds the CA client for CA_PROVIDER: Linkerd's identity
-// service, or Istio's certificate service.
-func (a *App) caClient(roots controlplane.RootSource) (caclient.Client, error) {
+// service, or Istio's certificate service. tokens is the agent's bearer
+// token source; in node mode, pods is the pod index.
+func (a *App) caClient(roots controlplane.RootSource, tokens tokenSource, pods *nodePods) (caclient.Client, error) {
 	c := a.s
 	t := controlplane.Config{Addr: c.CAAddr, Roots: roots, Metadata: map[string]string{}, Policy: c.CompliancePolicy}
 	for k, v := range c.CAHeaders {
 		t.Metadata[k] = v
 	}
 	if c.Scheme().IsLinkerd() {
-		return a.linkerdClient(t)
+		return a.linkerdClient(t, tokens, pods)
 	}
-	tokens, err := a.tokenFetcher()
+	token, err := tokens()
 	if err != nil {
 		return nil, err
 	}
-	t.Token = tokens
+	t.Token = token
 	t.ServerName = c.IstiodSAN
 	t.Plaintext = istio.PlaintextPort(c.CAAddr)
 	if c.ClusterID != "" {
@@ -54,7 +56,7 @@ func (a *App) caClient(roots controlplane.RootSource) (caclient.Client, error) {
 		t.TokenOptional = true
 	}
 	ic := istio.Config{Transport: t, CertSigner: c.CertSigner, Logger: a.base, Registerer: a.reg}
-	if a.node != nil {
+	if pods != nil {
 		// The token is the agent's own: pods' certificates are asked on
 		// their behalf (ImpersonatedIdentity).
 		if ic.Identity, err = c.Identity(); err != nil {
@@ -68,41 +70,44 @@ func (a *App) caClient(roots controlplane.RootSource) (caclient.Client, error) {
 // presents the scheme's server name unless
 // MESHAGENT_LINKERD_IDENTITY_SERVICE_NAME says otherwise. In node mode each
 // identity's CSR carries a token of its own service account
-// (nodeWiring.linkerdTokens); a sidecar sends its own token.
-func (a *App) linkerdClient(t controlplane.Config) (caclient.Client, error) {
+// (linkerdTokens); a sidecar sends its own token.
+func (a *App) linkerdClient(t controlplane.Config, tokens tokenSource, pods *nodePods) (caclient.Client, error) {
 	c := a.s
 	t.ServerName = c.LinkerdIdentityServiceName
 	lc := linkerd.Config{Transport: t, Scheme: c.Scheme(), Logger: a.base, Registerer: a.reg}
-	if a.node != nil {
-		tokenFor, err := a.node.linkerdTokens()
+	if pods != nil {
+		tokenFor, err := a.linkerdTokens(pods)
 		if err != nil {
 			return nil, err
 		}
 		lc.TokenFor = tokenFor
 	} else {
-		tokens, err := a.tokenFetcher()
+		token, err := tokens()
 		if err != nil {
 			return nil, err
 		}
-		lc.Token = tokens
+		lc.Token = token
 	}
 	return linkerd.New(lc)
 }
 
-// tokenFetcher returns the source of the bearer token sent to the CA and to
-// the control plane (CREDENTIAL_FETCHER_TYPE). It is built once, so both
-// share one cached TokenRequest token and a refusal by either renews it.
-func (a *App) tokenFetcher() (credfetcher.Fetcher, error) {
-	if a.tokens != nil {
-		return a.tokens, nil
-	}
+// tokenSource returns the agent's bearer token source, made at the first
+// call (tokenFetcher): the CA client and the xDS proxy share it, so both
+// send one cached TokenRequest token and a refusal by either renews it. A
+// configuration where neither sends a token never makes it.
+type tokenSource func() (credfetcher.Fetcher, error)
+
+// tokenFetcher makes the source of the bearer token sent to the CA and to
+// the control plane (CREDENTIAL_FETCHER_TYPE), with the Kubernetes client
+// kube makes for TokenRequest tokens.
+func (a *App) tokenFetcher(kube func() (*kubeclient.Client, error)) (credfetcher.Fetcher, error) {
 	c := a.s
 	if c.CredentialFetcherType != settings.FetcherTokenRequest {
-		a.tokens = credfetcher.File{Path: c.TokenPath}
+		var f credfetcher.Fetcher = credfetcher.File{Path: c.TokenPath}
 		if c.ProvCert != "" {
-			a.tokens = a.unexpired(a.tokens)
+			f = a.unexpired(f)
 		}
-		return a.tokens, nil
+		return f, nil
 	}
 	if c.PodName == "" {
 		return nil, configError(fmt.Errorf("CREDENTIAL_FETCHER_TYPE=%s needs POD_NAME: tokens are bound to the pod", settings.FetcherTokenRequest))
@@ -110,12 +115,12 @@ func (a *App) tokenFetcher() (credfetcher.Fetcher, error) {
 	if c.PodNamespace == "" || c.ServiceAccount == "" {
 		return nil, configError(fmt.Errorf("CREDENTIAL_FETCHER_TYPE=%s needs POD_NAMESPACE and SERVICE_ACCOUNT: tokens are asked for that service account", settings.FetcherTokenRequest))
 	}
-	kube, err := a.kubeClient()
+	client, err := kube()
 	if err != nil {
 		return nil, configError(fmt.Errorf("CREDENTIAL_FETCHER_TYPE=%s: %w", settings.FetcherTokenRequest, err))
 	}
 	f, err := credfetcher.NewTokenRequest(credfetcher.TokenRequestConfig{
-		Client:         kube,
+		Client:         client,
 		Namespace:      c.PodNamespace,
 		ServiceAccount: c.ServiceAccount,
 		PodName:        c.PodName,
@@ -133,7 +138,6 @@ func (a *App) tokenFetcher() (credfetcher.Fetcher, error) {
 		zap.String(logkeys.ServiceAccount, c.PodNamespace+"/"+c.ServiceAccount),
 		zap.String(logkeys.Pod, c.PodName), zap.String(logkeys.Audience, c.CredentialIdentityProvider),
 		zap.Duration(logkeys.Lifetime, c.TokenLifetime))
-	a.tokens = f
 	return f, nil
 }
 

@@ -51,8 +51,9 @@ type certSource struct {
 var errSourceUnavailable = errors.New("no certificate source for this mode")
 
 // certificateSource builds the secret manager and the components that
-// produce workload certificates from the chosen source.
-func (a *App) certificateSource() (certSource, error) {
+// produce workload certificates from the chosen source. A CA's client
+// sends the token of tokens; in node mode, pods is the pod index.
+func (a *App) certificateSource(tokens tokenSource, pods *nodePods) (certSource, error) {
 	switch a.source.Source {
 	case SourceDev:
 		return a.devSource()
@@ -60,7 +61,7 @@ func (a *App) certificateSource() (certSource, error) {
 		a.status.AddReadiness("certificate_source", func() error { return nil })
 		return certSource{}, nil
 	case SourceCA:
-		return a.caSource()
+		return a.caSource(tokens, pods)
 	case SourceWorkloadCredentials:
 		return a.fileSource(a.s.WorkloadCredentialsDir, "workload-credentials", "MESHAGENT_WORKLOAD_CREDENTIALS_DIR")
 	case SourceFileMounted:
@@ -114,7 +115,7 @@ func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secr
 		}
 	}
 	files := fileprovider.New(fc)
-	if a.node == nil || a.node.fileResources() {
+	if a.fileResources() {
 		mc.Providers = map[string]secretmanager.Provider{
 			secretmanager.FileCertPrefix: files,
 			secretmanager.FileRootPrefix: files,
@@ -129,7 +130,7 @@ func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secr
 	}
 	a.status.AddReadiness("workload_certificate", m.Ready)
 	a.status.AddLiveness("workload_certificate", m.Live)
-	if a.node == nil { // node mode lists the pods of each identity too (nodeWiring.callers)
+	if !a.nodeMode() { // node mode lists the pods of each identity too (reportPods)
 		a.status.AddCertLister(managerLister{m: m})
 	}
 	return m, []component{{name: "secretmanager", run: func(ctx context.Context) error {
@@ -193,7 +194,7 @@ func (a *App) devSource() (certSource, error) {
 }
 
 // caSource asks the CA named by CA_PROVIDER.
-func (a *App) caSource() (certSource, error) {
+func (a *App) caSource(tokens tokenSource, pods *nodePods) (certSource, error) {
 	id, err := a.s.Identity()
 	if err != nil {
 		return certSource{}, configError(err)
@@ -207,7 +208,7 @@ func (a *App) caSource() (certSource, error) {
 		return certSource{}, err
 	}
 	roots := ts.roots
-	client, err := a.caClient(roots)
+	client, err := a.caClient(roots, tokens, pods)
 	if err != nil {
 		return certSource{}, err
 	}

@@ -27,18 +27,14 @@ const linkerdRefusal = "CA_PROVIDER=Linkerd: Linkerd's identity service signs on
 // (MESHAGENT_POD_CERTIFICATE_SIGNER, docs/pod-certificates.md): it signs
 // the PodCertificateRequests of the node's pods with the CA of src, on the
 // pods' behalf. It publishes no trust: the signer's ClusterTrustBundle is
-// `meshagent trust-publisher`'s (RunTrustPublisher). It needs node mode's
-// pod index, built before it.
-func (a *App) podCertificates(src certSource) ([]component, error) {
+// `meshagent trust-publisher`'s (RunTrustPublisher). pods is node mode's
+// pod index.
+func (a *App) podCertificates(src certSource, pods *nodePods) ([]component, error) {
 	c := a.s
-	if c.PodCertificateSigner == "" || !a.nodeMode() {
+	if c.PodCertificateSigner == "" || pods == nil {
 		return nil, nil
 	}
-	if a.node == nil {
-		return nil, configError(errors.New("MESHAGENT_POD_CERTIFICATE_SIGNER needs node mode with a CA (the dev CA or CA_PROVIDER)"))
-	}
-	idx := a.node.idx
-	if idx == nil || src.manager == nil || src.podRoots == nil {
+	if src.manager == nil || src.podRoots == nil {
 		return nil, configError(errors.New("MESHAGENT_POD_CERTIFICATE_SIGNER needs node mode with a CA (the dev CA or CA_PROVIDER)"))
 	}
 	rc, err := kubeclient.RESTConfig(kubeclient.Config{Kubeconfig: c.Kubeconfig, UserAgent: "meshagent/" + a.cfg.Version})
@@ -60,7 +56,7 @@ func (a *App) podCertificates(src certSource) ([]component, error) {
 		SignerName:    c.PodCertificateSigner,
 		NodeName:      c.NodeName,
 		API:           api,
-		Pods:          idx,
+		Pods:          pods.idx,
 		Roots:         src.podRoots,
 		CA:            src.manager,
 		TTL:           c.SecretTTL,

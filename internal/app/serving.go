@@ -27,32 +27,38 @@ import (
 )
 
 // servingComponents are what serves the certificates src made: the local
-// socket (unless another agent serves SDS or no Envoy runs) and, beside one
-// workload, the per-workload outputs (sidecarOutputs).
-func (a *App) servingComponents(src certSource) ([]component, error) {
-	var cs []component
+// socket's server, returned for Run to listen on (nil when another agent
+// serves SDS or no Envoy runs), and, beside one workload, the per-workload
+// outputs (sidecarOutputs), whose xDS proxy sends the token of tokens. In
+// node mode, pods is the pod index.
+func (a *App) servingComponents(src certSource, tokens tokenSource, pods *nodePods) (*udsserver.Server, []component, error) {
+	var (
+		socket *udsserver.Server
+		cs     []component
+	)
 	if src.manager != nil && !a.s.DisableEnvoy {
-		socket, err := a.localSocket(src.manager)
-		if err != nil {
-			return nil, err
+		var err error
+		if socket, cs, err = a.localSocket(src.manager, pods); err != nil {
+			return nil, nil, err
 		}
-		cs = append(cs, socket...)
 	}
-	if a.node != nil {
+	if pods != nil {
 		a.log.Info("node mode: the xDS proxy, OUTPUT_CERTS and the gRPC bootstrap are per-pod features and are off")
-		return cs, nil
+		return socket, cs, nil
 	}
-	outputs, err := a.sidecarOutputs(src)
+	outputs, err := a.sidecarOutputs(src, tokens)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return append(cs, outputs...), nil
+	return socket, append(cs, outputs...), nil
 }
 
 // localSocket is the Unix socket serving SDS and, unless turned off, the
-// SPIFFE Workload API from m. In node mode its callers are resolved to
-// their pods (nodeWiring.callers) and its directory is open to every uid.
-func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
+// SPIFFE Workload API from m, and the components it serves with. In node
+// mode its callers are resolved to their pods (nodeCallers), its directory
+// is open to every uid, and the pod index's hooks end and resolve again
+// the connections of pods that leave and arrive.
+func (a *App) localSocket(m *secretmanager.Manager, pods *nodePods) (*udsserver.Server, []component, error) {
 	c := a.s
 	// One count per pod of its SDS and Workload API streams.
 	var streams streamlimit.Callers
@@ -63,7 +69,7 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 		Clock:                 a.clock, Logger: a.base, Registerer: a.reg,
 	})
 	if err != nil {
-		return nil, settingError(err, sdsSettings)
+		return nil, nil, settingError(err, sdsSettings)
 	}
 	services := []func(*grpc.Server){srv.Register}
 	if c.WorkloadAPI {
@@ -71,22 +77,22 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 			MaxStreamsPerCaller: c.SDSMaxStreamsPerPod, Callers: &streams, Logger: a.base, Registerer: a.reg,
 			LimitNames: streamlimit.Names{Max: "MESHAGENT_WORKLOAD_API_MAX_STREAMS", PerCaller: "MESHAGENT_SDS_MAX_STREAMS_PER_POD"}})
 		if err != nil {
-			return nil, settingError(err, workloadAPISettings)
+			return nil, nil, settingError(err, workloadAPISettings)
 		}
 		services = append(services, wl.Register)
 	}
 	if err := checkSocketPath("MESHAGENT_SDS_SOCKET", c.SDSSocket, a.nodeMode()); err != nil {
-		return nil, configError(err)
+		return nil, nil, configError(err)
 	}
 	uc := a.withSocketLimits(udsserver.Config{
 		SocketPath: c.SDSSocket, Replace: a.nodeMode(), Handoff: c.SocketHandoff, Services: services,
 		MaxRecvBytes: c.SDSMaxRecvBytes, AllowedUIDs: c.SDSAllowedUIDs, Logger: a.base, Registerer: a.reg,
 	})
 	var cs []component
-	if a.node != nil {
-		resolver, nodeCs, err := a.node.callers(m)
+	if pods != nil {
+		resolver, nodeCs, err := a.nodeCallers(pods, m)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		uc.Resolver = resolver
 		// The directory is mounted into pods whose processes run as any
@@ -96,23 +102,25 @@ func (a *App) localSocket(m *secretmanager.Manager) ([]component, error) {
 	}
 	socket, err := udsserver.New(uc)
 	if err != nil {
-		return nil, settingError(err, socketSettings)
+		return nil, nil, settingError(err, socketSettings)
 	}
-	a.socket = socket
-	return append(cs, component{name: "sds", run: socket.Run}), nil
+	if pods != nil {
+		pods.hooks.socket = socket
+	}
+	return socket, append(cs, component{name: "sds", run: socket.Run}), nil
 }
 
 // sidecarOutputs are what an agent beside one workload adds: the xDS
 // proxy, the OUTPUT_CERTS writer and the gRPC bootstrap writer, as
 // configured.
-func (a *App) sidecarOutputs(src certSource) ([]component, error) {
+func (a *App) sidecarOutputs(src certSource, tokens tokenSource) ([]component, error) {
 	c := a.s
 	var cs []component
 	if c.XDSProxy {
 		if err := checkSocketPath("MESHAGENT_XDS_SOCKET", c.XDSSocket, false); err != nil {
 			return nil, configError(err)
 		}
-		xp, rootFeed, err := a.xdsProxy(src)
+		xp, rootFeed, err := a.xdsProxy(src, tokens)
 		if err != nil {
 			return nil, err
 		}
@@ -164,8 +172,8 @@ func (a *App) sidecarOutputs(src certSource) ([]component, error) {
 
 // xdsProxy builds the proxy and, when the xDS root is a file of its own, the
 // feed that follows it. The proxy presents the workload certificate
-// of src's manager to the control plane.
-func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, error) {
+// of src's manager to the control plane, and the token of tokens.
+func (a *App) xdsProxy(src certSource, tokens tokenSource) (*xdsproxy.Proxy, *certfile.RootFeed, error) {
 	c := a.s
 	md := map[string]string{}
 	for k, v := range c.XDSHeaders {
@@ -193,7 +201,7 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 		a.log.Warn("xDS root not loaded; the control plane cannot be verified", zap.String(logkeys.Path, c.XDSRoot), zap.Error(err))
 		roots = controlplane.StaticRoots{Pool: pki.CertPool(nil)}
 	}
-	tokens, err := a.tokenFetcher()
+	token, err := tokens()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -212,10 +220,10 @@ func (a *App) xdsProxy(src certSource) (*xdsproxy.Proxy, *certfile.RootFeed, err
 			ServerName:        c.IstiodSAN,
 			Roots:             roots,
 			Plaintext:         istio.PlaintextPort(c.DiscoveryAddress),
-			Token:             tokens,
+			Token:             token,
 			TokenOptional:     true,
 			Metadata:          md,
-			ClientCertificate: a.xdsClientCert(tokens, clientCert),
+			ClientCertificate: a.xdsClientCert(token, clientCert),
 			Policy:            c.CompliancePolicy,
 		},
 		ConnectAfter:  connectAfter,

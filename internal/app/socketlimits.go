@@ -1,9 +1,6 @@
 package app
 
-import (
-	"github.com/meshagent/meshagent/internal/node/podindex"
-	"github.com/meshagent/meshagent/internal/uds/udsserver"
-)
+import "github.com/meshagent/meshagent/internal/uds/udsserver"
 
 // withSocketLimits sets the local socket's per-caller limits of the
 // settings on cfg (MESHAGENT_SOCKET_*).
@@ -22,20 +19,4 @@ func (a *App) withSocketLimits(cfg udsserver.Config) udsserver.Config {
 		QueuedPerCaller:   "MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER",
 	}
 	return cfg
-}
-
-// podLeft is the pod index's PodLeft in node mode: the pod's connections
-// to the local socket end, saying why.
-func (a *App) podLeft(p podindex.Pod, why string) {
-	if s := a.socket; s != nil {
-		s.CallerLeft(p.UID, "pod "+p.String()+" "+why)
-	}
-}
-
-// podArrived is the pod index's PodArrived in node mode: connections
-// accepted before the pod was known are resolved again.
-func (a *App) podArrived(p podindex.Pod) {
-	if s := a.socket; s != nil {
-		s.CallerArrived(p.UID)
-	}
 }

@@ -114,7 +114,7 @@ func TestSelectSource(t *testing.T) {
 		{name: "ca by default", source: SourceCA, reasonHas: "CA_PROVIDER=Citadel at CA_ADDR=istiod.istio-system.svc:15012"},
 		{name: "ca linkerd", env: []string{"CA_PROVIDER=Linkerd", "CA_ADDR=127.0.0.1:8080"}, source: SourceCA, reasonHas: "CA_PROVIDER=Linkerd at CA_ADDR=127.0.0.1:8080"},
 		{name: "healthy external socket", setup: func(t *testing.T, d string) { serveGRPC(t, filepath.Join(d, "uds", "socket")) }, source: SourceExternal, reasonHas: "already answers", socketKept: true},
-		{name: "node mode replaces what answers", setup: func(t *testing.T, d string) { serveGRPC(t, filepath.Join(d, "uds", "socket")) }, env: []string{"MESHAGENT_MODE=node"}, source: SourceCA, reasonHas: "node mode replaces it", socketKept: true},
+		{name: "node mode replaces what answers", setup: func(t *testing.T, d string) { serveGRPC(t, filepath.Join(d, "uds", "socket")) }, env: []string{"MESHAGENT_MODE=node", "NODE_NAME=n1"}, source: SourceCA, reasonHas: "node mode replaces it", socketKept: true},
 		{name: "a socket holder's socket is taken", setup: func(t *testing.T, d string) { serveGRPC(t, filepath.Join(d, "uds", "socket")) }, env: []string{"MESHAGENT_SOCKET_HANDOFF=" + "holder.sock"}, source: SourceCA, reasonHas: "takes it from its holder", socketKept: true},
 		{name: "a stale socket is left to its holder", setup: func(t *testing.T, d string) { staleSocket(t, filepath.Join(d, "uds", "socket")) }, env: []string{"MESHAGENT_SOCKET_HANDOFF=" + "holder.sock"}, source: SourceCA, reasonHas: "left to its holder", socketKept: true},
 		{name: "external wins over dev", setup: func(t *testing.T, d string) { serveGRPC(t, filepath.Join(d, "uds", "socket")) }, env: []string{"MESHAGENT_DEV=true"}, source: SourceExternal, socketKept: true},

@@ -201,9 +201,9 @@ type Config struct {
 	Mode string
 	// NodeName is the node the agent runs on, in node mode (NODE_NAME).
 	NodeName string
-	// NodeUIDIdentities are node processes' identities by uid, as
-	// "<uid>=<spiffe id>,..." (MESHAGENT_NODE_UID_IDENTITIES).
-	NodeUIDIdentities string
+	// NodeUIDIdentities are node processes' identities by uid
+	// (MESHAGENT_NODE_UID_IDENTITIES); empty: none.
+	NodeUIDIdentities map[uint32]pki.Identity
 	// NodeCgroupRoot is where the kubelet makes pod cgroups, comma-separated
 	// absolute paths; "" means learned from the agent's own pod, else the
 	// top-level kubepods and kubepods.slice (MESHAGENT_NODE_CGROUP_ROOT).

@@ -46,9 +46,7 @@ func (r *resolution) derive(in Input) error {
 	r.deriveServing()
 	r.deriveCA()
 	r.deriveOutputCerts()
-	if err := r.derivePaths(in); err != nil {
-		return err
-	}
+	r.derivePaths(in)
 
 	// INSTANCE_IP: the host's address, as pilot-agent falls back to.
 	if c.InstanceIP == "" {
@@ -184,7 +182,7 @@ func (r *resolution) deriveOutputCerts() {
 
 // derivePaths fills the default paths: the sockets, the token and the
 // roots, in pilot-agent's order.
-func (r *resolution) derivePaths(in Input) error {
+func (r *resolution) derivePaths(in Input) {
 	c := r.c
 	// Paths.
 	if c.SDSSocket == "" {
@@ -209,9 +207,6 @@ func (r *resolution) derivePaths(in Input) error {
 			r.notes["CA_ROOT_CA"] = "from PROV_CERT"
 		case c.PilotCertProvider == CertProviderNone:
 			r.notes["CA_ROOT_CA"] = "PILOT_CERT_PROVIDER=none: no default"
-			if !c.Dev && !c.FileMountedCerts {
-				return r.invalid("PILOT_CERT_PROVIDER", c.PilotCertProvider, "no default CA root: set CA_ROOT_CA (a path, or SYSTEM) or PROV_CERT")
-			}
 		default:
 			c.CARoot = istioRootPath
 		}
@@ -225,11 +220,7 @@ func (r *resolution) derivePaths(in Input) error {
 			c.XDSRoot = c.CARoot
 			r.notes["XDS_ROOT_CA"] = "the CA root"
 		}
-		if c.XDSRoot == "" && c.XDSProxy {
-			return r.invalid("PILOT_CERT_PROVIDER", c.PilotCertProvider, "no default xDS root: set XDS_ROOT_CA or CA_ROOT_CA (a path, or SYSTEM)")
-		}
 	}
-	return nil
 }
 
 // invalid is an InvalidError for a value that conflicts with the others,

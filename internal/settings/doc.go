@@ -9,9 +9,12 @@
 // committed doc is stale.
 //
 // It owns parsing and validation of configuration text, including the
-// PROXY_CONFIG JSON and the CA_HEADER_/XDS_HEADER_ prefix variables. It does
-// not own deciding which certificate source runs (cmd/agent does that) and it
-// reads no files except to check whether the file-mounted xDS root exists; it
+// PROXY_CONFIG JSON and the CA_HEADER_/XDS_HEADER_ prefix variables, and the
+// rules between settings that the settings alone decide (validate.go: node
+// mode's and the Broker API's, the roots of PILOT_CERT_PROVIDER=none). It
+// does not own deciding which certificate source runs, nor the rules that
+// need that decision or the file system (internal/app does), and it reads
+// no files except to check whether the file-mounted xDS root exists; it
 // lists the host's addresses for the derived INSTANCE_IP.
 //
 // A setting the agent accepts but does not act on (for all or some of its

@@ -13,6 +13,7 @@ func FuzzValueParsers(f *testing.F) {
 	for _, s := range Registry {
 		f.Add(s.Name, s.Default)
 	}
+	f.Add("MESHAGENT_NODE_UID_IDENTITIES", " 7=spiffe://td/b , 0=spiffe://td/a")
 	for _, seed := range []string{"", " ", "true", "0", "-1", "1e309", "NaN", "Inf", "0x10", "24h", "-5s", "a:b", ":1", "host:0", "[::1]:15012",
 		"SYSTEM", "ec-p256", "EC-P256", "citadel", "{}", "null", `{"statusPort":"80"}`, `{"statusPort":1.5}`, "\x00", "a\nb", "\xff",
 		"1337,0", " 1 , ,2", "4294967295", "+5", "1,-1"} {
@@ -91,6 +92,9 @@ func FuzzResolve(f *testing.F) {
 	f.Add("CA_HEADER_x", "v")
 	f.Add("PROXY_CONFIG", `{"statusPort":1}`)
 	f.Add("XDS_HEADER_", "")
+	f.Add("MESHAGENT_MODE", "node")
+	f.Add("MESHAGENT_BROKER_SOCKET", "broker/socket")
+	f.Add("MESHAGENT_NODE_UID_IDENTITIES", "0=spiffe://td/a")
 	f.Fuzz(func(t *testing.T, name, value string) {
 		c, err := Resolve(Input{Env: []string{name + "=" + value}, FileExists: func(string) bool { return false }})
 		if err != nil {

@@ -361,7 +361,7 @@ var Registry = []Setting{
 		Name: "MESHAGENT_NODE_UID_IDENTITIES", Group: GroupMeshagent,
 		Doc: "Node mode: identities of node processes outside any pod, by uid, as `<uid>=<spiffe id>` separated by commas. A node process whose uid is not listed is refused. " +
 			"An entry for uid 0 gives its identity to every root process of the node outside the pods' cgroups (the kubelet, the container runtime, every system service, any root login): list uid 0 only if all of them may hold that identity.",
-		Value: String(func(c *Config) *string { return &c.NodeUIDIdentities }),
+		Value: NodeUIDs(func(c *Config) *map[uint32]pki.Identity { return &c.NodeUIDIdentities }),
 	},
 	{
 		Name: "MESHAGENT_NODE_CGROUP_ROOT", Group: GroupMeshagent,

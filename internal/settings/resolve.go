@@ -25,8 +25,10 @@ type Input struct {
 
 // Resolve turns defaults, the environment and flags into a Config: a flag
 // overrides the environment, which overrides the default. A variable set to
-// the empty string counts as unset. The first bad value (in registry order)
-// is returned as an *InvalidError; nothing else is returned on error.
+// the empty string counts as unset. The first bad value (in registry order),
+// else the first combination of settings that cannot work together
+// (validate.go), is returned as an *InvalidError; nothing else is returned
+// on error.
 func Resolve(in Input) (*Config, error) {
 	env := envMap(in.Env)
 	if in.FileExists == nil {
@@ -63,6 +65,9 @@ func Resolve(in Input) (*Config, error) {
 		}
 	}
 	if err := r.derive(in); err != nil {
+		return nil, err
+	}
+	if err := r.validate(); err != nil {
 		return nil, err
 	}
 	r.c.unknown = UnknownNames(in.Env)

@@ -617,3 +617,62 @@ func TestSDSMaxStreamsScalesInNodeMode(t *testing.T) {
 		}
 	}
 }
+
+// TestInvalidCombinations: settings that cannot work together are refused by
+// Resolve, each with one line naming a setting and the fix.
+func TestInvalidCombinations(t *testing.T) {
+	const broker = "MESHAGENT_BROKERS=spiffe://cluster.local/ns/a/sa/b=pod"
+	tests := []struct {
+		name  string
+		env   []string
+		flags map[string]string
+		want  string
+	}{
+		{"node mode without a node name", []string{"MESHAGENT_MODE=node"}, nil, `invalid MESHAGENT_MODE="node": needs NODE_NAME: only the pods of this node are served`},
+		{"node mode from the flag without a node name", nil, map[string]string{"mode": "node"}, `invalid --mode="node": needs NODE_NAME: only the pods of this node are served`},
+		{"node mode without the socket", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "DISABLE_ENVOY=true"}, nil,
+			`invalid MESHAGENT_MODE="node": needs the SDS socket to serve the pods' certificates (DISABLE_ENVOY is set): unset DISABLE_ENVOY`},
+		{"node uid identities", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "MESHAGENT_NODE_UID_IDENTITIES=0=https://x"}, nil,
+			`invalid MESHAGENT_NODE_UID_IDENTITIES="0=https://x": node uid identity "0=https://x": scheme is missing or invalid`},
+		{"broker socket outside node mode", []string{"MESHAGENT_BROKER_SOCKET=/tmp/b/socket", broker}, nil,
+			`invalid MESHAGENT_BROKER_SOCKET="/tmp/b/socket": served in node mode only (MESHAGENT_MODE=node): unset it`},
+		{"broker socket beside the SDS socket", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "MESHAGENT_SDS_SOCKET=/tmp/s/socket", "MESHAGENT_BROKER_SOCKET=/tmp/s/broker", broker}, nil,
+			`invalid MESHAGENT_BROKER_SOCKET="/tmp/s/broker": in the SDS socket's directory, which every pod mounts: give it a directory of its own, mounted only into the brokers' pods`},
+		{"broker socket without brokers", []string{"MESHAGENT_MODE=node", "NODE_NAME=n1", "MESHAGENT_BROKER_SOCKET=/tmp/b/socket"}, nil,
+			`invalid MESHAGENT_BROKER_SOCKET="/tmp/b/socket": MESHAGENT_BROKERS lists no broker: list the brokers' SPIFFE IDs, or unset MESHAGENT_BROKER_SOCKET`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Resolve(Input{Env: tt.env, Flags: tt.flags})
+			if err == nil {
+				t.Fatalf("no error; config %+v", c)
+			}
+			var inv *InvalidError
+			if !errors.As(err, &inv) || c != nil {
+				t.Fatalf("Resolve = %v, %v; want only an *InvalidError", c, err)
+			}
+			if got := err.Error(); got != tt.want {
+				t.Errorf("error:\n got %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestNodeSettings: a node agent's settings that work together resolve, the
+// node processes' identities parsed and shown by uid.
+func TestNodeSettings(t *testing.T) {
+	c, err := Resolve(Input{Env: []string{"MESHAGENT_MODE=node", "NODE_NAME=n1",
+		"MESHAGENT_NODE_UID_IDENTITIES=65534=spiffe://example.org/nobody, 0=spiffe://cluster.local/ns/kube-system/sa/probe",
+		"MESHAGENT_SDS_SOCKET=/run/sds/socket", "MESHAGENT_BROKER_SOCKET=/run/broker/socket", "MESHAGENT_BROKERS=spiffe://cluster.local/ns/a/sa/b=pod"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.NodeUIDIdentities) != 2 || c.NodeUIDIdentities[0].String() != "spiffe://cluster.local/ns/kube-system/sa/probe" {
+		t.Errorf("NodeUIDIdentities = %v", c.NodeUIDIdentities)
+	}
+	for _, r := range c.Table() {
+		if r.Name == "MESHAGENT_NODE_UID_IDENTITIES" && r.Value != "0=spiffe://cluster.local/ns/kube-system/sa/probe,65534=spiffe://example.org/nobody" {
+			t.Errorf("shown as %q", r.Value)
+		}
+	}
+}

@@ -5,8 +5,8 @@
 // identity: SO_PEERCRED pid -> /proc/<pid>/cgroup (parsed by podcgroup) ->
 // pod UID -> the pod, from the node's pod index (podindex) ->
 // spiffe://<td>/ns/<ns>/sa/<sa>. It also owns the guard against PID reuse, the
-// identities given to node processes by uid (Config.NodeUIDs,
-// ParseNodeUIDs), and the refusal reasons and their metrics. It does not
+// identities given to node processes by uid (Config.NodeUIDs), and the
+// refusal reasons and their metrics. It does not
 // accept connections or read SO_PEERCRED (the socket server does, and calls
 // Resolve once per connection), watch pods, or hold certificates.
 //
