@@ -145,7 +145,7 @@ func TestUnwatchableDirectoryIsPolled(t *testing.T) {
 	const poll = 3 * time.Second
 	pd := filepath.Join(denied, "root.pem")
 	writeFile(t, pd, "v0")
-	wd := startWatcher(t, Config{Paths: []string{pd}, PollInterval: poll, Clock: clk, Registerer: reg, hub: h})
+	wd := startWatcher(t, Config{Paths: []string{pd}, Debounce: 10 * time.Millisecond, PollInterval: poll, Clock: clk, Registerer: reg, hub: h})
 	po := filepath.Join(ok, "root.pem")
 	writeFile(t, po, "v0")
 	wo := startWatcher(t, Config{Paths: []string{po}, Debounce: 10 * time.Millisecond, Registerer: reg, hub: h})

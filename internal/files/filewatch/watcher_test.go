@@ -392,6 +392,7 @@ func TestConfigErrors(t *testing.T) {
 		{"no paths", Config{}},
 		{"empty path", Config{Paths: []string{""}}},
 		{"negative debounce", Config{Paths: []string{"x"}, Debounce: -time.Second}},
+		{"no debounce", Config{Paths: []string{"x"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -403,7 +404,7 @@ func TestConfigErrors(t *testing.T) {
 }
 
 func TestRunTwice(t *testing.T) {
-	w, err := New(Config{Paths: []string{filepath.Join(t.TempDir(), "f")}})
+	w, err := New(Config{Paths: []string{filepath.Join(t.TempDir(), "f")}, Debounce: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +415,7 @@ func TestRunTwice(t *testing.T) {
 }
 
 func TestRelativePathIsAbsolute(t *testing.T) {
-	w, err := New(Config{Paths: []string{"etc/certs/cert-chain.pem"}})
+	w, err := New(Config{Paths: []string{"etc/certs/cert-chain.pem"}, Debounce: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
