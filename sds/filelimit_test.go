@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 
+	"github.com/meshagent/meshagent/internal/files/certfile"
 	"github.com/meshagent/meshagent/internal/files/fileprovider"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/uds/caller"
@@ -21,6 +22,9 @@ import (
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/sdsclient"
 )
+
+// fileSources is how the file resources of these tests are watched.
+var fileSources = certfile.SourceConfig{Debounce: 100 * time.Millisecond}
 
 // podPerConnection resolves each new connection to a pod of its own, as a
 // node agent sees the workloads of different pods.
@@ -63,7 +67,7 @@ func newFileFixture(t *testing.T, prov *fileprovider.Provider, config func(*Conf
 // client from getting one: its next one is refused, naming it and the
 // limit, and counted.
 func TestFileResourcesPerCallerDoNotStarveOthers(t *testing.T) {
-	prov := fileprovider.New(fileprovider.Config{MaxResources: 4})
+	prov := fileprovider.New(fileprovider.Config{MaxResources: 4, Files: fileSources})
 	f := newFileFixture(t, prov, func(c *Config) { c.MaxFileNamesPerCaller = 2 })
 	names := f.fileRoots(5)
 
@@ -102,7 +106,7 @@ func TestFileResourcesPerCallerDoNotStarveOthers(t *testing.T) {
 // The same caller asking again for a name it holds takes no more of its
 // share; releasing a name gives the share back.
 func TestFileResourcesPerCallerCountsNamesOnce(t *testing.T) {
-	prov := fileprovider.New(fileprovider.Config{})
+	prov := fileprovider.New(fileprovider.Config{Files: fileSources})
 	f := newFileFixture(t, prov, func(c *Config) { c.MaxFileNamesPerCaller = 1 })
 	names := f.fileRoots(2)
 	c := f.dial()
@@ -158,7 +162,7 @@ func (r *refuseOnce) Watch(id pki.Identity, name string) (<-chan struct{}, func(
 // the stream even when a slot frees before its secret is read: it is never
 // served unwatched, which would leave it without updates.
 func TestFileResourceRefusedWatchIsRefused(t *testing.T) {
-	prov := fileprovider.New(fileprovider.Config{MaxResources: 1})
+	prov := fileprovider.New(fileprovider.Config{MaxResources: 1, Files: fileSources})
 	var src *refuseOnce
 	f := newFileFixture(t, prov, func(c *Config) {
 		src = &refuseOnce{SecretSource: c.Secrets}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/istioca"
 	"github.com/meshagent/meshagent/test/sdsclient"
 )
@@ -208,13 +209,16 @@ func TestCoreCAOutage(t *testing.T) {
 	// retry reaches it; the answer then comes in real time.
 	asked := a.ca.Requests()
 	a.ca.Restart(t)
-	for a.ca.Requests() == asked {
+	testwait.For(t, "a retry reaching the CA", func() bool {
+		if a.ca.Requests() != asked {
+			return true
+		}
 		if a.clock.Since(start) > 2*time.Minute {
 			t.Fatal("no retry reached the CA within 2 min of its return")
 		}
 		a.step(time.Second)
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false
+	})
 	newLeaf, _ := a.checkDefault(coreNext(t, s))
 	if bytes.Equal(newLeaf, oldLeaf) || !a.clock.Now().Before(oldExpiry) {
 		t.Fatal("renewal after the outage did not replace the certificate in time")

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 )
 
@@ -85,16 +86,10 @@ func TestAgentMemoryUnreadableWithoutPtraceCapability(t *testing.T) {
 	dir := agentproc.TempDir(t)
 	chownAll(t, dir, peekUID)
 	p := agentproc.StartAs(t, asPeekUID.Credential, dir, flEnv("MESHAGENT_DEV=true")...)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if _, err := os.Stat(p.Socket()); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent did not make its socket:\n%s", p.Logs())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Within(t, 15*time.Second, "the agent's socket", func() bool {
+		_, err := os.Stat(p.Socket())
+		return err == nil
+	})
 
 	self, err := os.Executable()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files/filewatch"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -257,30 +258,22 @@ func TestFileResourceNamesReleased(t *testing.T) {
 	// 64 held at once by one stream (the server may still be releasing
 	// the last names above: retry briefly).
 	var held *sdsclient.Stream
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		if held, err = open(names[:64]...); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("64 names at once: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Within(t, 5*time.Second, "a stream holding 64 names at once", func() bool {
+		held, err = open(names[:64]...)
+		return err == nil
+	})
 	if _, err := open(names[64]); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("a 65th name while 64 are held: %v, want InvalidArgument", err)
 	}
 	held.Close()
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	testwait.Within(t, 5*time.Second, "the 65th name after the 64 were released", func() bool {
 		st, err := open(names[64])
-		if err == nil {
-			st.Close()
-			break
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the 65th name after the 64 were released: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		st.Close()
+		return true
+	})
 	if code := p.ExitCode(); code != -1 {
 		t.Fatalf("the agent exited with %d", code)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/internal/files/filewatch"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
 )
@@ -121,13 +122,9 @@ func TestNoInotifyInstanceLeftFallsBackToPolling(t *testing.T) {
 	}
 
 	stopHog()
-	deadline := time.Now().Add(3 * polled)
-	for inotifyInstances(t, p.Pid()) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent did not take its inotify instance within %v of instances being free", 3*polled)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Within(t, 3*polled, "the agent to take its inotify instance once instances are free", func() bool {
+		return inotifyInstances(t, p.Pid()) == 1
+	})
 	next = flCA(t).RootPEM()
 	frWriteRoot(t, path, next)
 	frWaitRoot(t, s, flDebounce+time.Second, name, next)

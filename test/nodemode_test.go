@@ -15,6 +15,7 @@ import (
 
 	gsworkloadapi "github.com/spiffe/go-spiffe/v2/workloadapi"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -141,19 +142,17 @@ func TestNodeModeWorkloadAPIGivesEachPodItsSVID(t *testing.T) {
 	)...)
 
 	// The socket appears once the agent serves (after the pod list).
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	testwait.Within(t, 30*time.Second, "the agent's socket", func() bool {
 		if _, err := os.Stat(p.Socket()); err == nil {
-			break
+			return true
 		}
 		select {
 		case <-p.Done():
 			t.Fatalf("agent exited before serving:\n%s", p.Logs())
-		case <-time.After(10 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no socket after 30 s:\n%s", p.Logs())
-		}
-	}
+		return false
+	})
 	for _, c := range []struct{ pod, want string }{
 		{"cart-0", "spiffe://cluster.local/ns/shop/sa/cart"},
 		{"pay-0", "spiffe://cluster.local/ns/shop/sa/payments"},

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -120,26 +121,26 @@ func runBinary(t *testing.T, dir string, env []string, args ...string) (int, str
 // returns the server's base URL.
 func statusBase(t *testing.T, p *agentproc.Proc) string {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var addr string
+	testwait.Within(t, 15*time.Second, "the status server", func() bool {
 		for _, l := range strings.Split(p.Logs(), "\n") {
 			var e struct {
 				Msg  string `json:"msg"`
 				Addr string `json:"addr"`
 			}
 			if json.Unmarshal([]byte(l), &e) == nil && e.Msg == "status server listening" && e.Addr != "" {
-				return "http://" + e.Addr
+				addr = e.Addr
+				return true
 			}
 		}
 		select {
 		case <-p.Done():
 			t.Fatalf("the agent exited (%d)", p.ExitCode())
-		case <-time.After(10 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no status server after 15 s")
-		}
-	}
+		return false
+	})
+	return "http://" + addr
 }
 
 // getStatus returns the code and body of GET base+path.
@@ -220,17 +221,10 @@ func TestOutputCertsUnwritableIsNotReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The retry (10 s) writes the files and readiness recovers.
-	deadline := time.Now().Add(25 * time.Second)
-	for {
-		code, b := getStatus(t, base+"/healthz/ready")
-		if code == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still not ready after the directory became writable: %d %s", code, b)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Within(t, 25*time.Second, "readiness after the directory became writable", func() bool {
+		code, _ := getStatus(t, base+"/healthz/ready")
+		return code == 200
+	})
 	if _, err := os.Stat(filepath.Join(out, "cert-chain.pem")); err != nil {
 		t.Error(err)
 	}

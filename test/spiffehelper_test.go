@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/heavy"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
@@ -120,15 +121,10 @@ svid_bundle_file_name = "svid_bundle.pem"
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
-	deadline := time.Now().Add(30 * time.Second)
-	for len(seen) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("spiffe-helper wrote %d certificates within 30 s, want the first and two rotations", len(seen))
-		}
+	testwait.Within(t, 30*time.Second, "spiffe-helper to write 3 certificates (the first and two rotations)", func() bool {
 		f, err := readHelperFiles(certs)
 		if err != nil {
-			time.Sleep(20 * time.Millisecond)
-			continue
+			return false
 		}
 		if serial := f.leaf.SerialNumber.String(); !seen[serial] {
 			seen[serial] = true
@@ -139,8 +135,8 @@ svid_bundle_file_name = "svid_bundle.pem"
 				t.Fatalf("svid_bundle.pem holds %d certificates, want the CA root", len(f.bundle))
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(seen) >= 3
+	})
 	info, err := os.Stat(filepath.Join(certs, "svid_key.pem"))
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/files/outputcerts"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -101,13 +102,9 @@ func TestCARootRotation(t *testing.T) {
 	// Renewal is due within 2 s and fails at the handshake: wait for the
 	// agent to report a failed request.
 	logged := len(p.Logs())
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(p.Logs()[logged:], "certificate request failed") {
-		if time.Now().After(deadline) {
-			t.Fatal("the agent reported no failed request to a CA with an untrusted certificate")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Within(t, 10*time.Second, "the agent to report a failed request to a CA with an untrusted certificate", func() bool {
+		return strings.Contains(p.Logs()[logged:], "certificate request failed")
+	})
 	if !strings.Contains(p.Logs()[logged:], "x509") {
 		t.Error("the failed request does not name a certificate verification error")
 	}
@@ -149,19 +146,14 @@ func TestOutputCertsServedAfterRestart(t *testing.T) {
 	leaf := vmNextLeaf(t, s, 15*time.Second, map[string]bool{})
 
 	var fileLeaf *x509.Certificate
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if pair, err := outputcerts.Load(out, ca.Identity(vmSA), time.Now()); err == nil {
-			fileLeaf = pair.Leaf()
-			if fileLeaf.SerialNumber.Cmp(leaf.SerialNumber) == 0 {
-				break
-			}
+	testwait.Within(t, 5*time.Second, "OUTPUT_CERTS to hold the served certificate", func() bool {
+		pair, err := outputcerts.Load(out, ca.Identity(vmSA), time.Now())
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("OUTPUT_CERTS does not hold the served certificate")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		fileLeaf = pair.Leaf()
+		return fileLeaf.SerialNumber.Cmp(leaf.SerialNumber) == 0
+	})
 	st, err := os.Stat(filepath.Join(out, files.KeyFile))
 	if err != nil {
 		t.Fatal(err)

@@ -104,6 +104,11 @@ func (a *App) managerConfig(id pki.Identity, roots secretmanager.RootSource, sou
 // stops, or when New fails.
 func (a *App) newManager(mc secretmanager.Config, client caclient.Client) (*secretmanager.Manager, []component, error) {
 	fc := fileprovider.Config{Files: a.fileConfig(), Logger: a.base}
+	// The provider makes its sources when they are asked for: check their
+	// configuration now.
+	if err := fc.Files.Validate(); err != nil {
+		return nil, nil, configError(settingError(err, fileSettings))
+	}
 	if len(a.s.SDSAllowedUIDs) == 0 {
 		// Anyone who can open the socket may ask: only the listed
 		// directories' files are served (docs/configuration.md).

@@ -29,7 +29,7 @@ func (a *App) reloadHook() (outputcerts.Reloader, error) {
 		Logger: a.base,
 	})
 	if err != nil || h == nil {
-		return nil, err
+		return nil, settingError(err, hookSettings)
 	}
 	return h, nil
 }

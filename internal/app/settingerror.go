@@ -40,6 +40,13 @@ var (
 		{"Config.MaxQueuedBytesPerCaller", "MESHAGENT_SOCKET_MAX_QUEUED_BYTES_PER_CALLER"},
 		{"Config.IdleTimeout", "MESHAGENT_SOCKET_IDLE_TIMEOUT"},
 	}
+	hookSettings = []fieldSetting{
+		{"HookConfig.Timeout", "MESHAGENT_OUTPUT_CERTS_RELOAD_TIMEOUT"},
+		{"HookConfig.Signal", "MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL"},
+	}
+	fileSettings = []fieldSetting{
+		{"SourceConfig.Debounce", "FILE_DEBOUNCE_DURATION"},
+	}
 	workloadAPISettings = []fieldSetting{
 		{"Config.MaxStreams", "MESHAGENT_WORKLOAD_API_MAX_STREAMS"},
 		{"Config.MaxStreamsPerCaller", "MESHAGENT_SDS_MAX_STREAMS_PER_POD"},

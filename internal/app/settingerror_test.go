@@ -2,6 +2,7 @@ package app
 
 import (
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -26,6 +27,13 @@ func TestComponentErrorsNameTheSetting(t *testing.T) {
 		{"MESHAGENT_WORKLOAD_API_MAX_STREAMS", func(c *settings.Config) { c.WorkloadAPIMaxStreams = 0 }},
 		{"MESHAGENT_SDS_MAX_RECV_BYTES", func(c *settings.Config) { c.SDSMaxRecvBytes = 0 }},
 		{"MESHAGENT_SOCKET_IDLE_TIMEOUT", func(c *settings.Config) { c.SocketIdleTimeout = 0 }},
+		{"FILE_DEBOUNCE_DURATION", func(c *settings.Config) { c.FileDebounce = 0 }},
+		{"MESHAGENT_OUTPUT_CERTS_RELOAD_TIMEOUT", func(c *settings.Config) {
+			c.OutputCerts, c.ReloadCommand, c.ReloadTimeout = filepath.Join(c.WorkloadCredentialsDir, "out"), "true", 0
+		}},
+		{"MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL", func(c *settings.Config) {
+			c.OutputCerts, c.ReloadPIDFile, c.ReloadSignal = filepath.Join(c.WorkloadCredentialsDir, "out"), "/run/app.pid", ""
+		}},
 	} {
 		t.Run(tt.setting, func(t *testing.T) {
 			t.Parallel()

@@ -51,9 +51,9 @@ func RunTrustPublisher(ctx context.Context, cfg TrustPublisherConfig) error {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	feed, err := certfile.NewRootFeed(certfile.RootFeedConfig{Name: "roots", Path: s.CARoot, Source: certfile.SourceConfig{Logger: log}})
+	feed, err := certfile.NewRootFeed(certfile.RootFeedConfig{Name: "roots", Path: s.CARoot, Source: certfile.SourceConfig{Debounce: s.FileDebounce, Logger: log}})
 	if err != nil {
-		return configError(err)
+		return configError(settingError(err, fileSettings))
 	}
 	rc, err := kubeclient.RESTConfig(kubeclient.Config{Kubeconfig: s.Kubeconfig, UserAgent: "meshagent-trust-publisher/" + cfg.Version})
 	if err != nil {

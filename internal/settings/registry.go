@@ -186,7 +186,7 @@ var Registry = []Setting{
 	{
 		Name: "FILE_DEBOUNCE_DURATION", Default: "100ms", Group: GroupIstio,
 		Doc:   "How long watched files must stay unchanged before they are reloaded.",
-		Value: Duration(func(c *Config) *time.Duration { return &c.FileDebounce }, 0),
+		Value: Duration(func(c *Config) *time.Duration { return &c.FileDebounce }, time.Millisecond),
 	},
 	{
 		Name: "WORKLOAD_RSA_KEY_SIZE", Default: "2048", Group: GroupIstio,

@@ -192,6 +192,7 @@ func TestInvalidValues(t *testing.T) {
 		{"header empty name", []string{"XDS_HEADER_=1"}, nil, `invalid XDS_HEADER_="1": the header name after the prefix is empty`},
 		{"fetcher type", []string{"CREDENTIAL_FETCHER_TYPE=GoogleComputeEngine"}, nil, `invalid CREDENTIAL_FETCHER_TYPE="GoogleComputeEngine": accepted: JWT, TokenRequest`},
 		{"token lifetime below the API minimum", []string{"MESHAGENT_TOKEN_LIFETIME=5m"}, nil, `invalid MESHAGENT_TOKEN_LIFETIME="5m": want at least 10m0s`},
+		{"file debounce 0", []string{"FILE_DEBOUNCE_DURATION=0"}, nil, `invalid FILE_DEBOUNCE_DURATION="0": want at least 1ms`},
 		{"identity idle grace below a second", []string{"MESHAGENT_IDENTITY_IDLE_GRACE=500ms"}, nil, `invalid MESHAGENT_IDENTITY_IDLE_GRACE="500ms": want at least 1s`},
 		{"token refresh ratio", []string{"MESHAGENT_TOKEN_REFRESH_RATIO=0"}, nil, `invalid MESHAGENT_TOKEN_REFRESH_RATIO="0": want a number from 0.001 to 1`},
 		{"header value hidden", []string{"CA_HEADER_X=secret\x01"}, nil, `invalid CA_HEADER_X="<redacted>": a header value may hold only printable ASCII (no line breaks)`},

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istiod"
 	"github.com/meshagent/meshagent/test/podproc"
@@ -170,20 +171,14 @@ func TestProxyConfigTrustFromIstiod(t *testing.T) {
 	newADSClient(t, socket, w).get(resourcev3.ClusterType, nil, func([]*anypb.Any) bool { return true })
 	a.waitReady(t, 30*time.Second)
 	extra := parseCerts(t, "extra root", meshExtraRoot)[0]
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		rootca, _ := a.fetch(t, "ROOTCA").TrustedCA("ROOTCA")
-		if containsCert(t, rootca, extra) {
-			// istiod's own root stays beside it.
-			if own := parseCerts(t, "istiod root", w.root)[0]; !containsCert(t, rootca, own) {
-				t.Fatalf("ROOTCA lost istiod's own root:\n%s", rootca)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ROOTCA has no mesh-config root from istiod's ProxyConfig within 30 s:\n%s\nagent logs:\n%s", rootca, a.Logs())
-		}
-		time.Sleep(100 * time.Millisecond)
+	var rootca []byte
+	testwait.Within(t, 30*time.Second, "the mesh-config root from istiod's ProxyConfig in ROOTCA", func() bool {
+		rootca, _ = a.fetch(t, "ROOTCA").TrustedCA("ROOTCA")
+		return containsCert(t, rootca, extra)
+	})
+	// istiod's own root stays beside it.
+	if own := parseCerts(t, "istiod root", w.root)[0]; !containsCert(t, rootca, own) {
+		t.Fatalf("ROOTCA lost istiod's own root:\n%s", rootca)
 	}
 }
 

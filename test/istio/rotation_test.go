@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -30,6 +31,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/meshagent/meshagent/internal/files"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/istiod"
 	"github.com/meshagent/meshagent/test/kubeenv"
 )
@@ -163,16 +165,9 @@ func TestRootRotationWithIstiod(t *testing.T) {
 		deadline := time.Now().Add(3 * time.Minute)
 		for _, w := range []*workload{server, client, sidecar} {
 			a := agents[w.sa]
-			for {
-				err := checkAgentRoots(t, w, a, w == sidecar, roots, signer)
-				if err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s: agent %s: %v (istiod publishes %d roots)", what, w.sa, err, len(roots))
-				}
-				time.Sleep(250 * time.Millisecond)
-			}
+			testwait.Within(t, time.Until(deadline), fmt.Sprintf("%s: agent %s to hold what istiod publishes (%d roots)", what, w.sa, len(roots)), func() bool {
+				return checkAgentRoots(t, w, a, w == sidecar, roots, signer) == nil
+			})
 		}
 		t.Logf("%s: every agent holds what istiod publishes (%d calls so far, %d failed)", what, calls.ok.Load(), calls.failed.Load())
 	}
@@ -222,19 +217,12 @@ func TestRootRotationWithIstiod(t *testing.T) {
 	defer cc2.Close()
 	// The first calls may find a route before its cluster (grpc-go's xDS
 	// client on a new stream): try for a while.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testwait.Within(t, 60*time.Second, "a new connection after the rotation", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		_, err := healthpb.NewHealthClient(cc2).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true), grpc.Peer(&p))
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a new connection after the rotation: %v\nclient agent logs:\n%s", err, again.Logs())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err == nil
+	})
 	if got := peerID(p); got != server.id() {
 		t.Fatalf("after the rotation the client sees %q, want %s", got, server.id())
 	}

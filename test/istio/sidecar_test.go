@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/istiod"
 )
 
@@ -55,17 +56,12 @@ func TestSidecarCertificateFromIstiod(t *testing.T) {
 func TestSidecarRefusedWithoutPodToken(t *testing.T) {
 	w := newWorkload(t, "web", "node-a")
 	a := w.startSidecar(t, "MESHAGENT_XDS_PROXY=false", "CREDENTIAL_IDENTITY_PROVIDER=not-istio")
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	testwait.Within(t, 20*time.Second, "a CA refusal logged", func() bool {
 		if code, _ := a.get("/healthz/ready"); code == http.StatusOK {
 			t.Fatal("agent ready with a token of the wrong audience")
 		}
-		if istiodRefused(a.Logs()) {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("no CA refusal logged within 20 s")
+		return istiodRefused(a.Logs())
+	})
 }
 
 var refusedRE = regexp.MustCompile(`Unauthenticated|PermissionDenied`)

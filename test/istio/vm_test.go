@@ -38,6 +38,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/files"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istiod"
 	"github.com/meshagent/meshagent/test/kubeenv"
@@ -129,6 +130,8 @@ func TestVMAfterTokenRevokedWithIstiod(t *testing.T) {
 	if err := env.Client().CoreV1().Secrets(ns).Delete(ctx, secret.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Each look is a CSR to istiod and a TokenReview at the API server:
+	// paced at 500 ms, not at testwait's pause (300 CSRs in 10 s).
 	deadline := time.Now().Add(60 * time.Second)
 	probes := 0
 	for {
@@ -301,17 +304,11 @@ func TestVMRootRotatedToSameSubjectWithIstiod(t *testing.T) {
 func vmDir(t *testing.T, env *kubeenv.Env, ca *istiod.Istiod, ns, sa string) (string, []byte) {
 	t.Helper()
 	vm := &workload{env: env, ca: ca, ns: ns, sa: sa, dir: agentproc.TempDir(t)}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testwait.Within(t, 30*time.Second, "istiod to publish its root in "+ns, func() bool {
 		var err error
-		if vm.root, err = ca.Roots(context.Background(), ns); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("istiod did not publish its root in %s: %v", ns, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		vm.root, err = ca.Roots(context.Background(), ns)
+		return err == nil
+	})
 	if err := os.WriteFile(filepath.Join(vm.dir, "root-cert.pem"), vm.root, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -390,26 +387,23 @@ func (v *vmAgent) leaf() *x509.Certificate {
 func (v *vmAgent) renewed(t *testing.T, what string, last *x509.Certificate, signer *istiod.CA, id string) *x509.Certificate {
 	t.Helper()
 	start := time.Now()
-	deadline := time.Now().Add(2*vmTTL + 30*time.Second)
-	for {
-		leaf := v.leaf()
+	var leaf *x509.Certificate
+	testwait.Within(t, 2*vmTTL+30*time.Second, what+": a new certificate from "+signer.Cert.Subject.CommonName+" in OUTPUT_CERTS", func() bool {
+		leaf = v.leaf()
 		if leaf != nil && (last == nil || !leaf.Equal(last)) && leaf.CheckSignatureFrom(signer.Cert) == nil {
-			if len(leaf.URIs) != 1 || leaf.URIs[0].String() != id {
-				t.Fatalf("%s: leaf for %v, want %s", what, leaf.URIs, id)
-			}
-			t.Logf("%s: certificate (serial %x, from %s) in OUTPUT_CERTS %v after the test began to wait", what, leaf.SerialNumber,
-				signer.Cert.Subject.CommonName, time.Since(start).Round(time.Millisecond))
-			return leaf
+			return true
 		}
 		if v.ExitCode() >= 0 {
 			t.Fatalf("%s: agent exited (%d)", what, v.ExitCode())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: no new certificate from %s in OUTPUT_CERTS within %v\nagent logs:\n%s", what, signer.Cert.Subject.CommonName,
-				time.Since(start).Round(time.Second), v.Logs())
-		}
-		time.Sleep(100 * time.Millisecond)
+		return false
+	})
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != id {
+		t.Fatalf("%s: leaf for %v, want %s", what, leaf.URIs, id)
 	}
+	t.Logf("%s: certificate (serial %x, from %s) in OUTPUT_CERTS %v after the test began to wait", what, leaf.SerialNumber,
+		signer.Cert.Subject.CommonName, time.Since(start).Round(time.Millisecond))
+	return leaf
 }
 
 // tokenCSR is one CSR for id sent straight to istiod's CA with token as its
@@ -572,17 +566,10 @@ func newADSAnswer(socket string, node *corev3.Node, within time.Duration) (time.
 // waitRootFile waits until path holds exactly root.
 func waitRootFile(t *testing.T, path string, root *istiod.CA) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testwait.Within(t, 60*time.Second, path+" to hold "+root.Cert.Subject.CommonName+" alone", func() bool {
 		b, err := os.ReadFile(path)
-		if err == nil && sameCerts(b, []*istiod.CA{root}) == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not hold %s alone within 60 s (%v)", path, root.Cert.Subject.CommonName, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil && sameCerts(b, []*istiod.CA{root}) == nil
+	})
 }
 
 // istiodMetric is the value of the counter name (without labels) on

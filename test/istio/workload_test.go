@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istiod"
 	"github.com/meshagent/meshagent/test/kubeenv"
@@ -72,17 +73,10 @@ func newWorkloadIn(t *testing.T, env *kubeenv.Env, ca *istiod.Istiod, ns, sa, no
 	w.pod = pod
 	// istiod publishes its root in every namespace it sees; the agent's CA
 	// root file is that ConfigMap, as the injector mounts it.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testwait.Within(t, 30*time.Second, "istiod to publish its root in "+w.ns, func() bool {
 		w.root, err = ca.Roots(ctx, w.ns)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("istiod did not publish its root in %s: %v", w.ns, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil
+	})
 	if err := os.WriteFile(filepath.Join(w.dir, "root-cert.pem"), w.root, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -163,20 +157,16 @@ func (a *agent) get(path string) (int, string) {
 // the last answer after within or if the agent exits.
 func (a *agent) waitReady(t *testing.T, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	testwait.Within(t, within, "the agent ready", func() bool {
 		code, body := a.get("/healthz/ready")
 		if code == http.StatusOK {
-			return
+			return true
 		}
 		if a.ExitCode() >= 0 {
 			t.Fatalf("agent exited (%d) before it was ready: %d %s", a.ExitCode(), code, body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent not ready within %v: %d %s", within, code, body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 // waitFiles waits until the agent has written every one of paths, failing
@@ -185,8 +175,7 @@ func (a *agent) waitReady(t *testing.T, within time.Duration) {
 // gRPC application starts from the files.
 func (a *agent) waitFiles(t *testing.T, within time.Duration, paths ...string) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	testwait.Within(t, within, fmt.Sprintf("the agent to write %v", paths), func() bool {
 		missing := ""
 		for _, p := range paths {
 			if _, err := os.Stat(p); err != nil {
@@ -195,16 +184,13 @@ func (a *agent) waitFiles(t *testing.T, within time.Duration, paths ...string) {
 			}
 		}
 		if missing == "" {
-			return
+			return true
 		}
 		if a.ExitCode() >= 0 {
 			t.Fatalf("agent exited (%d) before writing %s", a.ExitCode(), missing)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent wrote no %s within %v", missing, within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 // proxylessFiles are the files a proxyless agent in dir writes for gRPC.

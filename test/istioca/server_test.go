@@ -25,6 +25,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 const token = "sa-token"
@@ -514,9 +515,7 @@ func TestInFlightAndAnswers(t *testing.T) {
 			_, _ = c.CreateCertificate(ctx, &pb.IstioCertificateRequest{Csr: goodCSR(t, s, newKey(t))})
 		}()
 	}
-	for s.Requests() < 3 {
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, "3 calls held by the server", func() bool { return s.Requests() >= 3 })
 	if got := s.MaxInFlight(); got != 3 {
 		t.Errorf("MaxInFlight() = %d with 3 calls held, want 3", got)
 	}
@@ -528,21 +527,15 @@ func TestInFlightAndAnswers(t *testing.T) {
 	cancel()
 	wg.Wait()
 	// The server sees the cancellations a moment after the callers do.
-	for i := 0; ; i++ {
+	testwait.Within(t, 5*time.Second, "the 3 cancelled calls answered", func() bool {
 		answered := 0
 		for _, r := range s.CSRs() {
 			if !r.Answered.IsZero() {
 				answered++
 			}
 		}
-		if answered == 3 {
-			break
-		}
-		if i == 5000 {
-			t.Fatalf("%d of 3 cancelled calls answered", answered)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return answered == 3
+	})
 	s.SetDelay(0)
 	if _, err := c.CreateCertificate(withToken(t, token), &pb.IstioCertificateRequest{Csr: goodCSR(t, s, newKey(t))}); err != nil {
 		t.Fatal(err)

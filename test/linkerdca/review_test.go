@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 )
 
 // TestTokenReview: with TokenReviews, a service-account token of audience
@@ -67,17 +68,10 @@ func TestTokenReview(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The pod's deletion reaches the authenticator's cache asynchronously.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testwait.Within(t, 30*time.Second, "a refusal of the token bound to the deleted pod", func() bool {
 		_, err := certify(ctx, c, web.DNSName, webTok, csrFor(web))
-		if status.Code(err) == codes.InvalidArgument || status.Code(err) == codes.FailedPrecondition {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("token bound to a deleted pod: %v, want a refusal", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return status.Code(err) == codes.InvalidArgument || status.Code(err) == codes.FailedPrecondition
+	})
 
 	revs := s.Reviews()
 	if len(revs) < 5 {

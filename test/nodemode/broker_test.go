@@ -24,6 +24,7 @@ import (
 
 	"github.com/meshagent/meshagent/brokerapi/brokerpb"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/brokerclient"
 	"github.com/meshagent/meshagent/test/podproc"
@@ -190,17 +191,10 @@ func TestBrokerAPI(t *testing.T) {
 			}
 		}
 		// The finished pod: once the index has seen its phase.
-		deadline := time.Now().Add(time.Minute)
-		for {
+		testwait.Within(t, time.Minute, "the finished pod refused: PermissionDenied, has finished", func() bool {
 			got := firstSVID(t, ztunnel, brokerclient.PodRef(ns, "done-0", ""))
-			if strings.HasPrefix(got, "error PermissionDenied") && strings.Contains(got, "has finished") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("finished pod: %s, want PermissionDenied, has finished", got)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return strings.HasPrefix(got, "error PermissionDenied") && strings.Contains(got, "has finished")
+		})
 		if got := n.metric(`meshagent_broker_refused_total{reason="not_broker"}`); got < 1 {
 			t.Errorf("not_broker refusals counted %v", got)
 		}
@@ -250,17 +244,9 @@ func TestBrokerAPI(t *testing.T) {
 			t.Fatalf("the stream across the restart ended with %v, want Unavailable", err)
 		}
 		// The broker's connection comes back by itself.
-		deadline := time.Now().Add(time.Minute)
-		for {
-			got := firstSVID(t, ztunnel, brokerclient.PIDRef(int32(webProc.cmd.Process.Pid)))
-			if got == "ok "+webID {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("after the restart: %s", got)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		testwait.Within(t, time.Minute, "the broker's connection back after the restart", func() bool {
+			return firstSVID(t, ztunnel, brokerclient.PIDRef(int32(webProc.cmd.Process.Pid))) == "ok "+webID
+		})
 	})
 	if d := n.ca.Denials(); len(d) != 0 {
 		t.Errorf("CA denials %v", d)

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/podproc"
 )
 
@@ -224,14 +225,9 @@ func TestNodeForkedUIDFlood(t *testing.T) {
 	if slowest > maxFetch {
 		t.Errorf("another pod's slowest fetch %v, want within %v", slowest, maxFetch)
 	}
-	var fds int
-	deadline := time.Now().Add(30 * time.Second)
-	for fds = openFDs(t, n.agent.Pid()); fds > fdsBefore && time.Now().Before(deadline); fds = openFDs(t, n.agent.Pid()) {
-		time.Sleep(100 * time.Millisecond)
-	}
-	if fds > fdsBefore {
-		t.Errorf("agent holds %d fds after the flood, %d before", fds, fdsBefore)
-	}
+	testwait.Within(t, 30*time.Second, fmt.Sprintf("the agent to hold no more than its %d fds of before the flood", fdsBefore), func() bool {
+		return openFDs(t, n.agent.Pid()) <= fdsBefore
+	})
 }
 
 // TestNodeThreadFlood: a pod of 3,000 threads that each connect, send a

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/status"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istioca"
 )
@@ -142,17 +143,16 @@ func startNodeWith(t *testing.T, cred *syscall.Credential, prepare func(dir stri
 func (n *node) waitReady() {
 	t := n.t
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testwait.Within(t, 60*time.Second, "the agent ready", func() bool {
 		code, body := n.get("/healthz/ready")
 		if code == http.StatusOK {
-			break
+			return true
 		}
-		if time.Now().After(deadline) || n.agent.ExitCode() >= 0 {
+		if n.agent.ExitCode() >= 0 {
 			t.Fatalf("agent not ready: %d %s", code, body)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 // ownIdentity is the agent's own SPIFFE ID.

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -134,11 +135,5 @@ func TestCRLInROOTCA(t *testing.T) {
 // waitLog waits until the agent's log holds s.
 func waitLog(t *testing.T, p *agentproc.Proc, s string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(p.Logs(), s) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent did not log %s", s)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Within(t, 20*time.Second, "the agent to log "+s, func() bool { return strings.Contains(p.Logs(), s) })
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istioca"
 )
@@ -44,16 +45,10 @@ cp "$OUTPUT_CERTS/bundle.pem" %[1]q/$n.bundle
 		"MESHAGENT_OUTPUT_CERTS_RELOAD_COMMAND=/bin/sh "+script,
 	)
 	// Three certificates: the first and two rotations.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(filepath.Join(log, "2.bundle")); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the reload command did not run after two rotations")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Within(t, 30*time.Second, "the reload command to run after two rotations", func() bool {
+		_, err := os.Stat(filepath.Join(log, "2.bundle"))
+		return err == nil
+	})
 	serials := map[string]bool{}
 	for i := range 3 {
 		read := func(ext string) []byte {

@@ -22,6 +22,7 @@ import (
 	gsworkloadapi "github.com/spiffe/go-spiffe/v2/workloadapi"
 
 	"github.com/meshagent/meshagent/internal/pki"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/sdsclient"
@@ -154,44 +155,28 @@ func names(certs []*x509.Certificate) []string {
 func (pl *places) waitRoots(t *testing.T, want ...string) {
 	t.Helper()
 	sort.Strings(want)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testwait.Within(t, 30*time.Second, fmt.Sprintf("every place to hold %v", want), func() bool {
 		got := pl.bundles()
 		ok := len(got) == 3
 		for _, certs := range got {
 			ok = ok && slices.Equal(names(certs), want)
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			desc := map[string][]string{}
-			for p, certs := range got {
-				desc[p] = names(certs)
-			}
-			t.Fatalf("the places do not all hold %v within 30 s: %v", want, desc)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return ok
+	})
 }
 
 // waitIssuer waits until the workload certificate served over SDS chains to
 // the root named root.
 func (pl *places) waitIssuer(t *testing.T, root string, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		if c := pl.workloadCert(); c != nil && len(c.Certificate) > 0 {
-			last, err := x509.ParseCertificate(c.Certificate[len(c.Certificate)-1])
-			if err == nil && (last.Issuer.CommonName == root || last.Subject.CommonName == root) {
-				return
-			}
+	testwait.Within(t, within, "a workload certificate under "+root, func() bool {
+		c := pl.workloadCert()
+		if c == nil || len(c.Certificate) == 0 {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no workload certificate under %s within %v", root, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		last, err := x509.ParseCertificate(c.Certificate[len(c.Certificate)-1])
+		return err == nil && (last.Issuer.CommonName == root || last.Subject.CommonName == root)
+	})
 }
 
 // peer is another workload: a TLS server whose certificate the test

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/internal/trust"
 	"github.com/meshagent/meshagent/test/agentproc"
 	"github.com/meshagent/meshagent/test/istioca"
@@ -261,16 +262,10 @@ func serving(t *testing.T, r root, name string) tls.Certificate {
 // waitNewCert waits for a workload certificate whose serial is not old.
 func waitNewCert(t *testing.T, pl *places, old string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c := pl.workloadCert(); c != nil && c.Leaf != nil && c.Leaf.SerialNumber.String() != old {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no renewal through the CA within 30 s once only the new root is trusted")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Within(t, 30*time.Second, "a renewal through the CA once only the new root is trusted", func() bool {
+		c := pl.workloadCert()
+		return c != nil && c.Leaf != nil && c.Leaf.SerialNumber.String() != old
+	})
 }
 
 // write replaces path's content atomically (temp file and rename), as a

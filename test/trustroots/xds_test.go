@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
@@ -20,16 +21,10 @@ import (
 // reconnections and asks again on each new upstream stream.
 func openADS(t *testing.T, socket string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(socket); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no xDS proxy socket")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Within(t, 30*time.Second, "the xDS proxy socket", func() bool {
+		_, err := os.Stat(socket)
+		return err == nil
+	})
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshagent/meshagent/internal/controlplane"
 	"github.com/meshagent/meshagent/internal/localca"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/test/xdsserver"
 )
 
@@ -125,12 +126,10 @@ func TestRestartKeepsAddressAndSnapshots(t *testing.T) {
 		var resp *discovery.DiscoveryResponse
 		var err error
 		// The client's connection broke; gRPC reconnects on the next call.
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-			if resp, err = fetch(t, conn); err == nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		testwait.Within(t, 5*time.Second, "a fetch after the restart", func() bool {
+			resp, err = fetch(t, conn)
+			return err == nil
+		})
 		if err != nil || resp.VersionInfo != "v1" {
 			t.Fatalf("after restart %d: %v %v", i, resp, err)
 		}

@@ -28,7 +28,7 @@ func ExampleNewBundleSource() {
 		log.Fatal(err)
 	}
 
-	src, err := certfile.NewBundleSource(certfile.SourceConfig{}, path)
+	src, err := certfile.NewBundleSource(certfile.SourceConfig{Debounce: 100 * time.Millisecond}, path)
 	if err != nil {
 		log.Fatal(err)
 	}

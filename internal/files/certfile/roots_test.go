@@ -36,7 +36,7 @@ func TestRootSource(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
-			s, err := LoadRootSource(SourceConfig{}, tt.path)
+			s, err := LoadRootSource(SourceConfig{Debounce: 100 * time.Millisecond}, tt.path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -47,7 +47,7 @@ func TestRootSource(t *testing.T) {
 		})
 	}
 	for _, bad := range []string{filepath.Join(dir, "missing.pem"), ""} {
-		if _, err := LoadRootSource(SourceConfig{}, bad); err == nil {
+		if _, err := LoadRootSource(SourceConfig{Debounce: 100 * time.Millisecond}, bad); err == nil {
 			t.Errorf("%q: loaded", bad)
 		}
 	}

@@ -27,8 +27,8 @@ type Value[T any] interface {
 
 // SourceConfig configures a Source.
 type SourceConfig struct {
-	// Debounce is the quiet period after a file event before re-loading
-	// (FILE_DEBOUNCE_DURATION). Zero means filewatch.DefaultDebounce.
+	// Debounce is the quiet period after a file event before re-loading.
+	// Required (positive).
 	Debounce time.Duration
 	// PollInterval is how often files in a directory that cannot be watched
 	// are re-read. Zero means filewatch.DefaultPollInterval.
@@ -68,10 +68,24 @@ type Source[T Value[T]] struct {
 	changed chan struct{} // closed when cur is replaced
 }
 
+// Validate reports a field of c that has no usable value.
+func (c SourceConfig) Validate() error {
+	if c.Debounce <= 0 {
+		return fmt.Errorf("certfile: SourceConfig.Debounce %s is not positive", c.Debounce)
+	}
+	if c.PollInterval < 0 {
+		return fmt.Errorf("certfile: SourceConfig.PollInterval %s is negative", c.PollInterval)
+	}
+	return nil
+}
+
 // NewSource returns a Source named name (for logs) that watches paths and
 // calls load to turn them into a value. kind labels the metrics. It does no
 // I/O; the first load happens in Reload or Run.
 func NewSource[T Value[T]](cfg SourceConfig, name, kind string, paths []string, load func(now time.Time) (T, error)) (*Source[T], error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}

@@ -252,7 +252,7 @@ func TestReloadUsesClock(t *testing.T) {
 	writeFile(t, cert, a.chainPEM)
 	writeFile(t, key, a.keyPEM)
 	clk := clocktesting.NewFakeClock(time.Now().Add(2 * time.Hour))
-	s, err := NewPairSource(SourceConfig{Clock: clk}, cert, key)
+	s, err := NewPairSource(SourceConfig{Debounce: 100 * time.Millisecond, Clock: clk}, cert, key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestSourcesShareRegistry(t *testing.T) {
 	dir := t.TempDir()
 	var sources []*Source[*pki.Bundle]
 	for i := range 2 {
-		s, err := NewBundleSource(SourceConfig{Registerer: reg}, filepath.Join(dir, fmt.Sprint(i)))
+		s, err := NewBundleSource(SourceConfig{Debounce: 100 * time.Millisecond, Registerer: reg}, filepath.Join(dir, fmt.Sprint(i)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -308,10 +308,10 @@ func TestSystemBundleSource(t *testing.T) {
 }
 
 func TestSourceConfigErrors(t *testing.T) {
-	if _, err := NewPairSource(SourceConfig{}, "", "k"); err == nil {
+	if _, err := NewPairSource(SourceConfig{Debounce: 100 * time.Millisecond}, "", "k"); err == nil {
 		t.Error("empty cert path accepted")
 	}
-	if _, err := NewBundleSource(SourceConfig{}, ""); err == nil {
+	if _, err := NewBundleSource(SourceConfig{Debounce: 100 * time.Millisecond}, ""); err == nil {
 		t.Error("empty bundle path accepted")
 	}
 	if _, err := NewBundleSource(SourceConfig{Debounce: -1}, "x"); err == nil {

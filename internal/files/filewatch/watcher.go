@@ -24,9 +24,6 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// DefaultDebounce is FILE_DEBOUNCE_DURATION's default.
-const DefaultDebounce = 100 * time.Millisecond
-
 // DefaultPollInterval is how often the files of a Watcher are re-read while
 // one of its directories cannot be watched (no read permission on the
 // directory, the inotify limits of the user reached, or no inotify at all).
@@ -50,9 +47,8 @@ type Config struct {
 	// directory when New is called. Required.
 	Paths []string
 	// Debounce is how long the watched directories must be quiet after an
-	// event before the files are re-read (FILE_DEBOUNCE_DURATION). A burst
-	// that never goes quiet is cut off after ten debounce periods. Zero means
-	// DefaultDebounce; negative is an error.
+	// event before the files are re-read. A burst that never goes quiet is
+	// cut off after ten debounce periods. Required (positive).
 	Debounce time.Duration
 	// PollInterval is how often the files are re-read while a directory
 	// cannot be watched. Zero means DefaultPollInterval; negative is an
@@ -91,14 +87,11 @@ func New(cfg Config) (*Watcher, error) {
 	if len(cfg.Paths) == 0 {
 		return nil, errors.New("filewatch: no paths to watch")
 	}
-	if cfg.Debounce < 0 {
-		return nil, fmt.Errorf("filewatch: negative debounce %s", cfg.Debounce)
+	if cfg.Debounce <= 0 {
+		return nil, fmt.Errorf("filewatch: Config.Debounce %s is not positive", cfg.Debounce)
 	}
 	if cfg.PollInterval < 0 {
 		return nil, fmt.Errorf("filewatch: negative poll interval %s", cfg.PollInterval)
-	}
-	if cfg.Debounce == 0 {
-		cfg.Debounce = DefaultDebounce
 	}
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = DefaultPollInterval

@@ -20,10 +20,6 @@ import (
 	"github.com/meshagent/meshagent/internal/logkeys"
 )
 
-// DefaultHookTimeout bounds a reload command when HookConfig.Timeout is
-// zero.
-const DefaultHookTimeout = 10 * time.Second
-
 // HookConfig configures a Hook: what tells an application that the files
 // changed. Any of Command, PIDFile and ProcessName may be set; all that are
 // set are used.
@@ -33,7 +29,7 @@ type HookConfig struct {
 	// OUTPUT_CERTS_FILES=<the files replaced, comma-separated>.
 	Command []string
 	// Timeout bounds Command: when it passes, the command's process group
-	// is killed. Zero means DefaultHookTimeout.
+	// is killed. Required (positive) with Command.
 	Timeout time.Duration
 	// PIDFile names a file holding the pid of a process to signal.
 	PIDFile string
@@ -41,8 +37,8 @@ type HookConfig struct {
 	// pid namespace (its /proc) whose command name (comm) or first argument's
 	// base name is this, except the agent.
 	ProcessName string
-	// Signal is sent to PIDFile's and ProcessName's processes. Zero means
-	// SIGHUP.
+	// Signal is sent to PIDFile's and ProcessName's processes. Required
+	// with either.
 	Signal syscall.Signal
 	// Proc is the proc file system read for ProcessName. Empty means
 	// "/proc".
@@ -69,11 +65,11 @@ func NewHook(cfg HookConfig) (*Hook, error) {
 	if len(cfg.Command) > 0 && cfg.Command[0] == "" {
 		return nil, errors.New("outputcerts: the reload command has no program")
 	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultHookTimeout
+	if len(cfg.Command) > 0 && cfg.Timeout <= 0 {
+		return nil, fmt.Errorf("outputcerts: HookConfig.Timeout %s is not positive", cfg.Timeout)
 	}
-	if cfg.Signal == 0 {
-		cfg.Signal = syscall.SIGHUP
+	if (cfg.PIDFile != "" || cfg.ProcessName != "") && cfg.Signal <= 0 {
+		return nil, fmt.Errorf("outputcerts: HookConfig.Signal %d is not a signal", int(cfg.Signal))
 	}
 	if cfg.Proc == "" {
 		cfg.Proc = "/proc"

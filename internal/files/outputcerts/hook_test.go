@@ -21,6 +21,7 @@ import (
 	"github.com/meshagent/meshagent/internal/localca"
 	"github.com/meshagent/meshagent/internal/pki"
 	"github.com/meshagent/meshagent/internal/secret"
+	"github.com/meshagent/meshagent/internal/testwait"
 	"github.com/meshagent/meshagent/secretmanager"
 )
 
@@ -74,7 +75,7 @@ func TestHookRunsOncePerRotationWithTheFilesInPlace(t *testing.T) {
 	// The command records what it finds: the files it was told of, and
 	// copies of the chain and key as they are when it runs.
 	script := fmt.Sprintf(`n=$(ls %[1]q | grep -c files); cp "$OUTPUT_CERTS/cert-chain.pem" %[1]q/$n.chain; cp "$OUTPUT_CERTS/key.pem" %[1]q/$n.key; echo "$OUTPUT_CERTS_FILES" > %[1]q/$n.files`, log)
-	hook, err := NewHook(HookConfig{Command: []string{"/bin/sh", "-c", script}})
+	hook, err := NewHook(HookConfig{Command: []string{"/bin/sh", "-c", script}, Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ func TestHookCommandIsBoundedInTime(t *testing.T) {
 }
 
 func TestHookCommandFailureIsReported(t *testing.T) {
-	h, err := NewHook(HookConfig{Command: []string{"/bin/sh", "-c", "echo reload refused >&2; exit 3"}})
+	h, err := NewHook(HookConfig{Command: []string{"/bin/sh", "-c", "echo reload refused >&2; exit 3"}, Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,20 +302,14 @@ func TestHookPIDFileRefusals(t *testing.T) {
 func TestHookSignalsProcessesByName(t *testing.T) {
 	name := fmt.Sprintf("reload-me-%d", os.Getpid()) // longer than comm's 15 bytes: found by its argv[0]
 	app := startSleeper(t, name)
-	h, err := NewHook(HookConfig{ProcessName: name})
+	h, err := NewHook(HookConfig{ProcessName: name, Signal: syscall.SIGHUP})
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if pids, err := ProcessesNamed("/proc", name); err == nil && len(pids) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the process is not found by name")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Within(t, 20*time.Second, "the process found by name", func() bool {
+		pids, err := ProcessesNamed("/proc", name)
+		return err == nil && len(pids) == 1
+	})
 	if err := h.Fire(context.Background(), t.TempDir(), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +327,24 @@ func TestNewHook(t *testing.T) {
 	if err := (*Hook)(nil).Fire(context.Background(), "", nil); err != nil {
 		t.Errorf("nil hook: %v", err)
 	}
-	if _, err := NewHook(HookConfig{Command: []string{""}}); err == nil {
+	if _, err := NewHook(HookConfig{Command: []string{""}, Timeout: time.Minute}); err == nil {
 		t.Error("an empty program was accepted")
+	}
+	// Zero is no default: the caller passes what the setting says.
+	for _, cfg := range []HookConfig{
+		{Command: []string{"true"}},
+		{Command: []string{"true"}, Timeout: -time.Second},
+		{PIDFile: "/run/app.pid"},
+		{ProcessName: "app"},
+	} {
+		if h, err := NewHook(cfg); err == nil {
+			t.Errorf("NewHook(%+v) accepted a zero timeout or signal: %+v", cfg, h)
+		}
+	}
+	if _, err := NewHook(HookConfig{Command: []string{"true"}, Timeout: time.Minute, PIDFile: "/run/app.pid"}); err == nil || !strings.Contains(err.Error(), "HookConfig.Signal ") {
+		t.Errorf("a pid file without a signal: %v, want HookConfig.Signal named", err)
+	}
+	if _, err := NewHook(HookConfig{Command: []string{"true"}}); err == nil || !strings.Contains(err.Error(), "HookConfig.Timeout ") {
+		t.Errorf("a command without a timeout: %v, want HookConfig.Timeout named", err)
 	}
 }
