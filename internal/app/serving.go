@@ -149,7 +149,7 @@ func (a *App) sidecarOutputs(src certSource, tokens tokenSource) ([]component, e
 	if src.manager != nil && c.OutputCerts != "" {
 		w, err := outputcerts.New(a.outputCertsConfig())
 		if err != nil {
-			return nil, configError(err)
+			return nil, configError(settingError(err, outputSettings))
 		}
 		a.status.AddReadiness("output_certs", w.Healthy)
 		hook, err := a.reloadHook()

@@ -44,6 +44,10 @@ var (
 		{"HookConfig.Timeout", "MESHAGENT_OUTPUT_CERTS_RELOAD_TIMEOUT"},
 		{"HookConfig.Signal", "MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL"},
 	}
+	outputSettings = []fieldSetting{
+		{"Config.KeyMode", "MESHAGENT_OUTPUT_CERTS_KEY_MODE"},
+		{"Config.CertMode", "MESHAGENT_OUTPUT_CERTS_CERT_MODE"},
+	}
 	fileSettings = []fieldSetting{
 		{"SourceConfig.Debounce", "FILE_DEBOUNCE_DURATION"},
 	}

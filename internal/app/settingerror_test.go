@@ -31,6 +31,12 @@ func TestComponentErrorsNameTheSetting(t *testing.T) {
 		{"MESHAGENT_OUTPUT_CERTS_RELOAD_TIMEOUT", func(c *settings.Config) {
 			c.OutputCerts, c.ReloadCommand, c.ReloadTimeout = filepath.Join(c.WorkloadCredentialsDir, "out"), "true", 0
 		}},
+		{"MESHAGENT_OUTPUT_CERTS_KEY_MODE", func(c *settings.Config) {
+			c.OutputCerts, c.OutputKeyMode = filepath.Join(c.WorkloadCredentialsDir, "out"), 0
+		}},
+		{"MESHAGENT_OUTPUT_CERTS_CERT_MODE", func(c *settings.Config) {
+			c.OutputCerts, c.OutputCertMode = filepath.Join(c.WorkloadCredentialsDir, "out"), 0
+		}},
 		{"MESHAGENT_OUTPUT_CERTS_RELOAD_SIGNAL", func(c *settings.Config) {
 			c.OutputCerts, c.ReloadPIDFile, c.ReloadSignal = filepath.Join(c.WorkloadCredentialsDir, "out"), "/run/app.pid", ""
 		}},

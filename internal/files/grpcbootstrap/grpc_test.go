@@ -40,7 +40,7 @@ func writeOutputCerts(t *testing.T, ca *localca.CA, dir string, ttl time.Duratio
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := outputcerts.New(outputcerts.Config{Dir: dir})
+	w, err := outputcerts.New(outputcerts.Config{Dir: dir, KeyMode: 0o600, CertMode: 0o644})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestSPIFFEBundleMapReadByGRPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := outputcerts.New(outputcerts.Config{Dir: dir})
+	w, err := outputcerts.New(outputcerts.Config{Dir: dir, KeyMode: 0o600, CertMode: 0o644})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,12 +24,6 @@ import (
 	"github.com/meshagent/meshagent/internal/pki"
 )
 
-// File modes.
-const (
-	KeyMode  fs.FileMode = 0o600
-	CertMode fs.FileMode = 0o644
-)
-
 // Config configures a Writer.
 type Config struct {
 	// Dir is the output directory (OUTPUT_CERTS). A relative path is made
@@ -45,11 +39,11 @@ type Config struct {
 	// and mount points excepted: see checkParents), or every write is
 	// refused.
 	DirMode fs.FileMode
-	// KeyMode is the mode of key.pem and of the bundle file: 0600 (the
-	// default), 0640, 0400 or 0440. Never readable by others.
+	// KeyMode is the mode of key.pem and of the bundle file: 0600, 0640,
+	// 0400 or 0440. Never readable by others. Required.
 	KeyMode fs.FileMode
-	// CertMode is the mode of cert-chain.pem and root-cert.pem. Zero means
-	// 0644; at most 0666.
+	// CertMode is the mode of cert-chain.pem and root-cert.pem: at most
+	// 0666. Required.
 	CertMode fs.FileMode
 	// Group is the group every file is given (a name or a numeric gid),
 	// set on the temporary file before it is renamed into place. Empty
@@ -127,17 +121,12 @@ func New(cfg Config) (*Writer, error) {
 		return nil, fmt.Errorf("outputcerts: directory mode %#o not allowed (0700 or 0750)", cfg.DirMode)
 	}
 	switch cfg.KeyMode {
-	case 0:
-		cfg.KeyMode = KeyMode
 	case 0o600, 0o640, 0o400, 0o440:
 	default:
-		return nil, fmt.Errorf("outputcerts: key mode %#o not allowed (0600, 0640, 0400 or 0440)", cfg.KeyMode)
+		return nil, fmt.Errorf("outputcerts: Config.KeyMode %#o not allowed (0600, 0640, 0400 or 0440)", cfg.KeyMode)
 	}
-	if cfg.CertMode == 0 {
-		cfg.CertMode = CertMode
-	}
-	if cfg.CertMode&^0o666 != 0 {
-		return nil, fmt.Errorf("outputcerts: certificate mode %#o not allowed (at most 0666)", cfg.CertMode)
+	if cfg.CertMode == 0 || cfg.CertMode&^0o666 != 0 {
+		return nil, fmt.Errorf("outputcerts: Config.CertMode %#o not allowed (at most 0666, not 0)", cfg.CertMode)
 	}
 	if b := cfg.BundleFile; b != "" && (b != filepath.Base(b) || b == "." || b == ".." || b == files.KeyFile || b == files.CertChainFile || b == files.RootCertFile) {
 		return nil, fmt.Errorf("outputcerts: bundle file %q must be a file name of its own", b)

@@ -72,8 +72,16 @@ func (i issued) files(ca *localca.CA) Files {
 	return Files{CertChain: i.chainPEM, Key: i.keyPEM, Root: ca.RootPEM()}
 }
 
+// newWriter makes a Writer of cfg, with the modes internal/app passes by
+// default (0600 keys, 0644 certificates) where cfg has none.
 func newWriter(t *testing.T, cfg Config) *Writer {
 	t.Helper()
+	if cfg.KeyMode == 0 {
+		cfg.KeyMode = 0o600
+	}
+	if cfg.CertMode == 0 {
+		cfg.CertMode = 0o644
+	}
 	w, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -413,14 +421,22 @@ func TestWriterModesGroupAndBundle(t *testing.T) {
 }
 
 func TestWriterRefusesBadModesGroupsAndBundleNames(t *testing.T) {
-	for name, cfg := range map[string]Config{
-		"key readable by others": {KeyMode: 0o644},
-		"cert executable":        {CertMode: 0o755},
-		"unknown group":          {Group: "no-such-group-here"},
-		"bundle over the key":    {BundleFile: files.KeyFile},
-		"bundle in a directory":  {BundleFile: "sub/bundle.pem"},
+	good := Config{KeyMode: 0o600, CertMode: 0o644}
+	for name, edit := range map[string]func(*Config){
+		"key readable by others": func(c *Config) { c.KeyMode = 0o644 },
+		"no key mode":            func(c *Config) { c.KeyMode = 0 },
+		"cert executable":        func(c *Config) { c.CertMode = 0o755 },
+		"no cert mode":           func(c *Config) { c.CertMode = 0 },
+		"unknown group":          func(c *Config) { c.Group = "no-such-group-here" },
+		"bundle over the key":    func(c *Config) { c.BundleFile = files.KeyFile },
+		"bundle in a directory":  func(c *Config) { c.BundleFile = "sub/bundle.pem" },
 	} {
+		cfg := good
 		cfg.Dir = t.TempDir()
+		if _, err := New(cfg); err != nil {
+			t.Fatalf("the good configuration: %v", err)
+		}
+		edit(&cfg)
 		if _, err := New(cfg); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
@@ -653,7 +669,7 @@ func TestWriterWritesThroughTheDirectoryItChecked(t *testing.T) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	p, err := d.Prepare("key.pem", f.Key, KeyMode)
+	p, err := d.Prepare("key.pem", f.Key, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
