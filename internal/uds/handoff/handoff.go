@@ -29,6 +29,12 @@
 // descriptor. The connection then stays open for as long as the agent
 // serves. An agent whose holder went away (restarted) gives its socket to
 // the next one.
+//
+// Holders and agents of different versions meet (the node socket pod is
+// replaced only when deleted: docs/operations.md), so these bytes never
+// change meaning: a later version may add an op, which a holder that does
+// not know it answers by closing that agent's connection, keeping the
+// connections it holds for the next agent. protocol_test.go pins the bytes.
 package handoff
 
 import (
@@ -493,8 +499,14 @@ func (h *Holder) Run(ctx context.Context) error {
 	} else {
 		log.Info("an agent answers on the socket; waiting for it to connect")
 	}
+	// One parking lasts until an agent takes the socket (or gives one): an
+	// agent that goes before it takes (it crashed, or asked for something
+	// this holder does not know) leaves the kept connections kept.
+	var p *parking
 	for {
-		p := h.park(log)
+		if p == nil {
+			p = h.park(log)
+		}
 		conn, err := h.acceptAgent(priv, log)
 		if err != nil {
 			closeAll(p.stop())
@@ -504,6 +516,10 @@ func (h *Holder) Run(ctx context.Context) error {
 			return fmt.Errorf("handoff: %w", err)
 		}
 		h.serveAgent(ctx, conn, p, log)
+		if p.stopped() || (p.lis == nil && h.socket() != nil) {
+			closeAll(p.stop()) // nothing, or what a failed hand-over left
+			p = nil
+		}
 	}
 }
 
@@ -535,10 +551,9 @@ func (h *Holder) acceptAgent(priv *net.UnixListener, log *zap.Logger) (*net.Unix
 
 // serveAgent answers one agent and waits until it is gone. p is the
 // parking in progress, stopped (its connections handed over) when the
-// agent takes the socket, or when it goes.
+// agent takes the socket.
 func (h *Holder) serveAgent(ctx context.Context, conn *net.UnixConn, p *parking, log *zap.Logger) {
 	defer conn.Close()
-	defer func() { closeAll(p.stop()) }() // what was not handed over
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	for {
@@ -720,6 +735,13 @@ func (p *parking) sweep() {
 		}
 		p.mu.Unlock()
 	}
+}
+
+// stopped reports whether stop was called.
+func (p *parking) stopped() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done
 }
 
 // stop ends the parking and returns the connections kept, oldest first;
