@@ -169,11 +169,20 @@ func TestNodeAgentSignsPodCertificates(t *testing.T) {
 		t.Errorf("the CA got %d stub CSRs, want 1 (the other node's request is not the agent's, the denied one is not sent)", stubs)
 	}
 
-	_, metrics := get(status + "/metrics")
-	if !strings.Contains(metrics, `meshagent_podcert_requests_total{condition="issued"} 1`) ||
-		!strings.Contains(metrics, `meshagent_podcert_requests_total{condition="denied"} 1`) {
-		t.Errorf("metrics lack the answered requests:\n%s", grep(metrics, "meshagent_podcert"))
+	// The agent counts a request once the API server took its status: the
+	// test may see the status first.
+	var metrics string
+	answered := func() bool {
+		_, metrics = get(status + "/metrics")
+		return strings.Contains(metrics, `meshagent_podcert_requests_total{condition="issued"} 1`) &&
+			strings.Contains(metrics, `meshagent_podcert_requests_total{condition="denied"} 1`)
 	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("the agent's pod certificate metrics:\n%s", grep(metrics, "meshagent_podcert"))
+		}
+	}()
+	testwait.For(t, "the answered requests in the metrics (1 issued, 1 denied)", answered)
 }
 
 // A node agent's API token is bound to its pod, and the API server names
