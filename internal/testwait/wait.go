@@ -41,6 +41,26 @@ func Within(t testing.TB, within time.Duration, what string, cond func() bool) {
 	}
 }
 
+// Every runs check every pause until it returns nil, failing t after within
+// with what and check's last error. It is for a costly look whose pace
+// matters (a new connection to a socket that limits each caller's
+// connection rate, a request to istiod or the API server) and whose error
+// says why it does not hold yet.
+func Every(t testing.TB, within, pause time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s: %v", within, what, err)
+		}
+		time.Sleep(pause)
+	}
+}
+
 // FakeClock is the part of k8s.io/utils/clock/testing.FakeClock that
 // Timer and Step use.
 type FakeClock interface {

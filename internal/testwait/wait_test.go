@@ -1,6 +1,8 @@
 package testwait
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,7 +20,7 @@ type recorder struct {
 func (r *recorder) Helper() {}
 
 func (r *recorder) Fatalf(format string, args ...any) {
-	msg := format
+	msg := fmt.Sprintf(format, args...)
 	r.failed.Store(&msg)
 	// Fatalf must not return: end this goroutine as testing.T does.
 	panic(r)
@@ -64,6 +66,38 @@ func TestWithinFailsWhenTheConditionNeverHolds(t *testing.T) {
 	}
 	if looks < 2 {
 		t.Fatalf("looked %d times, want again after the first", looks)
+	}
+}
+
+func TestEveryKeepsItsPaceAndSaysWhy(t *testing.T) {
+	var times []time.Time
+	msg := run(t, func(tb testing.TB) {
+		Every(tb, 50*time.Millisecond, 20*time.Millisecond, "never", func() error {
+			times = append(times, time.Now())
+			return errors.New("not yet: 3 of 4")
+		})
+	})
+	if !strings.HasPrefix(msg, "timed out") || !strings.Contains(msg, "never: not yet: 3 of 4") {
+		t.Fatalf("failure %q, want a time-out with what and the last error", msg)
+	}
+	if len(times) < 2 {
+		t.Fatalf("looked %d times, want again after the first", len(times))
+	}
+	for i := 1; i < len(times); i++ {
+		if gap := times[i].Sub(times[i-1]); gap < 20*time.Millisecond {
+			t.Fatalf("looked again after %v, want at least the pause of 20ms", gap)
+		}
+	}
+	n := 0
+	if msg := run(t, func(tb testing.TB) {
+		Every(tb, Timeout, time.Millisecond, "the third look", func() error {
+			if n++; n < 3 {
+				return errors.New("not yet")
+			}
+			return nil
+		})
+	}); msg != "" || n != 3 {
+		t.Fatalf("failed after %d looks: %s", n, msg)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -172,9 +173,14 @@ func TestProxyConfigTrustFromIstiod(t *testing.T) {
 	a.waitReady(t, 30*time.Second)
 	extra := parseCerts(t, "extra root", meshExtraRoot)[0]
 	var rootca []byte
-	testwait.Within(t, 30*time.Second, "the mesh-config root from istiod's ProxyConfig in ROOTCA", func() bool {
+	// A look is a new connection to the agent's socket, which limits a
+	// caller's connection rate.
+	testwait.Every(t, 30*time.Second, 100*time.Millisecond, "the mesh-config root from istiod's ProxyConfig in ROOTCA", func() error {
 		rootca, _ = a.fetch(t, "ROOTCA").TrustedCA("ROOTCA")
-		return containsCert(t, rootca, extra)
+		if !containsCert(t, rootca, extra) {
+			return fmt.Errorf("ROOTCA holds %d bytes without it", len(rootca))
+		}
+		return nil
 	})
 	// istiod's own root stays beside it.
 	if own := parseCerts(t, "istiod root", w.root)[0]; !containsCert(t, rootca, own) {

@@ -165,8 +165,10 @@ func TestRootRotationWithIstiod(t *testing.T) {
 		deadline := time.Now().Add(3 * time.Minute)
 		for _, w := range []*workload{server, client, sidecar} {
 			a := agents[w.sa]
-			testwait.Within(t, time.Until(deadline), fmt.Sprintf("%s: agent %s to hold what istiod publishes (%d roots)", what, w.sa, len(roots)), func() bool {
-				return checkAgentRoots(t, w, a, w == sidecar, roots, signer) == nil
+			// Each look opens connections to the agent's socket, which
+			// limits a caller's connection rate: a look every 250 ms.
+			testwait.Every(t, time.Until(deadline), 250*time.Millisecond, fmt.Sprintf("%s: agent %s to hold what istiod publishes (%d roots)", what, w.sa, len(roots)), func() error {
+				return checkAgentRoots(t, w, a, w == sidecar, roots, signer)
 			})
 		}
 		t.Logf("%s: every agent holds what istiod publishes (%d calls so far, %d failed)", what, calls.ok.Load(), calls.failed.Load())
@@ -217,11 +219,11 @@ func TestRootRotationWithIstiod(t *testing.T) {
 	defer cc2.Close()
 	// The first calls may find a route before its cluster (grpc-go's xDS
 	// client on a new stream): try for a while.
-	testwait.Within(t, 60*time.Second, "a new connection after the rotation", func() bool {
+	testwait.Every(t, 60*time.Second, 200*time.Millisecond, "a new connection after the rotation", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_, err := healthpb.NewHealthClient(cc2).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true), grpc.Peer(&p))
-		return err == nil
+		return err
 	})
 	if got := peerID(p); got != server.id() {
 		t.Fatalf("after the rotation the client sees %q, want %s", got, server.id())

@@ -155,13 +155,18 @@ func names(certs []*x509.Certificate) []string {
 func (pl *places) waitRoots(t *testing.T, want ...string) {
 	t.Helper()
 	sort.Strings(want)
-	testwait.Within(t, 30*time.Second, fmt.Sprintf("every place to hold %v", want), func() bool {
+	testwait.Every(t, 30*time.Second, 20*time.Millisecond, fmt.Sprintf("every place to hold %v", want), func() error {
 		got := pl.bundles()
 		ok := len(got) == 3
-		for _, certs := range got {
-			ok = ok && slices.Equal(names(certs), want)
+		desc := map[string][]string{}
+		for p, certs := range got {
+			desc[p] = names(certs)
+			ok = ok && slices.Equal(desc[p], want)
 		}
-		return ok
+		if !ok {
+			return fmt.Errorf("the places hold %v", desc)
+		}
+		return nil
 	})
 }
 
