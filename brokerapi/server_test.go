@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -310,9 +311,14 @@ func TestSVIDByReference(t *testing.T) {
 			}
 		})
 	}
-	if got := testutil.ToFloat64(a.counter(t, "meshagent_broker_svids_sent_total")); got != 4 {
-		t.Fatalf("meshagent_broker_svids_sent_total = %v, want 4", got)
-	}
+	// A response is counted once Send returns, which may be after the
+	// broker has read it.
+	testwait.Every(t, testwait.Timeout, time.Millisecond, "meshagent_broker_svids_sent_total to count the 4 responses", func() error {
+		if got := testutil.ToFloat64(a.counter(t, "meshagent_broker_svids_sent_total")); got != 4 {
+			return fmt.Errorf("it is %v", got)
+		}
+		return nil
+	})
 }
 
 func (a *agent) counter(t *testing.T, name string) prometheus.Collector {
