@@ -224,31 +224,27 @@ func failures(checks []namedCheck) []string {
 }
 
 func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
-	checks := s.checks(false)
-	if len(checks) == 0 {
-		writeText(w, http.StatusServiceUnavailable, "not ready\nno readiness checks registered\n")
-		return
-	}
-	if f := failures(checks); len(f) > 0 {
-		writeText(w, http.StatusServiceUnavailable, "not ready\n"+strings.Join(f, "\n")+"\n")
-		return
-	}
-	writeText(w, http.StatusOK, "ready\n")
+	answerChecks(w, s.checks(false), "ready")
 }
 
 // serveStarted answers 200 once every readiness check but the workload's
 // passes: what a workload started after the agent needs from it.
 func (s *Server) serveStarted(w http.ResponseWriter, _ *http.Request) {
-	checks := slices.DeleteFunc(s.checks(false), func(c namedCheck) bool { return c.workload })
+	answerChecks(w, slices.DeleteFunc(s.checks(false), func(c namedCheck) bool { return c.workload }), "started")
+}
+
+// answerChecks answers 200 "<state>" when checks are registered and all
+// pass, else 503 "not <state>" with why.
+func answerChecks(w http.ResponseWriter, checks []namedCheck, state string) {
 	if len(checks) == 0 {
-		writeText(w, http.StatusServiceUnavailable, "not started\nno readiness checks registered\n")
+		writeText(w, http.StatusServiceUnavailable, "not "+state+"\nno readiness checks registered\n")
 		return
 	}
 	if f := failures(checks); len(f) > 0 {
-		writeText(w, http.StatusServiceUnavailable, "not started\n"+strings.Join(f, "\n")+"\n")
+		writeText(w, http.StatusServiceUnavailable, "not "+state+"\n"+strings.Join(f, "\n")+"\n")
 		return
 	}
-	writeText(w, http.StatusOK, "started\n")
+	writeText(w, http.StatusOK, state+"\n")
 }
 
 func (s *Server) serveLive(w http.ResponseWriter, _ *http.Request) {

@@ -61,27 +61,11 @@ func TestVMAfterTokenRevokedWithIstiod(t *testing.T) {
 		t.Skip("starts an API server, istiod and the built agent")
 	}
 	ctx := context.Background()
-	env, err := kubeenv.Start(ctx, kubeenv.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { env.Stop() })
 	rootA, rootB := newCA(t, "root A", nil), newCA(t, "root B", nil)
 	interA, interB := newCA(t, "istiod A", rootA), newCA(t, "istiod B", rootB)
-	ca, err := istiod.Start(ctx, istiod.APIOf(env), istiod.Options{PluginCA: ptr(istiod.Plugin(interA, rootA, rootA))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ca.Stop() })
-
-	const ns, sa, vmName = "billing", "billing-vm", "billing-vm-1"
-	id := "spiffe://" + istiod.TrustDomain + "/ns/" + ns + "/sa/" + sa
-	if _, err := env.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.CreateServiceAccount(ctx, ns, sa); err != nil {
-		t.Fatal(err)
-	}
+	env, ca := vmIstiod(t, interA, rootA)
+	const ns, sa = vmNamespace, vmAccount
+	id := vmID
 	// The onboarding token: audience istio-ca, bound to a Secret whose
 	// deletion revokes it (the API server's TokenReview checks that the
 	// object it is bound to still exists).
@@ -232,30 +216,14 @@ func TestVMRootRotatedToSameSubjectWithIstiod(t *testing.T) {
 		t.Skip("starts an API server, istiod and the built agent")
 	}
 	ctx := context.Background()
-	env, err := kubeenv.Start(ctx, kubeenv.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { env.Stop() })
 	rootA, rootB := newCA(t, "root", nil), newCA(t, "root", nil)
 	if !bytes.Equal(rootA.Cert.RawSubject, rootB.Cert.RawSubject) {
 		t.Fatal("the two roots' subjects differ")
 	}
 	interA, interB := newCA(t, "istiod A", rootA), newCA(t, "istiod B", rootB)
-	ca, err := istiod.Start(ctx, istiod.APIOf(env), istiod.Options{PluginCA: ptr(istiod.Plugin(interA, rootA, rootA))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ca.Stop() })
-
-	const ns, sa, vmName = "billing", "billing-vm", "billing-vm-1"
-	id := "spiffe://" + istiod.TrustDomain + "/ns/" + ns + "/sa/" + sa
-	if _, err := env.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.CreateServiceAccount(ctx, ns, sa); err != nil {
-		t.Fatal(err)
-	}
+	env, ca := vmIstiod(t, interA, rootA)
+	const ns, sa = vmNamespace, vmAccount
+	id := vmID
 	token, err := env.Token(ctx, ns, sa, []string{istiod.Audience}, nil, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -295,6 +263,40 @@ func TestVMRootRotatedToSameSubjectWithIstiod(t *testing.T) {
 	if refused == 0 {
 		t.Errorf("no CA request of the restarted agent failed: the certificate of root B was not offered, and the test shows nothing")
 	}
+}
+
+// The VM of the tests against istiod: its namespace, service account, name
+// and SPIFFE ID.
+const (
+	vmNamespace = "billing"
+	vmAccount   = "billing-vm"
+	vmName      = "billing-vm-1"
+	vmID        = "spiffe://" + istiod.TrustDomain + "/ns/" + vmNamespace + "/sa/" + vmAccount
+)
+
+// vmIstiod starts an API server and istiod with the plug-in CA inter under
+// root, and makes the VM's namespace and service account; both stop when
+// the test ends.
+func vmIstiod(t *testing.T, inter, root *istiod.CA) (*kubeenv.Env, *istiod.Istiod) {
+	t.Helper()
+	ctx := context.Background()
+	env, err := kubeenv.Start(ctx, kubeenv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.Stop() })
+	ca, err := istiod.Start(ctx, istiod.APIOf(env), istiod.Options{PluginCA: ptr(istiod.Plugin(inter, root, root))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ca.Stop() })
+	if _, err := env.CreateNamespace(ctx, vmNamespace); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.CreateServiceAccount(ctx, vmNamespace, vmAccount); err != nil {
+		t.Fatal(err)
+	}
+	return env, ca
 }
 
 // vmDir makes the VM's directory: /etc/meshagent/root-cert.pem as istiod
